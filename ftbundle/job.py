@@ -1,0 +1,302 @@
+"""The job file: its schema, its validation, and nothing else.
+
+``load_job(path)`` turns a job.yaml into a typed :class:`Job` or raises
+:class:`~ftbundle.errors.UserError` naming the file, the key (with its line) and what
+would be valid. Paths in the job file are relative to the job file's directory, the way
+docker-compose reads its file, so a job can be launched from anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UserError, did_you_mean
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names whose values never reach a terminal, a log or the plan file.
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+DEFAULT_NCCL_ENV_FILE = "/etc/ftbundle/nccl.env"
+
+
+def is_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where the ranks' processes run: this interpreter on the host, or a pinned image."""
+
+    kind: str = "host"  # host | docker
+    python: str = "python3"  # host: the interpreter (its bin/ goes first on PATH); docker: inside the image
+    image: str | None = None  # docker: repo@sha256:..., default: the inventory's ftb_image
+    gpus: str | None = None  # docker: value of `docker run --gpus`, e.g. "all"; None: no GPUs
+    docker_args: tuple[str, ...] = ()  # docker: extra `docker run` arguments
+    env_file: str | None = DEFAULT_NCCL_ENV_FILE  # written by the nccl role on every host
+
+
+@dataclass(frozen=True)
+class Train:
+    """Exactly one of: a LlamaFactory config, a user script under torchrun, a per-node command."""
+
+    mode: str  # llamafactory | script | command
+    llamafactory: dict[str, Any] | None = None  # the config, loaded (path configs are read here)
+    llamafactory_source: str | None = None  # where it came from, for messages
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    path: Path  # the job file
+    train: Train
+    inventory: Path | None = None
+    hosts: str = "all"
+    nproc_per_node: int | str = 1  # int >= 1, or "auto"
+    master_port: int = 29500
+    shared_dir: str | None = None  # as written; relative paths only make sense for local-only jobs
+    workdir: str | None = None  # as written; default: shared_dir (remote hosts) or the job's dir (local)
+    env: dict[str, str] = field(default_factory=dict)
+    runtime: Runtime = field(default_factory=Runtime)
+    restarts: int = 0
+    check: bool = True
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+
+_TOP_KEYS = {
+    "name", "inventory", "hosts", "nproc_per_node", "master_port", "shared_dir", "workdir",
+    "env", "runtime", "train", "restarts", "check",
+}
+_RUNTIME_KEYS = {"kind", "python", "image", "gpus", "docker_args", "env_file"}
+_TRAIN_KEYS = {"llamafactory", "script", "args", "command"}
+
+
+def _line_map(text: str) -> dict[str, int]:
+    """Dotted key path -> 1-based line, so type errors can say where they are."""
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                path = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+                lines[path] = key_node.start_mark.line + 1
+                walk(value_node, path)
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, "")
+    return lines
+
+
+class _Reader:
+    """Typed access to a parsed mapping that raises UserError with file, key and line."""
+
+    def __init__(self, file: Path, lines: dict[str, int]):
+        self.file = file
+        self.lines = lines
+
+    def error(self, key: str, message: str) -> UserError:
+        line = self.lines.get(key)
+        file = f"{self.file}:{line}" if line else str(self.file)
+        return UserError(message, file=file, key=key)
+
+    def check_keys(self, data: dict, allowed: set[str], prefix: str) -> None:
+        for key in data:
+            if key not in allowed:
+                full = f"{prefix}{key}"
+                raise self.error(
+                    full,
+                    f"unknown key{did_you_mean(str(key), allowed)}; valid keys: "
+                    + ", ".join(sorted(allowed)),
+                )
+
+    def string(self, data: dict, key: str, full: str, default: Any = None, required=False) -> Any:
+        if key not in data or data[key] is None:
+            if required:
+                raise self.error(full, "is required")
+            return default
+        value = data[key]
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(full, f"must be a non-empty string, got {value!r}")
+        return value
+
+    def integer(self, data: dict, key: str, full: str, default: int, lo: int, hi: int) -> int:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(full, f"must be an integer between {lo} and {hi}, got {value!r}")
+        if not lo <= value <= hi:
+            raise self.error(full, f"must be between {lo} and {hi}, got {value}")
+        return value
+
+    def boolean(self, data: dict, key: str, full: str, default: bool) -> bool:
+        value = data.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(full, f"must be true or false, got {value!r}")
+        return value
+
+
+def load_job(path: str | Path) -> Job:
+    """Read and validate a job file. Raises UserError; starts nothing."""
+    path = Path(path).resolve()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError("job file not found", file=str(path)) from None
+    except OSError as exc:
+        raise UserError(f"cannot read job file: {exc.strerror}", file=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UserError(f"malformed YAML: {problem}", file=where) from None
+    if not isinstance(data, dict):
+        raise UserError("a job file must be a YAML mapping (name:, train:, ...)", file=str(path))
+    return parse_job(data, path, _line_map(text))
+
+
+def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Job:
+    """Validate an already-parsed job mapping (``path`` anchors relative paths)."""
+    r = _Reader(path, lines or {})
+    r.check_keys(data, _TOP_KEYS, "")
+    base = path.parent
+
+    name = r.string(data, "name", "name", required=True)
+    if not NAME_RE.match(name):
+        raise r.error("name", "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+
+    inventory = r.string(data, "inventory", "inventory")
+    hosts = r.string(data, "hosts", "hosts", default="all")
+
+    nproc = data.get("nproc_per_node", 1)
+    if nproc != "auto":
+        nproc = r.integer(data, "nproc_per_node", "nproc_per_node", 1, 1, 1024)
+
+    master_port = r.integer(data, "master_port", "master_port", 29500, 1, 65535)
+    restarts = r.integer(data, "restarts", "restarts", 0, 0, 100)
+    check = r.boolean(data, "check", "check", True)
+
+    shared_dir = r.string(data, "shared_dir", "shared_dir")
+    workdir = r.string(data, "workdir", "workdir")
+
+    env_raw = data.get("env") or {}
+    if not isinstance(env_raw, dict):
+        raise r.error("env", "must be a mapping of NAME: value")
+    env: dict[str, str] = {}
+    for key, value in env_raw.items():
+        if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+            raise r.error(f"env.{key}", "is not a valid environment variable name")
+        if isinstance(value, (dict, list)) or value is None:
+            raise r.error(f"env.{key}", f"must be a string, number or boolean, got {value!r}")
+        env[key] = str(value).lower() if isinstance(value, bool) else str(value)
+
+    runtime = _parse_runtime(r, data.get("runtime"))
+    train = _parse_train(r, data.get("train"), base)
+
+    return Job(
+        name=name,
+        path=path,
+        train=train,
+        inventory=(base / inventory).resolve() if inventory else None,
+        hosts=hosts,
+        nproc_per_node=nproc,
+        master_port=master_port,
+        shared_dir=shared_dir,
+        workdir=workdir,
+        env=env,
+        runtime=runtime,
+        restarts=restarts,
+        check=check,
+    )
+
+
+def _parse_runtime(r: _Reader, raw: Any) -> Runtime:
+    if raw is None:
+        return Runtime()
+    if not isinstance(raw, dict):
+        raise r.error("runtime", "must be a mapping with 'kind: host' or 'kind: docker'")
+    r.check_keys(raw, _RUNTIME_KEYS, "runtime.")
+    kind = r.string(raw, "kind", "runtime.kind", default="host")
+    if kind not in ("host", "docker"):
+        raise r.error("runtime.kind", f"must be 'host' or 'docker'{did_you_mean(kind, ['host', 'docker'])}, got {kind!r}")
+    python = r.string(raw, "python", "runtime.python", default="python3")
+    image = r.string(raw, "image", "runtime.image")
+    gpus = raw.get("gpus")
+    if gpus is not None:
+        gpus = str(gpus)
+    if kind == "host" and (image or gpus):
+        key = "runtime.image" if image else "runtime.gpus"
+        raise r.error(key, "only applies to 'kind: docker'")
+    if image is not None:
+        check_pinned_image(image, lambda msg: r.error("runtime.image", msg))
+    docker_args = raw.get("docker_args") or []
+    if not isinstance(docker_args, list) or not all(isinstance(a, str) for a in docker_args):
+        raise r.error("runtime.docker_args", "must be a list of strings")
+    env_file = raw.get("env_file", DEFAULT_NCCL_ENV_FILE)
+    if env_file is not None and (not isinstance(env_file, str) or not env_file.startswith("/")):
+        raise r.error("runtime.env_file", "must be an absolute path on the hosts, or null")
+    return Runtime(kind, python, image, gpus, tuple(docker_args), env_file)
+
+
+def check_pinned_image(image: str, error) -> None:
+    """A training image must be pinned by digest: a tag can resolve differently per node."""
+    if not re.search(r"@sha256:[0-9a-f]{64}$", image):
+        raise error(
+            f"image {image!r} is not pinned by digest; use repo@sha256:<64 hex> "
+            "(site.yml resolves a tag once and records the digest as ftb_image)"
+        )
+
+
+def _parse_train(r: _Reader, raw: Any, base: Path) -> Train:
+    if not isinstance(raw, dict):
+        raise r.error("train", "is required: one of 'llamafactory', 'script' or 'command'")
+    r.check_keys(raw, _TRAIN_KEYS, "train.")
+    modes = [m for m in ("llamafactory", "script", "command") if raw.get(m) is not None]
+    if len(modes) != 1:
+        raise r.error("train", f"needs exactly one of llamafactory, script, command; got {modes or 'none'}")
+    mode = modes[0]
+    args = raw.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+        raise r.error("train.args", "must be a list of strings")
+    if args and mode != "script":
+        raise r.error("train.args", "only applies to 'script'")
+
+    if mode == "llamafactory":
+        value = raw["llamafactory"]
+        if isinstance(value, dict):
+            return Train(mode, llamafactory=dict(value), llamafactory_source="train.llamafactory (inline)")
+        if not isinstance(value, str):
+            raise r.error("train.llamafactory", "must be a path to a LlamaFactory YAML config, or the config inline")
+        cfg_path = (base / value).resolve()
+        try:
+            cfg = yaml.safe_load(cfg_path.read_text())
+        except FileNotFoundError:
+            raise r.error("train.llamafactory", f"LlamaFactory config not found: {cfg_path}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{cfg_path}:{mark.line + 1}:{mark.column + 1}" if mark else str(cfg_path)
+            raise UserError(f"malformed YAML: {getattr(exc, 'problem', exc)}", file=where) from None
+        if not isinstance(cfg, dict):
+            raise UserError("a LlamaFactory config must be a YAML mapping", file=str(cfg_path))
+        return Train(mode, llamafactory=cfg, llamafactory_source=str(cfg_path))
+    if mode == "script":
+        return Train(mode, script=r.string(raw, "script", "train.script"), args=tuple(str(a) for a in args))
+    return Train(mode, command=r.string(raw, "command", "train.command"))

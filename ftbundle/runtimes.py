@@ -1,0 +1,80 @@
+"""Command lines for the two runtimes: the host's own interpreter, or a pinned image.
+
+Pure functions from settings to argv lists; nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+LLAMAFACTORY_CONFIG = "llamafactory.yaml"  # staged into the run directory
+
+
+def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, node_rank: int,
+                  master_addr: str, master_port: int) -> list[str]:
+    """`python -m torch.distributed.run` (torchrun) with a static rendezvous on rank 0.
+
+    The interpreter is named explicitly so the launch does not depend on which `torchrun`
+    happens to be first on PATH on each host.
+    """
+    return [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", str(nnodes),
+        "--nproc_per_node", str(nproc_per_node),
+        "--node_rank", str(node_rank),
+        "--master_addr", master_addr,
+        "--master_port", str(master_port),
+    ]
+
+
+def train_argv(mode: str, torchrun: list[str], *, run_dir: str, script: str | None = None,
+               args: tuple[str, ...] = (), command: str | None = None) -> list[str]:
+    """What each node runs for the job's train mode."""
+    if mode == "llamafactory":
+        return [*torchrun, "-m", "llamafactory.launcher", posixpath.join(run_dir, LLAMAFACTORY_CONFIG)]
+    if mode == "script":
+        return [*torchrun, script, *args]
+    if mode == "command":
+        # Run once per node, like the seeds' per-node scripts; they read NNODES,
+        # NODE_RANK, MASTER_ADDR, MASTER_PORT and NPROC_PER_NODE themselves.
+        return ["bash", "-c", command]
+    raise ValueError(f"unknown train mode {mode!r}")
+
+
+def container_name(run_id: str, rank: int) -> str:
+    return f"ftb-{run_id}-{rank}"
+
+
+def docker_argv(inner: list[str], *, image: str, name: str, shared_dir: str, workdir: str,
+                env_names: list[str], env_file: str | None, gpus: str | None,
+                extra: tuple[str, ...] = ()) -> list[str]:
+    """`docker run` for one node: host network and IPC (NCCL needs both), the shared
+    directory at the same path, the image by digest, and the environment passed by name
+    so values (secrets included) never appear on a command line."""
+    argv = [
+        "docker", "run", "--rm", "--init", "--name", name,
+        "--network", "host", "--ipc", "host",
+        "-v", f"{shared_dir}:{shared_dir}",
+    ]
+    if not _is_under(workdir, shared_dir):
+        argv += ["-v", f"{workdir}:{workdir}"]
+    argv += ["-w", workdir]
+    if gpus:
+        argv += ["--gpus", gpus, "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+    if env_file:
+        argv += ["--env-file", env_file]
+    for env_name in env_names:
+        argv += ["-e", env_name]
+    argv += list(extra)
+    argv += [image, *inner]
+    return argv
+
+
+def docker_stop_argv(name: str) -> list[str]:
+    """Removing the container is what actually stops it: killing `docker run` does not."""
+    return ["docker", "rm", "-f", name]
+
+
+def _is_under(path: str, parent: str) -> bool:
+    path, parent = posixpath.normpath(path), posixpath.normpath(parent)
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
