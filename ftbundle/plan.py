@@ -141,6 +141,10 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
         raise UserError(f"{', '.join(clash)} is set by ftbundle for every node and cannot be overridden",
                         file=str(job.path), key=f"env.{clash[0]}")
 
+    python = job.runtime.python
+    if job.runtime.kind == "host" and "/" in python and not posixpath.isabs(python):
+        python = _resolve_dir(job, "runtime.python", python, all_local, default=python)
+
     image = None
     if job.runtime.kind == "docker":
         image = _docker_image(job, hosts)
@@ -162,7 +166,6 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
             "PYTHONUNBUFFERED": "1",
             **job.env,
         }
-        python = job.runtime.python
         torchrun = runtimes.torchrun_argv(
             python, nnodes=len(hosts), nproc_per_node=nproc, node_rank=rank,
             master_addr=master_addr, master_port=job.master_port,

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's Python environment at .venv.
+# Reused as long as its dependency set is unchanged: the stamp is a hash of
+# pyproject.toml, this script and the base interpreter's version.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+want=$( (cat pyproject.toml .ci/venv.sh; "$PYTHON" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)
+stamp=.venv/.ftbundle-deps
+if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    echo "venv: .venv is up to date ($want)"
+    exit 0
+fi
+echo "venv: creating .venv for dependency set $want (takes a few minutes the first time)"
+rm -rf .venv
+"$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[train,dev]'
+echo "$want" > "$stamp"
+echo "venv: ready"

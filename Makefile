@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+QUICKSTART := examples/quickstart
+
+.PHONY: demo test venv engine image model unit cluster lint clean
+
+demo: venv model  ## a real LoRA fine-tune of a tiny local model, 2 ranks on localhost
+	HF_HUB_OFFLINE=1 $(VENV)/bin/ftbundle run $(QUICKSTART)/job.yaml
+
+test: venv engine image  ## everything CI runs
+	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 tests
+
+unit: venv  ## the fast tests: no Docker, no training
+	$(PY) -m pytest -q -m "not cluster and not train" tests
+
+venv:
+	@bash .ci/venv.sh
+
+engine:  ## a Docker engine (installed and started when missing)
+	@bash .ci/docker-engine.sh
+
+image: engine  ## the containerized test hosts' image, built locally, cached by recipe
+	@bash .ci/testhost-image.sh >/dev/null
+
+model: venv
+	HF_HUB_OFFLINE=1 $(PY) -m ftbundle.tinymodel --data $(QUICKSTART)/data/support.json --out $(QUICKSTART)/.shared/tiny-llama
+
+clean:
+	rm -rf $(QUICKSTART)/.shared

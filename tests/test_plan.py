@@ -1,0 +1,269 @@
+"""The pure core: (job, inventory) -> plan. Real Ansible inventory parsing, no hosts."""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ftbundle.errors import UserError
+from ftbundle.inventory import Host, load_hosts, localhost_only
+from ftbundle.job import load_job
+from ftbundle.plan import make_plan
+from ftbundle import nodescript
+
+INVENTORY = """
+all:
+  children:
+    trainers:
+      hosts:
+        gpu-a: {ansible_host: 10.9.0.11, ansible_user: train, ansible_port: 2222}
+        gpu-b: {ansible_host: 10.9.0.12, ansible_user: train, ansible_ssh_private_key_file: /keys/id}
+        gpu-c: {ansible_host: 10.9.0.13, ansible_user: train}
+      vars:
+        ftb_shared_dir: /shared
+    storage:
+      hosts:
+        nfs-1: {ansible_host: 10.9.0.2}
+"""
+
+
+@pytest.fixture
+def inventory(tmp_path) -> Path:
+    path = tmp_path / "hosts.yml"
+    path.write_text(INVENTORY)
+    return path
+
+
+def job_file(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(body)
+    return path
+
+
+def plan_for(tmp_path, inventory, body, pattern="trainers", run_id="r1"):
+    job = load_job(job_file(tmp_path, body))
+    hosts = load_hosts(inventory, pattern)
+    return make_plan(job, hosts, run_id)
+
+
+COMMAND_JOB = "name: j\nhosts: trainers\nnproc_per_node: 4\ntrain:\n  command: bash finetune_lora_ds.sh\n"
+
+
+def test_hosts_from_ansible_inventory_in_order(inventory):
+    hosts = load_hosts(inventory, "trainers")
+    assert [h.name for h in hosts] == ["gpu-a", "gpu-b", "gpu-c"]
+    a, b, _ = hosts
+    assert (a.address, a.port, a.user) == ("10.9.0.11", 2222, "train")
+    assert b.key_file == "/keys/id" and b.port == 22
+    assert a.vars["ftb_shared_dir"] == "/shared"  # group_vars reach the host
+    assert not any(h.local for h in hosts)
+
+
+def test_patterns_select_hosts(inventory):
+    assert [h.name for h in load_hosts(inventory, "all")] == ["gpu-a", "gpu-b", "gpu-c", "nfs-1"]
+    assert [h.name for h in load_hosts(inventory, "trainers:!gpu-b")] == ["gpu-a", "gpu-c"]
+    assert [h.name for h in load_hosts(inventory, "gpu-*")] == ["gpu-a", "gpu-b", "gpu-c"]
+
+
+def test_pattern_matching_nothing_is_a_user_error(inventory):
+    with pytest.raises(UserError) as info:
+        load_hosts(inventory, "trainerz")
+    assert "matches no host" in str(info.value) and "trainers" in str(info.value)
+    assert info.value.key == "hosts"
+
+
+def test_ftb_node_rank_overrides_inventory_order(tmp_path):
+    path = tmp_path / "inv.yml"
+    path.write_text("all:\n  hosts:\n    x: {ftb_node_rank: 2}\n    y: {ftb_node_rank: 0}\n    z: {ftb_node_rank: 1}\n")
+    assert [h.name for h in load_hosts(path)] == ["y", "z", "x"]
+
+
+@pytest.mark.parametrize("ranks, fragment", [
+    ({"x": 0, "y": 0}, "0..1 once each"),
+    ({"x": 0}, "not on: y"),
+    ({"x": 0, "y": 5}, "0..1 once each"),
+])
+def test_bad_ftb_node_rank(tmp_path, ranks, fragment):
+    lines = ["all:", "  hosts:"]
+    for name in ("x", "y"):
+        lines.append(f"    {name}: {{ftb_node_rank: {ranks[name]}}}" if name in ranks else f"    {name}: {{}}")
+    path = tmp_path / "inv.yml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=fragment):
+        load_hosts(path)
+
+
+def test_rank_vars_for_every_host(tmp_path, inventory):
+    plan = plan_for(tmp_path, inventory, COMMAND_JOB)
+    assert plan.nnodes == 3 and plan.world_size == 12
+    assert plan.master_addr == "10.9.0.11"
+    for rank, node in enumerate(plan.nodes):
+        assert node.rank == rank
+        assert node.env["NODE_RANK"] == str(rank)
+        assert node.env["NNODES"] == "3"
+        assert node.env["MASTER_ADDR"] == "10.9.0.11"
+        assert node.env["MASTER_PORT"] == "29500"
+        assert node.env["NPROC_PER_NODE"] == "4"
+        assert node.env["FTB_RUN_ID"] == "r1"
+        assert node.log_path == f"/shared/runs/r1/node-{rank}-{node.host.name}.log"
+        assert node.stream is (rank == 0)
+    assert plan.nodes[0].argv == ("bash", "-c", "bash finetune_lora_ds.sh")
+
+
+def test_master_addr_override_for_a_private_fabric(tmp_path, inventory):
+    text = INVENTORY.replace("ansible_port: 2222}", "ansible_port: 2222, ftb_master_addr: 192.168.100.1}")
+    inventory.write_text(text)
+    plan = plan_for(tmp_path, inventory, COMMAND_JOB)
+    assert {n.env["MASTER_ADDR"] for n in plan.nodes} == {"192.168.100.1"}
+
+
+def test_llamafactory_mode_runs_torchrun_with_staged_config(tmp_path, inventory):
+    (tmp_path / "train.yaml").write_text("stage: sft\noutput_dir: /shared/out\n")
+    plan = plan_for(tmp_path, inventory, "name: j\nhosts: trainers\nnproc_per_node: 2\n"
+                    "runtime: {python: /opt/venv/bin/python}\ntrain: {llamafactory: train.yaml}\n")
+    node1 = plan.nodes[1]
+    assert list(node1.argv) == [
+        "/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc_per_node", "2",
+        "--node_rank", "1", "--master_addr", "10.9.0.11", "--master_port", "29500",
+        "-m", "llamafactory.launcher", "/shared/runs/r1/llamafactory.yaml",
+    ]
+    assert node1.path_prepend == "/opt/venv/bin"
+    assert yaml.safe_load(plan.files["llamafactory.yaml"]) == {"stage": "sft", "output_dir": "/shared/out"}
+    assert node1.workdir == "/shared"  # remote hosts default to the shared directory
+
+
+def test_script_mode(tmp_path, inventory):
+    plan = plan_for(tmp_path, inventory, "name: j\nhosts: trainers\nshared_dir: /mnt/nfs\nworkdir: /mnt/nfs/code\n"
+                    "train: {script: train.py, args: [--lr, '0.1']}\n")
+    node = plan.nodes[2]
+    assert node.argv[:3] == ("python3", "-m", "torch.distributed.run")
+    assert node.argv[-3:] == ("train.py", "--lr", "0.1")
+    assert "--node_rank" in node.argv and node.argv[node.argv.index("--node_rank") + 1] == "2"
+    assert node.workdir == "/mnt/nfs/code"
+    assert plan.run_dir == "/mnt/nfs/runs/r1"
+
+
+def test_job_env_reaches_every_node_but_cannot_override_rank_vars(tmp_path, inventory):
+    plan = plan_for(tmp_path, inventory, COMMAND_JOB + "env: {GLOO_SOCKET_IFNAME: eth0}\n")
+    assert all(n.env["GLOO_SOCKET_IFNAME"] == "eth0" for n in plan.nodes)
+    with pytest.raises(UserError, match="NODE_RANK is set by ftbundle"):
+        plan_for(tmp_path, inventory, COMMAND_JOB + "env: {NODE_RANK: 3}\n")
+
+
+def test_docker_runtime_command(tmp_path, inventory):
+    digest = "reg.local/train@sha256:" + "a" * 64
+    plan = plan_for(tmp_path, inventory, f"""
+name: j
+hosts: trainers
+nproc_per_node: 8
+env: {{HF_TOKEN: hunter2}}
+runtime: {{kind: docker, image: '{digest}', gpus: all}}
+train: {{script: train.py}}
+""")
+    argv = list(plan.nodes[1].argv)
+    assert argv[:3] == ["docker", "run", "--rm"]
+    assert argv[argv.index("--name") + 1] == "ftb-r1-1"
+    assert argv[argv.index("--network") + 1] == "host"
+    assert argv[argv.index("--ipc") + 1] == "host"
+    assert argv[argv.index("--gpus") + 1] == "all"
+    assert "/shared:/shared" in argv
+    assert argv[argv.index("--env-file") + 1] == "/etc/ftbundle/nccl.env"
+    # the environment goes by name only: no value (no secret) on the command line
+    assert "HF_TOKEN" in argv and "hunter2" not in " ".join(argv)
+    assert "NODE_RANK" in argv
+    image_at = argv.index(digest)
+    assert argv[image_at + 1:image_at + 4] == ["python3", "-m", "torch.distributed.run"]
+    assert plan.nodes[1].stop_argv == ("docker", "rm", "-f", "ftb-r1-1")
+
+
+def test_docker_image_from_inventory_must_be_pinned(tmp_path, inventory):
+    inventory.write_text(INVENTORY.replace("ftb_shared_dir: /shared", "ftb_shared_dir: /shared\n        ftb_image: reg/train:v1"))
+    with pytest.raises(UserError, match="not pinned by digest") as info:
+        plan_for(tmp_path, inventory, "name: j\nhosts: trainers\nruntime: {kind: docker}\ntrain: {script: t.py}\n")
+    assert info.value.key == "ftb_image"
+    pinned = "reg/train@sha256:" + "b" * 64
+    inventory.write_text(INVENTORY.replace("ftb_shared_dir: /shared", f"ftb_shared_dir: /shared\n        ftb_image: '{pinned}'"))
+    plan = plan_for(tmp_path, inventory, "name: j\nhosts: trainers\nruntime: {kind: docker}\ntrain: {script: t.py}\n")
+    assert pinned in plan.nodes[0].argv
+
+
+def test_two_hosts_with_the_same_address(tmp_path, inventory):
+    inventory.write_text(INVENTORY.replace("10.9.0.13", "10.9.0.12"))
+    with pytest.raises(UserError, match="gpu-b and gpu-c have the same address 10.9.0.12"):
+        plan_for(tmp_path, inventory, COMMAND_JOB)
+
+
+def test_remote_hosts_need_an_absolute_shared_dir(tmp_path, inventory):
+    inventory.write_text(INVENTORY.replace("ftb_shared_dir: /shared", "ftb_x: 1"))
+    with pytest.raises(UserError, match="is required when hosts are remote") as info:
+        plan_for(tmp_path, inventory, COMMAND_JOB)
+    assert info.value.key == "shared_dir"
+    with pytest.raises(UserError, match="must be an absolute path"):
+        plan_for(tmp_path, inventory, COMMAND_JOB + "shared_dir: rel/dir\n")
+
+
+def test_localhost_default(tmp_path):
+    job = load_job(job_file(tmp_path, "name: q\nnproc_per_node: 2\nshared_dir: .shared\n"
+                                      "runtime: {python: ../venv/bin/python}\ntrain: {command: x}\n"))
+    plan = make_plan(job, localhost_only(), "r9")
+    node = plan.nodes[0]
+    assert node.host.local and plan.master_addr == "127.0.0.1"
+    assert plan.run_dir == str(tmp_path / ".shared/runs/r9")
+    assert node.workdir == str(tmp_path)
+    # a relative interpreter is resolved against the job file; its bin/ leads PATH (torchrun)
+    assert node.path_prepend == str(tmp_path.parent / "venv/bin")
+    assert plan.nodes[0].env["NNODES"] == "1"
+
+
+def test_local_rank0_with_remote_peers_needs_master_addr(tmp_path):
+    job = load_job(job_file(tmp_path, "name: q\nshared_dir: /s\ntrain: {command: x}\n"))
+    hosts = [Host("localhost", "127.0.0.1", local=True, vars={}), Host("b", "10.0.0.2", vars={})]
+    with pytest.raises(UserError, match="set ftb_master_addr"):
+        make_plan(job, hosts, "r")
+
+
+def test_plan_file_redacts_secrets(tmp_path, inventory):
+    plan = plan_for(tmp_path, inventory, COMMAND_JOB + "env: {HF_TOKEN: hunter2, WANDB_API_KEY: k1, DB_PASSWORD: p, LR: '3'}\n")
+    text = json.dumps(plan.to_dict())
+    assert "hunter2" not in text and "k1" not in text and '"p"' not in text
+    assert plan.to_dict()["nodes"][0]["env"]["LR"] == "3"
+    assert plan.to_dict()["nodes"][0]["env"]["HF_TOKEN"] == "<redacted>"
+
+
+def test_node_script_carries_no_secret_and_payload_does(tmp_path, inventory):
+    plan = plan_for(tmp_path, inventory, COMMAND_JOB + "env: {HF_TOKEN: hunter2}\n")
+    node = plan.nodes[0]
+    script = nodescript.node_script(node, plan.run_dir, plan.run_id)
+    assert "hunter2" not in script
+    import base64
+    payload = base64.b64decode(nodescript.env_payload(node)).decode()
+    assert "export HF_TOKEN=hunter2" in payload
+    assert "export NODE_RANK=0" in payload
+    assert ". /etc/ftbundle/nccl.env" in payload
+    # the script is valid bash
+    import subprocess
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_dry_run_prints_every_host(tmp_path, inventory, capsys):
+    from ftbundle.cli import main
+    path = job_file(tmp_path, COMMAND_JOB + f"inventory: {inventory}\nenv: {{HF_TOKEN: hunter2}}\n")
+    assert main(["run", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gpu-a", "gpu-b", "gpu-c"):
+        assert name in out
+    assert "NODE_RANK=2" in out and "hunter2" not in out
+    assert "nfs-1" not in out
+    # nothing was created
+    assert not (tmp_path / ".ftbundle").exists()
+
+
+def test_cli_bad_input_exits_2_and_starts_nothing(tmp_path, capsys):
+    from ftbundle.cli import main
+    path = job_file(tmp_path, "name: j\nshared_dir: .s\ntrain: {command: 'touch started'}\nmaster_port: 0\n")
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "master_port" in err and str(path) in err
+    assert not (tmp_path / ".s").exists() and not (tmp_path / "started").exists()
