@@ -55,6 +55,7 @@ def format_plan(plan: Plan) -> str:
         f"master {plan.master_addr}:{plan.master_port}",
         f"run directory {plan.run_dir}",
     ]
+    lines += plan.notes
     for warning in plan.warnings:
         lines.append(f"warning: {warning}")
     for node in plan.nodes:
@@ -81,6 +82,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     print(f"ftbundle: run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), "
           f"logs in {plan.run_dir}", file=sys.stderr, flush=True)
+    for note in plan.notes:
+        print(f"ftbundle: {note}", file=sys.stderr)
+    for warning in plan.warnings:
+        print(f"ftbundle: warning: {warning}", file=sys.stderr)
     stage_run_dir(plan)
     outcome = Supervisor(plan).run()
     if outcome.exit_code == 0:

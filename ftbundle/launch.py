@@ -312,6 +312,9 @@ class Supervisor:
         print(f"ftbundle: {message}", file=self.err, flush=True)
 
     def _print_line(self, runner: NodeRunner, line: str) -> None:
+        # Progress bars redraw with carriage returns; show what a terminal would end on.
+        if "\r" in line:
+            line = next((seg for seg in reversed(line.split("\r")) if seg.strip()), "")
         print(f"[{runner.node.host.name} r{runner.node.rank}] {line}", file=self.out, flush=True)
 
     def run(self) -> Outcome:

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from . import runtimes
+from . import llamafactory, runtimes
 from .errors import UserError
 from .inventory import Host
 from .job import Job, check_pinned_image, is_secret
@@ -57,7 +57,8 @@ class Plan:
     nproc_per_node: int
     nodes: tuple[NodePlan, ...]
     files: dict[str, str] = field(default_factory=dict)  # staged into run_dir before launch
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # the seeds' traps, shown before launch
+    notes: tuple[str, ...] = ()  # facts worth seeing before launch (effective batch size)
 
     @property
     def world_size(self) -> int:
@@ -83,6 +84,7 @@ class Plan:
             "nproc_per_node": self.nproc_per_node,
             "world_size": self.world_size,
             "warnings": list(self.warnings),
+            "notes": list(self.notes),
             "nodes": [
                 {
                     "rank": n.rank,
@@ -110,11 +112,12 @@ def node_log_name(rank: int, host: str) -> str:
 
 
 def make_plan(job: Job, hosts: list[Host], run_id: str, *,
-              nproc_per_node: int | None = None) -> Plan:
+              nproc_per_node: int | None = None, bf16_capable: bool | None = None) -> Plan:
     """Decide every node's command line and environment.
 
     ``hosts`` are in rank order. ``nproc_per_node`` is the resolved value when the job
-    says ``auto`` (the caller asks the hosts for their GPU count first).
+    says ``auto`` (the caller asks the hosts for their GPU count first); ``bf16_capable``
+    is what the hosts' GPUs support, when known.
     """
     if not hosts:
         raise UserError("no hosts to run on", file=str(job.path), key="hosts")
@@ -150,8 +153,16 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
         image = _docker_image(job, hosts)
 
     files: dict[str, str] = {}
+    warnings: list[str] = []
+    notes: list[str] = []
     if job.train.mode == "llamafactory":
-        files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(job.train.llamafactory, sort_keys=False)
+        prepared = llamafactory.prepare(job.train.llamafactory, workdir=workdir, shared_dir=shared_dir,
+                                        nnodes=len(hosts), nproc_per_node=nproc, bf16_capable=bf16_capable)
+        files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(prepared.config, sort_keys=False)
+        files[runtimes.LLAMAFACTORY_ENTRY] = runtimes.llamafactory_entry_source()
+        warnings += prepared.warnings
+        notes.append(llamafactory.effective_batch_line(prepared.config, len(hosts), nproc,
+                                                       prepared.effective_batch))
 
     nodes = []
     for rank, host in enumerate(hosts):
@@ -193,7 +204,8 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
     return Plan(
         job_name=job.name, run_id=run_id, run_dir=run_dir, shared_dir=shared_dir,
         master_addr=master_addr, master_port=job.master_port, nnodes=len(hosts),
-        nproc_per_node=nproc, nodes=tuple(nodes), files=files,
+        nproc_per_node=nproc, nodes=tuple(nodes), files=files, warnings=tuple(warnings),
+        notes=tuple(notes),
     )
 
 

@@ -6,8 +6,15 @@ Pure functions from settings to argv lists; nothing here runs anything.
 from __future__ import annotations
 
 import posixpath
+from importlib import resources
+
+
+def llamafactory_entry_source() -> str:
+    """The entry script torchrun runs for LlamaFactory jobs (see shims/llamafactory_entry.py)."""
+    return resources.files("ftbundle.shims").joinpath("llamafactory_entry.py").read_text()
 
 LLAMAFACTORY_CONFIG = "llamafactory.yaml"  # staged into the run directory
+LLAMAFACTORY_ENTRY = "ftb_llamafactory.py"  # ftbundle/shims/llamafactory_entry.py, staged beside it
 
 
 def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, node_rank: int,
@@ -31,7 +38,7 @@ def train_argv(mode: str, torchrun: list[str], *, run_dir: str, script: str | No
                args: tuple[str, ...] = (), command: str | None = None) -> list[str]:
     """What each node runs for the job's train mode."""
     if mode == "llamafactory":
-        return [*torchrun, "-m", "llamafactory.launcher", posixpath.join(run_dir, LLAMAFACTORY_CONFIG)]
+        return [*torchrun, posixpath.join(run_dir, LLAMAFACTORY_ENTRY), posixpath.join(run_dir, LLAMAFACTORY_CONFIG)]
     if mode == "script":
         return [*torchrun, script, *args]
     if mode == "command":

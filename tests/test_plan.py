@@ -127,8 +127,9 @@ def test_llamafactory_mode_runs_torchrun_with_staged_config(tmp_path, inventory)
     assert list(node1.argv) == [
         "/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc_per_node", "2",
         "--node_rank", "1", "--master_addr", "10.9.0.11", "--master_port", "29500",
-        "-m", "llamafactory.launcher", "/shared/runs/r1/llamafactory.yaml",
+        "/shared/runs/r1/ftb_llamafactory.py", "/shared/runs/r1/llamafactory.yaml",
     ]
+    assert "llamafactory.launcher" in plan.files["ftb_llamafactory.py"]
     assert node1.path_prepend == "/opt/venv/bin"
     assert yaml.safe_load(plan.files["llamafactory.yaml"]) == {"stage": "sft", "output_dir": "/shared/out"}
     assert node1.workdir == "/shared"  # remote hosts default to the shared directory

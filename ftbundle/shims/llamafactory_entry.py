@@ -1,0 +1,29 @@
+"""Entry point torchrun runs on every node for `train: llamafactory:` jobs.
+
+Staged by ftbundle into the run directory (shared storage), so nodes need nothing but
+LlamaFactory itself. It runs `llamafactory.launcher` unchanged, after one fix:
+
+* CPU ranks resuming from a checkpoint: accelerate names the device `cpu:0`, and
+  `torch.load(map_location="cpu:0")` cannot restore storages tagged that way
+  ("don't know how to restore data location ... cpu:0"), so every CPU resume dies
+  in `_load_optimizer_and_scheduler`. A deserializer for `cpu:N` locations fixes it;
+  GPU runs never reach it.
+"""
+
+import runpy
+import sys
+
+import torch.serialization
+
+
+def _restore_cpu_n(obj, location):
+    if isinstance(location, str) and location.startswith("cpu:"):
+        return obj
+    return None
+
+
+torch.serialization.register_package(11, lambda obj: None, _restore_cpu_n)
+
+if __name__ == "__main__":
+    sys.argv = ["llamafactory.launcher", *sys.argv[1:]]
+    runpy.run_module("llamafactory.launcher", run_name="__main__", alter_sys=True)
