@@ -1,0 +1,71 @@
+"""Small helpers shared by the integration tests: write jobs, run ftbundle, read runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+
+def write_job(path: Path, job: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def base_job(name: str, shared: Path, inventory: Path, train: dict, **extra) -> dict:
+    """A job for the containerized cluster: this interpreter (bind-mounted) on every host."""
+    job = {
+        "name": name,
+        "inventory": str(inventory),
+        "hosts": "trainers",
+        "nproc_per_node": 1,
+        "master_port": 29500,
+        "shared_dir": str(shared),
+        "env": {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+        "runtime": {"kind": "host", "python": sys.executable},
+        "train": train,
+    }
+    job.update(extra)
+    return job
+
+
+def ftbundle(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ftbundle", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, **kw)
+
+
+def start_ftbundle(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ftbundle", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def only_run_dir(shared: Path) -> Path:
+    runs = [p for p in (shared / "runs").iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def read_plan(run_dir: Path) -> dict:
+    return json.loads((run_dir / "plan.json").read_text())
+
+
+def job_processes(cluster) -> dict[str, list[str]]:
+    """Processes of any ftbundle job (FTB_JOB in their environment) on each running host."""
+    left = {}
+    for host in cluster.hosts:
+        if not cluster.is_running(host):
+            continue
+        out = cluster.exec(host, "grep -lz FTB_JOB= /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | "
+                                 "while read p; do echo $p $(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null); done",
+                           check=False).stdout.split("\n")
+        out = [line for line in out if line.strip()]
+        if out:
+            left[host.name] = out
+    return left
