@@ -1,0 +1,120 @@
+"""Fail fast, leave nothing behind: a node dies, a network is cut, the user presses Ctrl-C.
+
+Each test runs a real gloo all-reduce loop under torchrun on containerized hosts, injects
+the fault, and measures the time until `ftbundle run` has stopped every node.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+
+import pytest
+
+from tests.helpers import ASSETS, base_job, job_processes, start_ftbundle, write_job
+
+pytestmark = pytest.mark.cluster
+
+
+def allreduce_job(cluster, tmp_path, name: str) -> str:
+    shared = cluster.shared_dir
+    shutil.copy(ASSETS / "allreduce.py", shared / "allreduce.py")
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = base_job(name, shared, inventory, {"script": "allreduce.py", "args": ["--sleep", "0.2"]})
+    return str(write_job(tmp_path / "job.yaml", job))
+
+
+def wait_for_steps(proc, steps: int = 3, timeout: float = 120) -> list[str]:
+    """Read ftbundle's stdout until rank 0 has done `steps` all-reduce steps."""
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if f"step {steps - 1} allreduce ok" in line:
+            return lines
+    raise AssertionError("training never got going:\n" + "".join(lines) + proc.stderr.read())
+
+
+@pytest.fixture
+def cluster3(make_cluster):
+    return make_cluster(3)
+
+
+def test_killed_node_tears_everything_down_within_10s(cluster3, tmp_path):
+    proc = start_ftbundle("run", allreduce_job(cluster3, tmp_path, "kill-node"))
+    try:
+        wait_for_steps(proc)
+        killed_at = time.monotonic()
+        cluster3.kill("node2")
+        proc.wait(timeout=30)
+        took = time.monotonic() - killed_at
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode != 0
+    assert took < 10, f"teardown took {took:.1f}s\n{err}"
+    assert "node node2 (rank 2" in err and "failed first" in err, err
+    assert job_processes(cluster3) == {}
+    print(f"node killed -> ftbundle exited, all stopped: {took:.1f}s")
+
+
+def test_killed_process_tears_everything_down(cluster3, tmp_path):
+    proc = start_ftbundle("run", allreduce_job(cluster3, tmp_path, "kill-proc"))
+    try:
+        wait_for_steps(proc)
+        killed_at = time.monotonic()
+        cluster3.exec("node1", "pkill -KILL -f allreduce.py")
+        proc.wait(timeout=30)
+        took = time.monotonic() - killed_at
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode != 0
+    assert took < 10, f"teardown took {took:.1f}s\n{err}"
+    assert "node node1 (rank 1" in err, err
+    assert job_processes(cluster3) == {}
+
+
+def test_cut_network_is_detected_by_heartbeat_within_15s(cluster3, tmp_path):
+    proc = start_ftbundle("run", allreduce_job(cluster3, tmp_path, "partition"))
+    try:
+        wait_for_steps(proc)
+        cut_at = time.monotonic()
+        cluster3.partition("node1")
+        proc.wait(timeout=60)
+        took = time.monotonic() - cut_at
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode != 0
+    assert took < 15, f"teardown took {took:.1f}s\n{err}"
+    assert "node node1 (rank 1" in err and "heartbeat" in err, err
+    # the reachable nodes are clean at once; the cut-off node's own watchdog stops its job
+    left = job_processes(cluster3)
+    assert "node0" not in left and "node2" not in left, left
+    deadline = time.monotonic() + 15
+    while job_processes(cluster3).get("node1") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job_processes(cluster3) == {}, "the partitioned node did not stop its own job"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_leaves_no_process_anywhere_within_5s(cluster3, tmp_path, sig):
+    proc = start_ftbundle("run", allreduce_job(cluster3, tmp_path, "interrupt"))
+    try:
+        wait_for_steps(proc)
+        sent_at = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=20)
+        # ftbundle has returned: nothing of the job may be left on any host
+        left = job_processes(cluster3)
+        took = time.monotonic() - sent_at
+    finally:
+        proc.kill()
+    assert left == {}, left
+    assert took < 5, f"{took:.1f}s"
+    assert proc.returncode == 130
