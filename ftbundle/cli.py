@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import shlex
 import signal
 import sys
 import time
@@ -73,24 +74,93 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+RESTART_DELAY_S = 3
+
+
+def incomplete_checkpoint_script(checkpoint_dir: str) -> str:
+    """Remove the newest checkpoint-N if it lacks trainer_state.json (written last): a node
+    that died while saving leaves one, and resuming from it fails."""
+    d = shlex.quote(checkpoint_dir)
+    return (f"last=$(ls -1 {d} 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1)\n"
+            f'if [ -n "$last" ] && [ ! -e {d}/"$last"/trainer_state.json ]; then '
+            f'rm -rf {d}/"$last"; echo "removed incomplete checkpoint $last"; fi\n'
+            f"ls -1 {d} 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1\n")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .launch import Supervisor, stage_run_dir
+    from .runs import launch_detached
 
     job, plan = build_plan(args.job, args.inventory)
     if args.dry_run:
         print(format_plan(plan))
         return 0
-    print(f"ftbundle: run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), "
-          f"logs in {plan.run_dir}", file=sys.stderr, flush=True)
+    say(f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
     for note in plan.notes:
-        print(f"ftbundle: {note}", file=sys.stderr)
+        say(note)
     for warning in plan.warnings:
-        print(f"ftbundle: warning: {warning}", file=sys.stderr)
+        say(f"warning: {warning}")
     stage_run_dir(plan)
-    outcome = Supervisor(plan).run()
-    if outcome.exit_code == 0:
-        print(f"ftbundle: run {plan.run_id} finished on all {plan.nnodes} node(s)", file=sys.stderr)
-    return outcome.exit_code
+    if args.detach:
+        code = launch_detached(plan)
+        if code == 0:
+            say(f"run {plan.run_id} started on all {plan.nnodes} node(s) and detached; follow it with\n"
+                f"  ftbundle status {args.job} --run {plan.run_id}\n"
+                f"  ftbundle logs {args.job} --run {plan.run_id} -f\n"
+                f"  ftbundle stop {args.job} --run {plan.run_id}")
+        return code
+
+    attempts = job.restarts + 1
+    for attempt in range(1, attempts + 1):
+        outcome = Supervisor(plan).run()
+        if outcome.exit_code == 0:
+            say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)")
+            return 0
+        if outcome.interrupted or attempt == attempts:
+            if attempts > 1 and not outcome.interrupted:
+                say(f"giving up after {attempts} attempts")
+            return outcome.exit_code
+        say(f"restarting all nodes in {RESTART_DELAY_S}s (restart {attempt} of {job.restarts})")
+        time.sleep(RESTART_DELAY_S)
+        if plan.checkpoint_dir:
+            from .shell import run_script
+
+            result = run_script(plan.nodes[0].host, incomplete_checkpoint_script(plan.checkpoint_dir))
+            for line in result.stdout.splitlines()[:-1]:
+                say(line)
+            last = result.stdout.splitlines()[-1:] or [""]
+            say(f"resuming from {plan.checkpoint_dir}/{last[0]}" if last[0]
+                else "no checkpoint yet: starting from the beginning")
+    return 1
+
+
+def run_ref(args: argparse.Namespace):
+    from .runs import find_run
+
+    job, plan = build_plan(args.job, args.inventory)
+    return find_run(job.name, plan.shared_dir, [n.host for n in plan.nodes], args.run)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .runs import print_status
+
+    return print_status(run_ref(args))
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from .runs import show_logs
+
+    return show_logs(run_ref(args), args.rank, args.follow, args.lines)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from .runs import stop_run
+
+    return stop_run(run_ref(args))
+
+
+def say(message: str) -> None:
+    print(f"ftbundle: {message}", file=sys.stderr, flush=True)
 
 
 def _on_sigterm(signum, frame):
@@ -107,7 +177,22 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("job", help="the job file (job.yaml)")
     run.add_argument("-i", "--inventory", help="Ansible inventory (overrides the job's 'inventory')")
     run.add_argument("--dry-run", action="store_true", help="print each host's command and environment; start nothing")
+    run.add_argument("--detach", action="store_true",
+                     help="start the job and return; follow it later with status/logs/stop")
     run.set_defaults(func=cmd_run)
+
+    for name, func, text in (("status", cmd_status, "state of every node of a run"),
+                             ("logs", cmd_logs, "a node's log (rank 0's by default)"),
+                             ("stop", cmd_stop, "stop every node of a run")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("job", help="the job file the run was started from")
+        p.add_argument("-i", "--inventory", help="Ansible inventory (overrides the job's 'inventory')")
+        p.add_argument("--run", help="run id (default: the job's latest run)")
+        if name == "logs":
+            p.add_argument("--rank", type=int, default=0, help="node rank (default 0)")
+            p.add_argument("-f", "--follow", action="store_true", help="follow until the node's job ends")
+            p.add_argument("-n", "--lines", type=int, default=50, help="lines to show first (default 50)")
+        p.set_defaults(func=func)
 
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)

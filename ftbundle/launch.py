@@ -24,6 +24,7 @@ from typing import Callable, TextIO
 
 from . import nodescript
 from .plan import NodePlan, Plan
+from .shell import run_script, write_files
 from .ssh import connect
 
 HEARTBEAT_TIMEOUT_S = float(os.environ.get("FTB_HEARTBEAT_TIMEOUT", "8"))
@@ -108,10 +109,13 @@ class NodeRunner:
 
     def run_stop(self) -> None:
         """Stop the node's job through a separate channel (belt and braces)."""
-        raise NotImplementedError
+        run_script(self.node.host, nodescript.stop_script(self.node, self.plan.run_id),
+                   timeout=nodescript.STOP_GRACE_S + 10, connect_timeout=5)
 
     def read_file_tail(self, path: str, lines: int) -> list[str] | None:
-        raise NotImplementedError
+        result = run_script(self.node.host, f"tail -n {lines} {shlex.quote(path)}", timeout=10,
+                            connect_timeout=5)
+        return result.stdout.splitlines() if result.ok else None
 
 
 class LocalRunner(NodeRunner):
@@ -159,12 +163,6 @@ class LocalRunner(NodeRunner):
             except OSError:
                 pass
 
-    def run_stop(self) -> None:
-        subprocess.run(["bash", "-c", nodescript.stop_script(self.node, self.plan.run_id)],
-                       timeout=nodescript.STOP_GRACE_S + 10, capture_output=True)
-
-    def read_file_tail(self, path: str, lines: int) -> list[str] | None:
-        return _local_tail(path, lines)
 
 
 class RemoteRunner(NodeRunner):
@@ -214,21 +212,6 @@ class RemoteRunner(NodeRunner):
                 pass
             self._write_fd = -1
 
-    def run_stop(self) -> None:
-        conn = connect(self.node.host, timeout=5)
-        try:
-            conn.run("bash -c " + shlex.quote(nodescript.stop_script(self.node, self.plan.run_id)),
-                     hide=True, warn=True, timeout=nodescript.STOP_GRACE_S + 10)
-        finally:
-            conn.close()
-
-    def read_file_tail(self, path: str, lines: int) -> list[str] | None:
-        conn = connect(self.node.host, timeout=5)
-        try:
-            result = conn.run(f"tail -n {lines} {shlex.quote(path)}", hide=True, warn=True, timeout=10)
-        finally:
-            conn.close()
-        return result.stdout.splitlines() if result.ok else None
 
 
 def _local_tail(path: str, lines: int) -> list[str] | None:
@@ -259,20 +242,7 @@ def stage_run_dir(plan: Plan, extra_files: dict[str, str] | None = None) -> None
     files = dict(plan.files)
     files["plan.json"] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
     files.update(extra_files or {})
-    rank0 = plan.nodes[0]
-    if rank0.host.local:
-        os.makedirs(plan.run_dir, exist_ok=True)
-        for name, text in files.items():
-            with open(os.path.join(plan.run_dir, name), "w") as f:
-                f.write(text)
-        return
-    conn = connect(rank0.host)
-    try:
-        conn.run(f"mkdir -p {shlex.quote(plan.run_dir)}", hide=True)
-        for name, text in files.items():
-            conn.put(io.BytesIO(text.encode()), f"{plan.run_dir}/{name}")
-    finally:
-        conn.close()
+    write_files(plan.nodes[0].host, plan.run_dir, files)
 
 
 # ---------------------------------------------------------------------------------------

@@ -94,7 +94,9 @@ pid=$!
 echo "$pid {marker} $(hostname)" > {q(pidf)}
 """
     if detach:
-        return head + "echo \"ftbundle: started pid $pid on $(hostname)\" >&2\nexit 0\n"
+        watcher = peer_watch_script(node, run_dir, marker)
+        return head + (f"setsid bash -c {q(watcher)} ftb-watch $pid </dev/null >/dev/null 2>&1 &\n"
+                       'echo "ftbundle: started pid $pid on $(hostname)" >&2\nexit 0\n')
     tail = ""
     if node.stream:
         tail = f"tail -n +1 -F -s 0.2 --pid=$pid {q(log)} 2>/dev/null &\ntailpid=$!\n"
@@ -108,6 +110,28 @@ rc=$?
 kill $hbpid $wdpid 2>/dev/null
 {"wait $tailpid 2>/dev/null" if node.stream else ""}
 exit $rc
+"""
+
+
+STOP_REQUEST = "stop-requested"  # in the run directory: `ftbundle stop` asks every node to stop
+
+
+def peer_watch_script(node: NodePlan, run_dir: str, marker: str) -> str:
+    """A detached node's stand-in for the controller: it watches the run directory on
+    shared storage and stops this node's job once any node has failed or a stop was
+    requested, so a detached job still fails fast instead of hanging in a collective."""
+    q = shlex.quote
+    return stop_function(node) + f"""
+pid=$1
+while kill -0 "$pid" 2>/dev/null; do
+  for f in {q(run_dir)}/node-*.exit; do
+    [ -e "$f" ] && [ "$(cat "$f" 2>/dev/null)" != 0 ] && [ -n "$(cat "$f" 2>/dev/null)" ] && break 2
+  done
+  [ -e {q(run_dir + "/" + STOP_REQUEST)} ] && break
+  sleep 2
+done
+kill -0 "$pid" 2>/dev/null && ftb_stop {q(marker)}
+exit 0
 """
 
 

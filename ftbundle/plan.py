@@ -59,6 +59,7 @@ class Plan:
     files: dict[str, str] = field(default_factory=dict)  # staged into run_dir before launch
     warnings: tuple[str, ...] = ()  # the seeds' traps, shown before launch
     notes: tuple[str, ...] = ()  # facts worth seeing before launch (effective batch size)
+    checkpoint_dir: str | None = None  # LlamaFactory's output_dir, absolute: where resumes come from
 
     @property
     def world_size(self) -> int:
@@ -83,6 +84,7 @@ class Plan:
             "nnodes": self.nnodes,
             "nproc_per_node": self.nproc_per_node,
             "world_size": self.world_size,
+            "checkpoint_dir": self.checkpoint_dir,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "nodes": [
@@ -155,7 +157,11 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
     files: dict[str, str] = {}
     warnings: list[str] = []
     notes: list[str] = []
+    checkpoint_dir = None
     if job.train.mode == "llamafactory":
+        output_dir = job.train.llamafactory.get("output_dir")
+        if output_dir:
+            checkpoint_dir = posixpath.normpath(posixpath.join(workdir, str(output_dir)))
         prepared = llamafactory.prepare(job.train.llamafactory, workdir=workdir, shared_dir=shared_dir,
                                         nnodes=len(hosts), nproc_per_node=nproc, bf16_capable=bf16_capable)
         files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(prepared.config, sort_keys=False)
@@ -205,7 +211,7 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
         job_name=job.name, run_id=run_id, run_dir=run_dir, shared_dir=shared_dir,
         master_addr=master_addr, master_port=job.master_port, nnodes=len(hosts),
         nproc_per_node=nproc, nodes=tuple(nodes), files=files, warnings=tuple(warnings),
-        notes=tuple(notes),
+        notes=tuple(notes), checkpoint_dir=checkpoint_dir,
     )
 
 

@@ -1,0 +1,107 @@
+"""Detach and come back later; restart all nodes after a failure and resume from a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.helpers import ASSETS, REPO, base_job, ftbundle, job_processes, only_run_dir, start_ftbundle, write_job
+
+pytestmark = pytest.mark.cluster
+
+
+def test_detach_then_status_logs_and_stop_from_another_invocation(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    shutil.copy(ASSETS / "allreduce.py", shared / "allreduce.py")
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = write_job(tmp_path / "job.yaml", base_job("detached", shared, inventory,
+                                                    {"script": "allreduce.py", "args": ["--sleep", "0.2"]}))
+
+    started = ftbundle("run", str(job), "--detach", timeout=60)
+    assert started.returncode == 0, started.stderr
+    run_id = re.search(r"run (detached-\S+) started on all 2 node", started.stderr).group(1)
+    # the launching process is gone; the job runs on
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        logs = ftbundle("logs", str(job), "-n", "5", timeout=30)
+        if "allreduce ok" in logs.stdout:
+            break
+        time.sleep(1)
+    assert "allreduce ok" in logs.stdout, logs.stdout + logs.stderr
+    assert set(job_processes(cluster)) == {"node0", "node1"}
+
+    status = ftbundle("status", str(job), timeout=30)
+    assert status.returncode == 0, status.stderr
+    assert run_id in status.stdout
+    assert re.search(r"rank 0 +node0 +running", status.stdout) and re.search(r"rank 1 +node1 +running", status.stdout)
+    assert "state: running" in status.stdout
+
+    rank1 = ftbundle("logs", str(job), "--run", run_id, "--rank", "1", timeout=30)
+    assert "rank 1 of world size 2 on node1" in rank1.stdout
+
+    stopped = ftbundle("stop", str(job), "--run", run_id, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    assert job_processes(cluster) == {}
+    after = ftbundle("status", str(job), "--run", run_id, timeout=30)
+    assert "state: stopped" in after.stdout and "running" not in after.stdout.replace("state:", "")
+
+
+def test_detached_job_stops_itself_when_a_peer_fails(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    script = 'if [ "$NODE_RANK" = 1 ]; then sleep 2; exit 4; fi; sleep 300'
+    job = write_job(tmp_path / "job.yaml", base_job("detached-fail", shared, inventory, {"command": script}))
+    assert ftbundle("run", str(job), "--detach", timeout=60).returncode == 0
+    deadline = time.monotonic() + 20
+    while job_processes(cluster) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job_processes(cluster) == {}
+    status = ftbundle("status", str(job), timeout=30)
+    assert status.returncode == 1 and "exited 4" in status.stdout and "state: failed" in status.stdout
+
+
+def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    quickstart = REPO / "examples" / "quickstart"
+    shutil.copytree(quickstart / "data", shared / "data")
+    subprocess.run([sys.executable, "-m", "ftbundle.tinymodel", "--data", str(shared / "data/support.json"),
+                    "--out", str(shared / "tiny-llama")], check=True, capture_output=True)
+    train = yaml.safe_load((quickstart / "train.yaml").read_text())
+    output = shared / "output/lora"
+    train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
+                  "output_dir": str(output), "max_steps": 400, "save_steps": 10, "save_total_limit": 3,
+                  "per_device_train_batch_size": 2})
+    job = write_job(tmp_path / "job.yaml", base_job("restart", shared, inventory, {"llamafactory": train},
+                                                    restarts=1))
+    proc = start_ftbundle("run", str(job))
+    try:
+        deadline = time.monotonic() + 300
+        while not (output / "checkpoint-10" / "trainer_state.json").exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "no checkpoint after 300s"
+            time.sleep(0.2)
+        cluster.exec("node1", "pkill -KILL -f ftb_llamafactory.py")
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "restarting all nodes" in err and "node node1 (rank 1" in err
+    resumed = re.search(r"resuming from \S+/checkpoint-(\d+)", err)
+    assert resumed, err
+    step = int(resumed.group(1))
+    assert step >= 10
+    log = (only_run_dir(shared) / "node-0-node0.log").read_text()
+    assert f"Resuming training from {output}/checkpoint-{step}" in log
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 400 > step
+    assert job_processes(cluster) == {}
