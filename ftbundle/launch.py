@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
 from . import nodescript
-from .plan import NodePlan, Plan
+from .job import is_secret
+from .plan import REDACTED, NodePlan, Plan
 from .shell import run_script, write_files
 from .ssh import connect
 
@@ -277,6 +278,14 @@ class Supervisor:
         self.heartbeat_timeout = heartbeat_timeout
         self.events: queue.Queue[Event] = queue.Queue()
         self.runners = [make_runner(n, plan, self.events) for n in plan.nodes]
+        # Values of secret variables never reach the terminal, even if a job prints them.
+        self.secrets = sorted({v for n in plan.nodes for k, v in n.env.items() if is_secret(k) and len(v) >= 4},
+                              key=len, reverse=True)
+
+    def redact(self, line: str) -> str:
+        for value in self.secrets:
+            line = line.replace(value, REDACTED)
+        return line
 
     def say(self, message: str) -> None:
         print(f"ftbundle: {message}", file=self.err, flush=True)
@@ -285,7 +294,7 @@ class Supervisor:
         # Progress bars redraw with carriage returns; show what a terminal would end on.
         if "\r" in line:
             line = next((seg for seg in reversed(line.split("\r")) if seg.strip()), "")
-        print(f"[{runner.node.host.name} r{runner.node.rank}] {line}", file=self.out, flush=True)
+        print(f"[{runner.node.host.name} r{runner.node.rank}] {self.redact(line)}", file=self.out, flush=True)
 
     def run(self) -> Outcome:
         for runner in self.runners:
@@ -420,10 +429,10 @@ class Supervisor:
             return
         self.say(f"last {len(lines)} lines of {node.log_path}:")
         for line in lines:
-            print(f"  | {line}", file=self.err)
+            print(f"  | {self.redact(line)}", file=self.err)
         stderr_tail = self.runners[rank].stderr_tail
         if stderr_tail:
-            self.say("node wrapper said: " + " / ".join(stderr_tail[-3:]))
+            self.say("node wrapper said: " + self.redact(" / ".join(stderr_tail[-3:])))
 
 
 def _quietly(fn: Callable[[], None]) -> None:

@@ -268,3 +268,15 @@ def test_cli_bad_input_exits_2_and_starts_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "master_port" in err and str(path) in err
     assert not (tmp_path / ".s").exists() and not (tmp_path / "started").exists()
+
+
+def test_secret_values_never_reach_the_terminal(tmp_path, capfd):
+    """A job that prints its token: ftbundle's terminal output shows <redacted> instead."""
+    from ftbundle.cli import main
+    path = job_file(tmp_path, "name: leak\nshared_dir: .s\nenv: {HF_TOKEN: hf_abcdef123456}\n"
+                              "train: {command: 'echo token is $HF_TOKEN; exit 5'}\n")
+    assert main(["run", str(path)]) == 5
+    captured = capfd.readouterr()
+    assert "hf_abcdef123456" not in captured.out + captured.err
+    assert "token is <redacted>" in captured.out
+    assert "hf_abcdef123456" not in (next((tmp_path / ".s/runs").iterdir()) / "plan.json").read_text()
