@@ -270,11 +270,11 @@ class Outcome:
 class Supervisor:
     """Starts every node, streams rank 0, and turns the first failure into a full stop."""
 
-    def __init__(self, plan: Plan, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+    def __init__(self, plan: Plan, *, out: TextIO | None = None, err: TextIO | None = None,
                  heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S):
         self.plan = plan
-        self.out = out
-        self.err = err
+        self.out = out or sys.stdout  # looked up now, not at import: callers may swap sys.stdout
+        self.err = err or sys.stderr
         self.heartbeat_timeout = heartbeat_timeout
         self.events: queue.Queue[Event] = queue.Queue()
         self.runners = [make_runner(n, plan, self.events) for n in plan.nodes]

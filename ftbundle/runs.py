@@ -84,8 +84,9 @@ def node_states(ref: RunRef) -> list[tuple[NodePlan, str, str]]:
         return list(pool.map(ask, ref.nodes))
 
 
-def print_status(ref: RunRef, out=sys.stdout) -> int:
+def print_status(ref: RunRef, out=None) -> int:
     """A table of nodes; exit 0 while running or after success, 1 when any node failed."""
+    out = out or sys.stdout
     states = node_states(ref)
     print(f"run {ref.run_id}  ({ref.record['nnodes']} node(s) x {ref.record['nproc_per_node']} rank(s))  "
           f"{ref.run_dir}", file=out)
@@ -103,7 +104,8 @@ def print_status(ref: RunRef, out=sys.stdout) -> int:
     return 1 if failed or summary == "stopped" else 0
 
 
-def show_logs(ref: RunRef, rank: int, follow: bool, lines: int, out=sys.stdout) -> int:
+def show_logs(ref: RunRef, rank: int, follow: bool, lines: int, out=None) -> int:
+    out = out or sys.stdout
     if not 0 <= rank < len(ref.nodes):
         raise UserError(f"rank must be between 0 and {len(ref.nodes) - 1}", key="--rank")
     node = ref.nodes[rank]
@@ -125,9 +127,10 @@ def show_logs(ref: RunRef, rank: int, follow: bool, lines: int, out=sys.stdout) 
     raise UserError(f"cannot reach {node.host.name} or rank 0's host to read {node.log_path}")
 
 
-def stop_run(ref: RunRef, out=sys.stderr) -> int:
+def stop_run(ref: RunRef, out=None) -> int:
     """Ask every node to stop (a request file on shared storage for their watchers, and a
     stop over SSH on each host), then report what is left."""
+    out = out or sys.stderr
     write_files(ref.nodes[0].host, ref.run_dir, {nodescript.STOP_REQUEST: "stop requested\n"})
 
     def stop(node: NodePlan) -> str:
@@ -147,9 +150,10 @@ def stop_run(ref: RunRef, out=sys.stderr) -> int:
     return code
 
 
-def launch_detached(plan: Plan, out=sys.stderr) -> int:
+def launch_detached(plan: Plan, out=None) -> int:
     """Start every node's job and return once all have started; nothing is supervised
     from here (each node's watcher stops its job when a peer fails)."""
+    out = out or sys.stderr
     import queue as _queue
 
     from .launch import make_runner
