@@ -7,7 +7,9 @@ QUICKSTART := examples/quickstart
 .PHONY: demo test venv engine image model unit cluster lint clean
 
 demo: venv model  ## a real LoRA fine-tune of a tiny local model, 2 ranks on localhost
-	HF_HUB_OFFLINE=1 $(VENV)/bin/ftbundle run $(QUICKSTART)/job.yaml
+	rm -rf $(QUICKSTART)/.shared/output/quickstart-lora  # a fresh fine-tune, not a resume of the last one
+	$(VENV)/bin/ftbundle run $(QUICKSTART)/job.yaml
+	@echo "adapter: $(QUICKSTART)/.shared/output/quickstart-lora/adapter_model.safetensors"
 
 test: venv engine image  ## everything CI runs
 	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 tests

@@ -15,6 +15,8 @@ echo "venv: creating .venv for dependency set $want (takes a few minutes the fir
 rm -rf .venv
 "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[train,dev]'
+# (pip warns about every missing local index folder of this machine's config: noise)
+.venv/bin/python -m pip install -q -e '.[train,dev]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c 'import ftbundle, llamafactory, fabric, ansible, molecule'
 echo "$want" > "$stamp"
 echo "venv: ready"
