@@ -14,13 +14,16 @@ host out is then plain to see.
 Three rounds, each one SSH command per host, all hosts at once:
 
 1. the probe: one bash script per host (:func:`probe_script`) prints its facts in
-   tagged sections, and writes a sentinel file into the shared directory;
+   `@@ftb <name>` sections (bash, not Python: with the docker runtime the host need not
+   have our interpreter; the small Python helpers inside print JSON), and writes a
+   sentinel file into the shared directory;
 2. every host lists the sentinel directory: each must see every sentinel;
 3. rank 0 opens a short-lived listener on the master port (the bind is the "is it
    free?" test) while every other host connects to it; every host removes its sentinel.
 
-The pure parts (probe script, parsers, grouping, the checks themselves) are separate
-from the two functions that do I/O (:func:`gather_facts` and :func:`run_checks`).
+The pure parts (probe script, parsers, grouping, the checks themselves) come first;
+the I/O is at the end (:func:`gather_facts`, :func:`shared_round`, :func:`port_round`,
+and :func:`run_checks`, which strings them together).
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ import secrets
 import shlex
 import sys
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, TextIO, TypeVar
+from typing import TextIO, TypeVar
 
 import yaml
 
@@ -171,7 +175,7 @@ def runtime_python(job: Job, node: NodePlan) -> str | None:
 
 
 def docker_image(node: NodePlan) -> str | None:
-    """The image of a docker-runtime node: the argument after `docker run`'s options."""
+    """The image of a docker-runtime node's `docker run` (the job pins it by digest)."""
     argv = list(node.argv)
     if argv[:2] != ["docker", "run"]:
         return None
@@ -213,14 +217,22 @@ def probe_spec(job: Job, plan: Plan, node: NodePlan, sentinel_dir: str | None) -
     )
 
 
+# Package metadata, without importing the packages (torch takes seconds to import). torch's
+# own version.py is read as text: its __version__ carries the build (2.14.1+cu130), which
+# the distribution's metadata may not.
 _VERSIONS_PY = """
-import json, sys
-import importlib.metadata as md
+import importlib.metadata as md, importlib.util, json, os, re, sys
 def version(name):
     try:
-        return md.version(name)
+        found = md.version(name)
     except md.PackageNotFoundError:
         return "absent"
+    try:
+        spec = importlib.util.find_spec(name)
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+            return re.search(r"^__version__\\s*=\\s*['\\"]([^'\\"]+)", f.read(), re.M).group(1)
+    except Exception:
+        return found
 print(json.dumps({"python": sys.version.split()[0], **{n: version(n) for n in sys.argv[1:]}}))
 """
 
@@ -285,12 +297,12 @@ def probe_script(spec: ProbeSpec) -> str:
         "set -u",
         f"sec() {{ printf '\\n{SECTION}%s\\n' \"$1\"; }}",
         f"PY={q(spec.helper_python)}",
-        "sec hostname; hostname",
+        "sec hostname; hostname 2>/dev/null || cat /proc/sys/kernel/hostname",
         "sec kernel; uname -sr",
         # a name is resolved the way the ranks will resolve it
         f"sec route; a=$(getent ahostsv4 {q(spec.master_addr)} 2>/dev/null | awk 'NR==1{{print $1}}')",
-        f'if [ -z "$a" ]; then echo "ERROR: cannot resolve {spec.master_addr}"; '
-        'else ip -o route get "$a" 2>&1 || true; fi',
+        (f'if [ -z "$a" ]; then echo "ERROR: cannot resolve {spec.master_addr}"; '
+         'else ip -o route get "$a" 2>&1 || true; fi'),
         "sec links; ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1",
     ]
     if spec.image:
@@ -405,7 +417,8 @@ def parse_probe(spec: ProbeSpec, result: Result) -> HostFacts:
         try:
             facts.versions = json.loads(text.splitlines()[-1])
         except (ValueError, IndexError):
-            facts.runtime_error = f"{spec.helper_python}: " + (text.replace("ERROR: ", "").splitlines() or ["no answer"])[-1]
+            said = text.replace("ERROR: ", "").splitlines() or ["no answer"]
+            facts.runtime_error = f"{spec.helper_python}: {said[-1]}"
     gpus = s.get("gpus", "")
     if gpus.startswith("ERROR"):
         facts.gpu_error = gpus[len("ERROR: "):].splitlines()[0] if len(gpus) > 7 else "nvidia-smi failed"
@@ -444,6 +457,7 @@ class Check:
     failure: str | None = None  # e.g. "versions differ"
     details: list[str] = field(default_factory=list)  # failure lines that name hosts
     notes: list[str] = field(default_factory=list)  # worth saying, not a failure
+    label: str = ""  # the name as shown, with its subject ("route to 10.0.0.1")
 
     @property
     def ok(self) -> bool:
@@ -465,7 +479,7 @@ def _grouped(name: str, values: dict[str, str], failure: str | None = None) -> C
 
 
 def check_ssh(facts: list[HostFacts]) -> Check:
-    values = {f.host: ("unreachable: " + f.error if f.error else "reachable") for f in facts}
+    values = {f.host: ("unreachable" if f.error else "reachable") for f in facts}
     check = Check("ssh", group_by_value(values))
     bad = [f for f in facts if f.error]
     if bad:
@@ -493,22 +507,20 @@ def check_system(facts: list[HostFacts]) -> Check:
 
 def check_runtime(facts: list[HostFacts], docker: bool) -> Check:
     """Same interpreter and packages (host runtime) or the same image ID (docker)."""
+    name = "image" if docker else "versions"
     values = {}
     for f in facts:
         if f.runtime_error:
             values[f.host] = f"ERROR {f.runtime_error}"
         elif docker:
-            values[f.host] = f"image {f.image_id}"
+            values[f.host] = str(f.image_id)
         else:
             values[f.host] = " ".join(f"{k}={v}" for k, v in (f.versions or {}).items())
-    name = "image" if docker else "versions"
     check = _grouped(name, values, f"{name} differ")
     broken = [f for f in facts if f.runtime_error]
     if broken:
-        check.failure = check.failure or f"{name} unavailable"
+        check.failure = f"{name} unavailable"
         check.details = [f"{f.host}: {f.runtime_error}" for f in broken]
-        if len({v for v in values.values() if not v.startswith("ERROR")}) > 1:
-            check.details.append(f"{name} differ: {describe_groups(check.groups)}")
     return check
 
 
@@ -521,37 +533,40 @@ def _visible_gpus(job: Job) -> int | None:
 
 
 def check_gpus(facts: list[HostFacts], job: Job, nproc_per_node: int) -> Check:
-    """Same GPUs everywhere, and as many as ranks per node (or `auto`: at least one)."""
+    """Same GPUs everywhere, and as many as ranks per node (`auto`: the same number, > 0)."""
     values = {f.host: (f"ERROR {f.gpu_error}" if f.gpu_error else describe_gpus(f.gpus)) for f in facts}
-    check = _grouped("gpus", values, "GPUs differ")
+    check = Check("gpus", group_by_value(values))
     errors = [f for f in facts if f.gpu_error]
-    check.details = [f"{f.host}: nvidia-smi failed: {f.gpu_error}" for f in errors]
+    if errors:
+        check.failure = "nvidia-smi failed"
+        check.details = [f"{f.host}: nvidia-smi failed: {f.gpu_error}" for f in errors]
+    elif len(check.groups) > 1:
+        check.failure = "GPUs differ"
     counts = {f.host: len(f.gpus) for f in facts if not f.gpu_error}
     visible = _visible_gpus(job)
+    fit = []
     if job.nproc_per_node == "auto":
         if counts and not any(counts.values()):
-            check.details.append("nproc_per_node is auto but no host has a GPU; set a number of ranks")
-        elif len(set(counts.values())) > 1:
-            check.details.append("nproc_per_node is auto but the hosts have different GPU counts: "
-                                 + describe_groups(group_by_value({h: str(c) for h, c in counts.items()})))
+            fit.append("nproc_per_node is auto but no host has a GPU; set the number of ranks per host")
     elif any(counts.values()):
         for host, count in counts.items():
             usable = min(count, visible) if visible is not None else count
             if usable != nproc_per_node:
-                check.details.append(
-                    f"nproc_per_node is {nproc_per_node} but {host} has {usable} GPU(s)"
-                    + (" visible (CUDA_VISIBLE_DEVICES)" if visible is not None else ""))
+                fit.append(f"nproc_per_node is {nproc_per_node} but {host} has {usable} GPU(s)"
+                           + (" visible (CUDA_VISIBLE_DEVICES)" if visible is not None else ""))
     else:
-        check.notes.append(f"no GPUs: {nproc_per_node} CPU rank(s) per node (gloo)")
-    if check.details and not check.failure:
-        check.failure = "GPUs do not fit nproc_per_node" if not errors else "GPUs unavailable"
-    elif check.failure and check.details:
-        check.details.insert(0, f"GPUs differ: {describe_groups(check.groups)}")
+        check.notes.append(f"no GPUs: {nproc_per_node} CPU rank(s) per host")
+    if fit:
+        if check.failure == "GPUs differ":
+            check.details.append(f"GPUs differ: {describe_groups(check.groups)}")
+        check.failure = check.failure or "GPUs do not fit nproc_per_node"
+        check.details += fit
     return check
 
 
 def check_dirs(facts: list[HostFacts], plan: Plan, workdir: str) -> Check:
-    check = Check("dirs", [(f"workdir {workdir}, shared_dir {plan.shared_dir}", [f.host for f in facts])])
+    label = f"workdir {workdir}" + (f", shared_dir {plan.shared_dir}" if plan.shared_dir != workdir else "")
+    check = Check("dirs", [("present", [f.host for f in facts])], label=label)
     for f in facts:
         if not f.workdir_ok:
             check.details.append(f"workdir {workdir} does not exist on {f.host}")
@@ -583,14 +598,17 @@ def check_datasets(facts: list[HostFacts]) -> Check | None:
             if "error" in entry:
                 what = f"dataset {entry['dataset']!r}" if "dataset" in entry else "the datasets"
                 check.details.append(f"{f.host}: {entry['file']} {entry['error']} (needed for {what})")
+                if "dataset" in entry:
+                    per_file.setdefault((entry["dataset"], entry["file"]), {})[f.host] = entry["error"]
                 continue
             per_file.setdefault((entry["dataset"], entry["file"]), {})[f.host] = entry["sha256"][:16]
     for (dataset, path), hashes in per_file.items():
         groups = group_by_value(hashes)
-        label = f"{dataset} {path} sha256"
-        if len(groups) > 1:
-            check.details.append(f"dataset {dataset!r} file {path} differs: {describe_groups(groups)}")
-        check.groups += [(f"{label} {value}", hosts) for value, hosts in groups]
+        present = group_by_value({h: v for h, v in hashes.items() if len(v) == 16})
+        if len(present) > 1:
+            check.details.append(f"dataset {dataset!r} file {path} differs: {describe_groups(present)}")
+        check.groups += [(f"{dataset} {path} " + (f"sha256 {value}" if len(value) == 16 else value), hosts)
+                         for value, hosts in groups]
     if check.details:
         check.failure = "dataset files differ or are missing"
     return check
@@ -617,8 +635,8 @@ def check_route(facts: list[HostFacts], job: Job, plan: Plan) -> Check:
         elif r.local:
             values[f.host] = f"{r.dev} (rank 0 itself)"
         else:
-            values[f.host] = f"{r.dev}" + (f" src {r.src}" if r.src else "")
-    check = Check("route", group_by_value(values), notes=[f"to master {plan.master_addr}"])
+            values[f.host] = r.dev
+    check = Check("route", group_by_value(values), label=f"route to {plan.master_addr}")
     for f in facts:
         if f.route is None or f.route.dev is None:
             check.details.append(f"no route from {f.host} to {plan.master_addr}: "
@@ -654,17 +672,17 @@ def list_script(sentinel_dir: str) -> str:
 
 def check_shared(listings: dict[str, str], writers: dict[str, str], shared_dir: str) -> Check:
     """Every host must see every sentinel: `writers` maps sentinel file -> host name."""
-    expected = sorted(writers, key=lambda s: list(writers).index(s))
+    expected = list(writers)
     values = {}
     for host, listing in listings.items():
         seen = [writers[s] for s in expected if s in listing.split()]
         values[host] = f"sees {', '.join(seen) or 'no sentinel'}"
     groups = group_by_value(values)
     everyone = f"sees {', '.join(writers[s] for s in expected)}"
-    check = Check("shared_dir", groups, notes=[shared_dir])
+    check = Check("shared_dir", groups, label=f"shared_dir {shared_dir}")
     if any(value != everyone for value in values.values()):
         check.failure = f"shared_dir {shared_dir} is not shared by all hosts"
-        for host, value in values.items():
+        for host in values:
             missing = [writers[s] for s in expected if s not in listings[host].split()]
             if missing:
                 check.details.append(f"{host} does not see the sentinel of {', '.join(missing)} in {shared_dir}")
@@ -733,20 +751,23 @@ def check_port(rank0: str, port: int, rank0_out: str, others: dict[str, str], re
     """Free on rank 0 (we could bind it) and reachable from every other host."""
     first = rank0_out.strip().splitlines() or ["no answer"]
     if first[0].startswith("busy"):
-        holder = " ".join(first[1:]).strip()
-        return Check("master_port", [(f"{port} in use", [rank0])],
+        holders = re.findall(r'\("([^"]+)",pid=(\d+)', " ".join(first[1:]))
+        holder = ", ".join(f"{name} (pid {pid})" for name, pid in dict.fromkeys(holders))
+        return Check("master_port", [(f"{port} in use", [rank0])], label=f"master_port {port}",
                      failure=f"master port {port} in use on {rank0} (rank 0)",
                      details=[f"port {port} is already in use on {rank0} (rank 0): {first[0][5:]}"
                               + (f"; held by: {holder}" if holder else "")
                               + " (a previous run still alive? another job?)"])
     if not first[0].startswith("listening"):
-        return Check("master_port", [("not tested", [rank0])], failure="master port not tested",
+        return Check("master_port", [("not tested", [rank0])], label=f"master_port {port}",
+                     failure="master port not tested",
                      details=[f"could not listen on {port} on {rank0}: {first[-1]}"])
-    values = {rank0: "free (rank 0)"}
-    values.update({h: ("reachable" if out.strip() == "reachable" else f"not reachable ({out.strip() or 'no answer'})")
-                   for h, out in others.items()})
-    check = Check("master_port", group_by_value(values), notes=[str(port)])
-    bad = [h for h, v in values.items() if v.startswith("not reachable")]
+    values = {h: ("reachable from" if out.strip() == "reachable" else f"not reachable ({out.strip() or 'no answer'})")
+              for h, out in others.items()}
+    groups = [(f"free on {rank0} (rank 0)", [rank0])] if not others else [
+        (f"free on {rank0} (rank 0), {value}", hosts) for value, hosts in group_by_value(values)]
+    check = Check("master_port", groups, label=f"master_port {port}")
+    bad = [h for h, v in values.items() if v != "reachable from"]
     if bad:
         check.failure = f"master port {port} on {rank0} not reachable"
         check.details = [f"{h} cannot connect to {rank0} port {port} (firewall? wrong ftb_master_addr?)" for h in bad]
@@ -777,26 +798,24 @@ class CheckReport:
 
 
 def format_report(report: CheckReport) -> list[str]:
+    """One block per check: `label  value: hosts`, a line per group; failures start with
+    FAIL and list what is wrong where."""
     lines = [report.title] if report.title else []
-    width = max([len(c.name) for c in report.checks] + [8]) + 2
+    width = 12
     for c in report.checks:
-        head = c.name + (f" {c.notes[0]}" if c.notes and c.name in ("route", "shared_dir", "master_port") else "")
-        notes = c.notes[1:] if c.notes and c.name in ("route", "shared_dir", "master_port") else c.notes
         if not c.ok:
             lines.append(f"FAIL {c.failure}:")
-            for value, hosts in c.groups:
-                lines.append(f"  {value}: {', '.join(hosts)}")
-            for detail in c.details:
-                lines.append(f"  - {detail}")
+            lines += [f"  {value}: {', '.join(hosts)}" for value, hosts in c.groups]
+            lines += [f"  - {detail}" for detail in c.details]
         else:
-            pad = " " * width
-            for i, (value, hosts) in enumerate(c.groups):
-                prefix = f"{head:<{width}}" if i == 0 else pad
-                if i == 0 and len(head) >= width:
-                    prefix = head + " "
-                lines.append(f"{prefix}{value}: {', '.join(hosts)}")
-        for note in notes:
-            lines.append(f"  note: {note}")
+            label = c.label or c.name
+            if len(label) >= width:  # a long subject gets a line of its own
+                lines.append(label)
+                label = ""
+            for value, hosts in c.groups:
+                lines.append(f"{label:<{width}}{value}: {', '.join(hosts)}")
+                label = ""
+        lines += [f"{'':<{width}}note: {note}" for note in c.notes]
     failed = [c for c in report.checks if not c.ok]
     lines.append(f"all {len(report.checks)} checks passed in {report.seconds:.1f}s" if not failed else
                  f"{len(failed)} of {len(report.checks)} checks failed in {report.seconds:.1f}s: "
@@ -804,7 +823,8 @@ def format_report(report: CheckReport) -> list[str]:
     return lines
 
 
-def print_report(report: CheckReport, out: TextIO = sys.stdout) -> None:
+def print_report(report: CheckReport, out: TextIO | None = None) -> None:
+    out = out or sys.stdout  # looked up now: callers (and tests) may swap sys.stdout
     for line in format_report(report):
         print(line, file=out)
     out.flush()
@@ -844,78 +864,100 @@ def gather_facts(specs: dict[int, ProbeSpec], plan: Plan) -> list[HostFacts]:
         try:
             result = run_script(node.host, probe_script(spec), timeout=PROBE_TIMEOUT_S, connect_timeout=10)
         except Exception as exc:  # SSH refused, timed out, auth failed: this host's failure
-            return HostFacts(node.host.name, node.rank, error=_first_line(exc))
+            h = node.host
+            where = f"{h.user + '@' if h.user else ''}{h.address}:{h.port}"
+            return HostFacts(h.name, node.rank, error=f"cannot SSH to {where}: {_first_line(exc)}")
         return parse_probe(spec, result)
 
     return _in_parallel(ask, plan.nodes)
 
 
-def run_checks(job: Job, plan: Plan, out: TextIO | None = sys.stdout) -> CheckReport:
-    """Ask every host of ``plan`` and check that they are alike and ready; print the
-    report to ``out`` (None: do not print). Starts nothing; leaves nothing behind."""
-    started = time.monotonic()
+def fact_checks(job: Job, plan: Plan, facts: list[HostFacts]) -> list[Check]:
+    """Every check that round 1's facts alone answer."""
     remote = not plan.all_local
-    token = secrets.token_hex(4)
-    sentinel_dir = (posixpath.join(plan.shared_dir, f".ftb-check-{token}")
-                    if remote and len(plan.nodes) > 1 else None)
+    checks = [check_ssh(facts)] if remote else []
+    reached = [f for f in facts if not f.error]
+    if not reached:
+        return checks
+    if len(reached) > 1:
+        checks.append(check_hostnames(reached))
+    checks.append(check_system(reached))
+    checks.append(check_runtime(reached, docker=job.runtime.kind == "docker"))
+    checks.append(check_gpus(reached, job, plan.nproc_per_node))
+    checks.append(check_dirs(reached, plan, plan.nodes[0].workdir))
+    datasets = check_datasets(reached)
+    if datasets:
+        checks.append(datasets)
+    if remote:
+        checks.append(check_route(reached, job, plan))
+    return checks
+
+
+def shared_round(plan: Plan, reached: list[HostFacts], sentinel_dir: str) -> Check:
+    """Round 2: every host lists the sentinel directory."""
+    nodes = {n.rank: n for n in plan.nodes}
+    writers = {sentinel_name(f.rank): f.host for f in reached if f.sentinel_ok}
+
+    def listing(node: NodePlan) -> str:
+        try:
+            return run_script(node.host, list_script(sentinel_dir), timeout=ROUND_TIMEOUT_S).stdout
+        except Exception as exc:
+            return f"ERROR {_first_line(exc)}"
+
+    listed = _in_parallel(listing, [nodes[f.rank] for f in reached])
+    check = check_shared({f.host: text for f, text in zip(reached, listed)}, writers, plan.shared_dir)
+    unwritable = [f for f in reached if f.sentinel_ok is False and f.shared_dir_ok]
+    if unwritable:
+        check.failure = check.failure or f"shared_dir {plan.shared_dir} not writable"
+        check.details += [f"cannot write to {plan.shared_dir} on {f.host}" for f in unwritable]
+    return check
+
+
+def port_round(plan: Plan, reached: list[HostFacts], helper_python: str, sentinel_dir: str | None) -> Check:
+    """Round 3: rank 0 listens on the master port, the others connect; sentinels go."""
+    nodes = {n.rank: n for n in plan.nodes}
+    wrote = {f.rank for f in reached if f.sentinel_ok}
+
+    def ask(node: NodePlan) -> str:
+        clean = cleanup_script(sentinel_dir, node.rank) if node.rank in wrote else ""
+        if node.rank == 0:
+            script, limit = listen_script(helper_python, plan.master_port, len(reached) - 1, clean), LISTEN_S + 15
+        else:
+            script, limit = connect_script(plan.master_addr, plan.master_port, clean), CONNECT_S + 15
+        try:
+            return run_script(node.host, script, timeout=limit).stdout
+        except Exception as exc:
+            return f"ERROR {_first_line(exc)}"
+
+    answers = _in_parallel(ask, [nodes[f.rank] for f in reached])
+    others = {f.host: a for f, a in zip(reached, answers) if f.rank != 0}
+    return check_port(reached[0].host, plan.master_port, answers[0], others, not plan.all_local)
+
+
+def run_checks(job: Job, plan: Plan, out: TextIO | None = None, *, quiet: bool = False) -> CheckReport:
+    """Ask every host of ``plan`` whether they are alike and ready; print the report to
+    ``out`` (default: stdout) unless ``quiet``. Starts nothing; leaves nothing behind."""
+    started = time.monotonic()
+    sentinel_dir = None
+    if not plan.all_local and len(plan.nodes) > 1:
+        sentinel_dir = posixpath.join(plan.shared_dir, f".ftb-check-{secrets.token_hex(4)}")
     specs = {n.rank: probe_spec(job, plan, n, sentinel_dir) for n in plan.nodes}
-    workdir = plan.nodes[0].workdir
 
     facts = gather_facts(specs, plan)
-    checks = []
-    if remote:
-        checks.append(check_ssh(facts))
     reached = [f for f in facts if not f.error]
-    nodes = {n.rank: n for n in plan.nodes}
-    if reached:
-        if len(reached) > 1:
-            checks.append(check_hostnames(reached))
-        checks.append(check_system(reached))
-        checks.append(check_runtime(reached, docker=job.runtime.kind == "docker"))
-        checks.append(check_gpus(reached, job, plan.nproc_per_node))
-        checks.append(check_dirs(reached, plan, workdir))
-        datasets = check_datasets(reached)
-        if datasets:
-            checks.append(datasets)
-        if remote:
-            checks.append(check_route(reached, job, plan))
-
-    # round 2: who sees whose sentinel
-    writers = {sentinel_name(f.rank): f.host for f in reached if f.sentinel_ok}
-    if sentinel_dir and len(reached) > 1:
-        def listing(node: NodePlan) -> str:
-            try:
-                return run_script(node.host, list_script(sentinel_dir), timeout=ROUND_TIMEOUT_S).stdout
-            except Exception as exc:
-                return f"ERROR {_first_line(exc)}"
-        listed = _in_parallel(listing, [nodes[f.rank] for f in reached])
-        checks.append(check_shared({f.host: text for f, text in zip(reached, listed)}, writers, plan.shared_dir))
-        unwritable = [f for f in reached if f.sentinel_ok is False and f.shared_dir_ok]
-        if unwritable:
-            checks[-1].failure = checks[-1].failure or f"shared_dir {plan.shared_dir} not writable"
-            checks[-1].details += [f"cannot write to {plan.shared_dir} on {f.host}" for f in unwritable]
-
-    # round 3: the master port, and the sentinels go
-    rank0 = facts[0]
-    if not rank0.error:
-        def port_round(node: NodePlan) -> str:
-            clean = cleanup_script(sentinel_dir, node.rank) if node.host.name in writers.values() else ""
-            if node.rank == 0:
-                script = listen_script(specs[0].helper_python, plan.master_port, len(reached) - 1, clean)
-                limit = LISTEN_S + 15
-            else:
-                script = connect_script(plan.master_addr, plan.master_port, clean)
-                limit = CONNECT_S + 15
-            try:
-                return run_script(node.host, script, timeout=limit).stdout
-            except Exception as exc:
-                return f"ERROR {_first_line(exc)}"
-        answers = _in_parallel(port_round, [nodes[f.rank] for f in reached])
-        others = {f.host: a for f, a in zip(reached, answers) if f.rank != 0}
-        checks.append(check_port(rank0.host, plan.master_port, answers[0], others, remote))
-    elif sentinel_dir:  # rank 0 is down: still remove the sentinels the others wrote
-        _in_parallel(lambda n: _quiet(n, cleanup_script(sentinel_dir, n.rank)),
-                     [nodes[f.rank] for f in reached if f.sentinel_ok])
+    checks = fact_checks(job, plan, facts)
+    cleaned = not sentinel_dir
+    try:
+        if sentinel_dir and len(reached) > 1:
+            checks.append(shared_round(plan, reached, sentinel_dir))
+        if reached and reached[0].rank == 0:
+            checks.append(port_round(plan, reached, specs[0].helper_python, sentinel_dir))
+            cleaned = True  # round 3 removed the sentinels
+    finally:
+        if not cleaned:  # rank 0 down, or interrupted: the sentinels still go
+            nodes = {n.rank: n for n in plan.nodes}
+            _in_parallel(lambda n: _quiet(n, cleanup_script(sentinel_dir, n.rank)),
+                         [nodes[f.rank] for f in reached if f.sentinel_ok])
 
     report = CheckReport(
         checks=checks,
@@ -925,7 +967,7 @@ def run_checks(job: Job, plan: Plan, out: TextIO | None = sys.stdout) -> CheckRe
         title=(f"ftbundle check: job {plan.job_name}, {plan.nnodes} host(s) x {plan.nproc_per_node} rank(s), "
                f"master {plan.master_addr}:{plan.master_port}"),
     )
-    if out is not None:
+    if not quiet:
         print_report(report, out)
     return report
 

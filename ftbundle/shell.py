@@ -28,7 +28,8 @@ class Result:
 def run_script(host: Host, script: str, *, timeout: float = 30, connect_timeout: int = 10) -> Result:
     """Run ``script`` with bash on ``host``; raises on SSH failure or timeout."""
     if host.local:
-        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
         return Result(proc.returncode, proc.stdout, proc.stderr)
     conn = connect(host, timeout=connect_timeout)
     try:
@@ -41,7 +42,8 @@ def run_script(host: Host, script: str, *, timeout: float = 30, connect_timeout:
 def stream_script(host: Host, script: str, out) -> int:
     """Run ``script`` on ``host`` with its output going to ``out`` as it comes."""
     if host.local:
-        return subprocess.run(["bash", "-c", script], stdout=out, stderr=subprocess.STDOUT).returncode
+        return subprocess.run(["bash", "-c", script], stdout=out, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL).returncode
     conn = connect(host)
     try:
         return conn.run("bash -c " + shlex.quote(script), out_stream=out, err_stream=out, warn=True,

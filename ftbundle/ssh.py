@@ -17,7 +17,7 @@ def connect(host: Host, *, timeout: int = CONNECT_TIMEOUT):
     the connection is strict (unknown or changed keys are refused), as `ssh` would be
     with that option; otherwise Fabric's default of accepting new keys applies.
     """
-    from fabric import Connection
+    from fabric import Config, Connection
     from paramiko.client import RejectPolicy
 
     connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout}
@@ -25,7 +25,10 @@ def connect(host: Host, *, timeout: int = CONNECT_TIMEOUT):
         connect_kwargs["key_filename"] = [os.path.expanduser(host.key_file)]
         connect_kwargs["look_for_keys"] = False
         connect_kwargs["allow_agent"] = False
-    conn = Connection(host=host.address, user=host.user, port=host.port,
+    # Never forward our own stdin (a terminal, a pipe) to a remote command unless a caller
+    # hands one over explicitly: Invoke's default reads sys.stdin.
+    config = Config(overrides={"run": {"in_stream": False}})
+    conn = Connection(host=host.address, user=host.user, port=host.port, config=config,
                       connect_timeout=timeout, connect_kwargs=connect_kwargs)
     user_known = os.path.expanduser("~/.ssh/known_hosts")
     if os.path.exists(user_known):

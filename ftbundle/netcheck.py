@@ -1,0 +1,247 @@
+"""`ftbundle check --net`: how fast can the hosts actually talk?
+
+Two measurements, both bounded in time and leaving nothing behind:
+
+* iperf3 between rank 0 and every other host, one at a time (so they do not share rank
+  0's link): a one-shot server on rank 0 (`iperf3 -s -1`, port master_port + 1) and a
+  2-second test from the other host. The number is what the host's TCP path can carry.
+* a short all-reduce across all ranks, launched by ftbundle itself (the same plan,
+  interpreter, image and environment as the job, its script replaced by
+  shims/allreduce_bench.py): NCCL on GPUs, gloo on the CPU. Its bus bandwidth is what
+  the collective the training runs actually gets.
+
+Hosts under ``min_gbps`` get a warning naming them (multi-node training wants 10 Gbit/s
+or more between nodes); a measurement that could not be made is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import posixpath
+import re
+import secrets
+import shlex
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TextIO
+
+from .job import Job, Train
+from .plan import Plan, make_plan
+from .shell import run_script
+
+DEFAULT_MIN_GBPS = 10.0
+IPERF_SECONDS = 2
+IPERF_SERVER_S = 15  # the one-shot server gives up after this long without its client
+IPERF_CONNECT_S = 8  # the client keeps trying to reach the server for this long
+BENCH_SCRIPT = "ftb_allreduce_bench.py"
+BENCH_SIZE_MIB = 16
+BENCH_ITERS = 10
+BENCH_LIMIT_S = 180  # each node's torchrun is killed after this long (start-up included)
+BENCH_LINE = re.compile(r"ftb-allreduce (.*)$")
+
+
+@dataclass
+class NetReport:
+    throughput_gbps: dict[str, float] = field(default_factory=dict)  # host -> Gbit/s to rank 0
+    rank0: str = ""
+    busbw_gbps: float | None = None
+    algbw_gbps: float | None = None
+    bench: dict[str, str] = field(default_factory=dict)  # the bench's whole line, parsed
+    warnings: list[str] = field(default_factory=list)  # slow hosts, slow collective
+    errors: list[str] = field(default_factory=list)  # measurements that could not be made
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Every measurement was made (slow ones are warnings, not errors)."""
+        return not self.errors
+
+
+# ---------------------------------------------------------------------------------------
+# Pure parts
+
+
+def parse_iperf3_json(text: str) -> float:
+    """Bits per second received, from `iperf3 -c ... -J`; ValueError with iperf3's own
+    message when the test failed."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ValueError(text.strip().splitlines()[-1] if text.strip() else "no output from iperf3") from None
+    if data.get("error"):
+        raise ValueError(data["error"])
+    try:
+        return float(data["end"]["sum_received"]["bits_per_second"])
+    except (KeyError, TypeError):
+        raise ValueError("iperf3 output has no end.sum_received.bits_per_second") from None
+
+
+def parse_bench_line(output: str) -> dict[str, str] | None:
+    """The `ftb-allreduce key=value ...` line rank 0 printed, as a dict; None if absent."""
+    for line in reversed(output.splitlines()):
+        match = BENCH_LINE.search(line)
+        if match:
+            return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
+    return None
+
+
+def slow_warnings(throughput: dict[str, float], rank0: str, busbw: float | None, min_gbps: float) -> list[str]:
+    """A warning per host under the threshold, and one for the collective."""
+    warnings = [f"{host} -> {rank0}: {gbps:.2f} Gbit/s is under {min_gbps:g} Gbit/s; multi-node training "
+                f"will be network-bound (slow link? wrong interface? check NCCL_SOCKET_IFNAME / the fabric)"
+                for host, gbps in throughput.items() if gbps < min_gbps]
+    if busbw is not None and busbw < min_gbps:
+        warnings.append(f"all-reduce bus bandwidth {busbw:.2f} Gbit/s is under {min_gbps:g} Gbit/s")
+    return warnings
+
+
+def iperf_client_script(addr: str, port: int) -> str:
+    """Retry until the one-shot server on rank 0 is up, then one JSON result. (With -J,
+    iperf3 3.12 exits 0 even when it could not connect: the JSON's "error" says so.)"""
+    q = shlex.quote
+    return (f"command -v iperf3 >/dev/null 2>&1 || {{ echo NO-IPERF3; exit 0; }}\n"
+            f"end=$((SECONDS + {IPERF_CONNECT_S}))\n"
+            f"while :; do\n"
+            f"  out=$(timeout {IPERF_SECONDS + 10} iperf3 -c {q(addr)} -p {port} -t {IPERF_SECONDS} -J 2>&1)\n"
+            f"  case \"$out\" in *sum_received*) printf '%s\\n' \"$out\"; exit 0 ;; esac\n"
+            f"  [ $SECONDS -ge $end ] && {{ printf '%s\\n' \"$out\"; exit 0; }}\n"
+            f"  sleep 0.3\n"
+            f"done\n")
+
+
+def iperf_server_script(port: int) -> str:
+    """One client, then exit; `timeout` ends it if the client never comes."""
+    return (f"command -v iperf3 >/dev/null 2>&1 || {{ echo NO-IPERF3; exit 0; }}\n"
+            f"timeout -k 2 {IPERF_SERVER_S} iperf3 -s -1 -p {port} >/dev/null 2>&1; echo done\n")
+
+
+def bench_source() -> str:
+    return resources.files("ftbundle.shims").joinpath("allreduce_bench.py").read_text()
+
+
+def bench_plan(job: Job, plan: Plan, run_id: str, *, size_mib: float = BENCH_SIZE_MIB,
+               iters: int = BENCH_ITERS) -> Plan:
+    """The job's plan with its training replaced by the all-reduce bench: same hosts,
+    ranks, interpreter or image, environment and master port; every node bounded by
+    `timeout` so a hung collective cannot outlive the check."""
+    run_dir = posixpath.join(plan.shared_dir, "runs", run_id)
+    script = posixpath.join(run_dir, BENCH_SCRIPT)
+    train = Train("script", script=script,
+                  args=("--size-mib", f"{size_mib:g}", "--iters", str(iters), "--timeout", "60"))
+    derived = dataclasses.replace(job, train=train, restarts=0)
+    bench = make_plan(derived, [n.host for n in plan.nodes], run_id, nproc_per_node=plan.nproc_per_node)
+    nodes = tuple(dataclasses.replace(n, argv=("timeout", "-k", "5", str(BENCH_LIMIT_S), *n.argv))
+                  for n in bench.nodes)
+    return dataclasses.replace(bench, nodes=nodes, files={}, warnings=(), notes=())
+
+
+# ---------------------------------------------------------------------------------------
+# I/O
+
+
+def measure_iperf(plan: Plan, report: NetReport) -> None:
+    """rank 0 <- each other host, one at a time."""
+    rank0 = plan.nodes[0]
+    port = plan.master_port + 1
+    for node in plan.nodes[1:]:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            server = pool.submit(run_script, rank0.host, iperf_server_script(port),
+                                 timeout=IPERF_SERVER_S + 10)
+            try:
+                client = run_script(node.host, iperf_client_script(plan.master_addr, port),
+                                    timeout=IPERF_CONNECT_S + IPERF_SECONDS + 20).stdout
+            except Exception as exc:
+                client = f"ERROR {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+            try:
+                served = server.result().stdout
+            except Exception as exc:
+                served = f"ERROR {exc}"
+        if "NO-IPERF3" in served:
+            report.errors.append(f"iperf3 is not installed on {rank0.host.name} (rank 0): "
+                                 "throughput not measured (apt-get install iperf3)")
+            return
+        if "NO-IPERF3" in client:
+            report.errors.append(f"iperf3 is not installed on {node.host.name}: its throughput was not measured")
+            continue
+        try:
+            report.throughput_gbps[node.host.name] = parse_iperf3_json(client) / 1e9
+        except ValueError as exc:
+            report.errors.append(f"iperf3 {node.host.name} -> {rank0.host.name}:{port} failed: {exc}")
+
+
+def measure_allreduce(job: Job, plan: Plan, report: NetReport, *, size_mib: float, iters: int) -> None:
+    """Launch the bench with the launcher's own Supervisor; read rank 0's line."""
+    from .launch import Supervisor, stage_run_dir
+
+    run_id = f"{job.name}-netcheck-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    bench = bench_plan(job, plan, run_id, size_mib=size_mib, iters=iters)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        stage_run_dir(bench, extra_files={BENCH_SCRIPT: bench_source()})
+        outcome = Supervisor(bench, out=out, err=err).run()
+        line = parse_bench_line(out.getvalue())
+        if outcome.exit_code != 0 or line is None:
+            tail = [x for x in (err.getvalue() + out.getvalue()).splitlines() if x.strip()][-8:]
+            report.errors.append(f"all-reduce bench failed (exit {outcome.exit_code}):\n    "
+                                 + "\n    ".join(tail))
+            return
+        report.bench = line
+        report.busbw_gbps = float(line["busbw_gbps"])
+        report.algbw_gbps = float(line["algbw_gbps"])
+    finally:
+        try:
+            runs = posixpath.dirname(bench.run_dir)  # removed too if the bench made it
+            run_script(bench.nodes[0].host, f"rm -rf {shlex.quote(bench.run_dir)}; "
+                                            f"rmdir {shlex.quote(runs)} 2>/dev/null; true", timeout=30)
+        except Exception:
+            pass
+
+
+def run_net_check(job: Job, plan: Plan, min_gbps: float = DEFAULT_MIN_GBPS, out: TextIO | None = None,
+                  *, quiet: bool = False, size_mib: float = BENCH_SIZE_MIB, iters: int = BENCH_ITERS) -> NetReport:
+    """Measure, print the report to ``out`` (default: stdout) unless ``quiet``, return it."""
+    started = time.monotonic()
+    report = NetReport(rank0=plan.nodes[0].host.name)
+    if len(plan.nodes) > 1:
+        measure_iperf(plan, report)
+    measure_allreduce(job, plan, report, size_mib=size_mib, iters=iters)
+    crosses = report.bench.get("world", "1") != "1"  # world size 1: bus bandwidth is 0 by definition
+    report.warnings = slow_warnings(report.throughput_gbps, report.rank0,
+                                    report.busbw_gbps if crosses else None, min_gbps)
+    report.seconds = time.monotonic() - started
+    if not quiet:
+        print_net_report(report, plan, min_gbps, out)
+    return report
+
+
+def format_net_report(report: NetReport, plan: Plan, min_gbps: float) -> list[str]:
+    lines = [(f"ftbundle check --net: job {plan.job_name}, {plan.nnodes} host(s) x {plan.nproc_per_node} "
+              f"rank(s), threshold {min_gbps:g} Gbit/s")]
+    if len(plan.nodes) == 1:
+        lines.append("iperf3      one host: no link between hosts to measure")
+    for host, gbps in report.throughput_gbps.items():
+        lines.append(f"iperf3      {host} -> {report.rank0}: {gbps:.2f} Gbit/s")
+    if report.busbw_gbps is not None:
+        b = report.bench
+        lines.append(f"all-reduce  {b.get('backend')} world {b.get('world')}, {b.get('size_mib')} MiB x "
+                     f"{b.get('iters')}: {float(b.get('time_ms', 0)):.2f} ms each, "
+                     f"bus bandwidth {report.busbw_gbps:.2f} Gbit/s ({report.busbw_gbps / 8:.2f} GB/s), "
+                     f"algorithm bandwidth {report.algbw_gbps:.2f} Gbit/s")
+        if b.get("world") == "1":
+            lines.append("            (world size 1: nothing crosses a link; bus bandwidth is 0 by definition)")
+    lines += [f"warning: {w}" for w in report.warnings]
+    lines += [f"error: {e}" for e in report.errors]
+    lines.append(f"network check {'done' if report.ok else 'incomplete'} in {report.seconds:.1f}s")
+    return lines
+
+
+def print_net_report(report: NetReport, plan: Plan, min_gbps: float, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    for line in format_net_report(report, plan, min_gbps):
+        print(line, file=out)
+    out.flush()
