@@ -44,7 +44,7 @@ import yaml
 
 from . import runtimes
 from .errors import UserError
-from .job import Job
+from .job import PINNED_IMAGE_RE, Job
 from .plan import NodePlan, Plan
 from .shell import Result, run_script
 
@@ -179,7 +179,7 @@ def docker_image(node: NodePlan) -> str | None:
     argv = list(node.argv)
     if argv[:2] != ["docker", "run"]:
         return None
-    images = [a for a in argv if re.search(r"@sha256:[0-9a-f]{64}$", a)]
+    images = [a for a in argv if PINNED_IMAGE_RE.search(a)]
     return images[0] if images else None
 
 
@@ -571,7 +571,10 @@ def check_dirs(facts: list[HostFacts], plan: Plan, workdir: str) -> Check:
         if not f.workdir_ok:
             check.details.append(f"workdir {workdir} does not exist on {f.host}")
         if not f.shared_dir_ok and plan.shared_dir != workdir:
-            check.details.append(f"shared_dir {plan.shared_dir} does not exist on {f.host}")
+            if plan.all_local:  # this machine alone: the launcher creates it
+                check.notes.append(f"shared_dir {plan.shared_dir} will be created")
+            else:  # on a cluster it is the shared mount: missing means not mounted
+                check.details.append(f"shared_dir {plan.shared_dir} does not exist on {f.host}")
     if check.details:
         check.failure = "directories missing"
         bad = {f.host for f in facts if not f.workdir_ok or not f.shared_dir_ok}

@@ -36,14 +36,38 @@ def resolve_hosts(job: Job, inventory: str | None) -> list[Host]:
     return load_hosts(source, job.hosts)
 
 
-def build_plan(job_path: str, inventory: str | None) -> tuple[Job, Plan]:
+def build_plan(job_path: str, inventory: str | None, *, nproc_per_node: int | None = None,
+               bf16_capable: bool | None = None) -> tuple[Job, Plan]:
+    """The job and its plan. ``nproc_per_node: auto`` needs the hosts' GPU count: without
+    ``nproc_per_node`` the plan is provisional (one rank per host), good for probing the
+    hosts (:func:`checked_plan`) but not for launching."""
     job = load_job(job_path)
     hosts = resolve_hosts(job, inventory)
-    nproc = None
-    if job.nproc_per_node == "auto":
-        raise UserError("nproc_per_node: auto is not supported yet; set the number of ranks per host",
-                        file=str(job.path), key="nproc_per_node")
-    return job, make_plan(job, hosts, new_run_id(job.name), nproc_per_node=nproc)
+    if job.nproc_per_node == "auto" and nproc_per_node is None:
+        nproc_per_node = 1
+    return job, make_plan(job, hosts, new_run_id(job.name), nproc_per_node=nproc_per_node,
+                          bf16_capable=bf16_capable)
+
+
+def checked_plan(job_path: str, inventory: str | None, *, check: bool, out=None) -> tuple[Job, Plan]:
+    """The plan to launch: the hosts checked first (unless ``check`` is false), with
+    ``nproc_per_node: auto`` resolved from their GPUs and bf16 known for the fp16 warning.
+    A failed check is a UserError: nothing has been started anywhere."""
+    from .check import print_report, resolve_nproc, run_checks
+
+    job, plan = build_plan(job_path, inventory)
+    if not check and job.nproc_per_node != "auto":
+        return job, plan
+    report = run_checks(job, plan, quiet=True)
+    if not report.ok:
+        print_report(report, out or sys.stderr)
+        raise UserError(f"{len(report.failures)} problem(s) found on the hosts before launch (see above); "
+                        "nothing was started. Fix them, or set 'check: false' in the job to skip the check",
+                        file=str(job.path), key="check")
+    nproc = resolve_nproc(report, job) if job.nproc_per_node == "auto" else None
+    say(f"check passed: {plan.nnodes} host(s) alike and ready ({len(report.checks)} checks, "
+        f"{report.seconds:.1f}s)")
+    return build_plan(job_path, inventory, nproc_per_node=nproc, bf16_capable=report.bf16_capable)
 
 
 def format_plan(plan: Plan) -> str:
@@ -91,10 +115,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .launch import Supervisor, stage_run_dir
     from .runs import launch_detached
 
-    job, plan = build_plan(args.job, args.inventory)
     if args.dry_run:
+        # starts nothing; `auto` is resolved by asking the hosts (read-only) for their GPUs
+        job, plan = build_plan(args.job, args.inventory)
+        if job.nproc_per_node == "auto":
+            job, plan = checked_plan(args.job, args.inventory, check=False)
         print(format_plan(plan))
         return 0
+    job, plan = checked_plan(args.job, args.inventory, check=not args.no_check and load_job(args.job).check)
     say(f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
     for note in plan.notes:
         say(note)
@@ -132,6 +160,32 @@ def cmd_run(args: argparse.Namespace) -> int:
             say(f"resuming from {plan.checkpoint_dir}/{last[0]}" if last[0]
                 else "no checkpoint yet: starting from the beginning")
     return 1
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Every check on every host, the report on stdout; exit 2 when any fails. With
+    --net, the network is measured too (slow links are warnings; a measurement that
+    could not be made is a failure)."""
+    from .check import print_report, run_checks
+
+    job, plan = build_plan(args.job, args.inventory)
+    report = run_checks(job, plan, quiet=True)
+    print_report(report)
+    if not report.ok:
+        return EXIT_USAGE
+    if args.net:
+        from .netcheck import run_net_check
+
+        nproc = None
+        if job.nproc_per_node == "auto":
+            from .check import resolve_nproc
+
+            nproc = resolve_nproc(report, job)
+            job, plan = build_plan(args.job, args.inventory, nproc_per_node=nproc)
+        net = run_net_check(job, plan, min_gbps=args.min_gbps)
+        if not net.ok:
+            return EXIT_USAGE
+    return 0
 
 
 def run_ref(args: argparse.Namespace):
@@ -179,7 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dry-run", action="store_true", help="print each host's command and environment; start nothing")
     run.add_argument("--detach", action="store_true",
                      help="start the job and return; follow it later with status/logs/stop")
+    run.add_argument("--no-check", action="store_true",
+                     help="skip the pre-launch check of the hosts (as 'check: false' in the job)")
     run.set_defaults(func=cmd_run)
+
+    chk = sub.add_parser("check", help="check the hosts of a job are alike and ready; launch nothing")
+    chk.add_argument("job", help="the job file (job.yaml)")
+    chk.add_argument("-i", "--inventory", help="Ansible inventory (overrides the job's 'inventory')")
+    chk.add_argument("--net", action="store_true",
+                     help="also measure the network: iperf3 to rank 0 from every host, and an all-reduce")
+    chk.add_argument("--min-gbps", type=float, default=10.0,
+                     help="warn about links slower than this, in Gbit/s (default 10)")
+    chk.set_defaults(func=cmd_check)
 
     for name, func, text in (("status", cmd_status, "state of every node of a run"),
                              ("logs", cmd_logs, "a node's log (rank 0's by default)"),

@@ -22,6 +22,9 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names whose values never reach a terminal, a log or the plan file.
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 DEFAULT_NCCL_ENV_FILE = "/etc/ftbundle/nccl.env"
+# repo@sha256:<digest> (pulled from a registry), or an image ID (loaded from a tarball):
+# either names exactly one image's bytes, whatever a tag points to today.
+PINNED_IMAGE_RE = re.compile(r"(@|^)sha256:[0-9a-f]{64}$")
 
 
 def is_secret(name: str) -> bool:
@@ -258,10 +261,11 @@ def _parse_runtime(r: _Reader, raw: Any) -> Runtime:
 
 def check_pinned_image(image: str, error) -> None:
     """A training image must be pinned by digest: a tag can resolve differently per node."""
-    if not re.search(r"@sha256:[0-9a-f]{64}$", image):
+    if not PINNED_IMAGE_RE.search(image):
         raise error(
-            f"image {image!r} is not pinned by digest; use repo@sha256:<64 hex> "
-            "(site.yml resolves a tag once and records the digest as ftb_image)"
+            f"image {image!r} is not pinned by digest; use repo@sha256:<64 hex>, or the image ID "
+            "sha256:<64 hex> of an image loaded from a tarball (site.yml resolves a tag once and "
+            "records the digest as ftb_image)"
         )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import shlex
 
+from .job import is_secret
 from .plan import NodePlan
 
 HEARTBEAT = "ftb-hb"
@@ -74,6 +75,38 @@ ftb_stop() {{
 }}"""
 
 
+# Replaces every secret value (>= 4 characters) in the job's output with <redacted>, line
+# by line, before it reaches the log. Literal matching (index, not regex); values come from
+# the environment, so they are never written into a script or a command line.
+REDACT_AWK = r"""BEGIN { n = split(ENVIRON["FTB_SECRET_NAMES"], names, " ")
+  for (i = 1; i <= n; i++) { v = ENVIRON[names[i]]; if (length(v) >= 4) secret[++m] = v } }
+{ line = $0
+  for (i = 1; i <= m; i++) {
+    out = ""
+    while ((p = index(line, secret[i])) > 0) {
+      out = out substr(line, 1, p - 1) "<redacted>"; line = substr(line, p + length(secret[i]))
+    }
+    line = out line
+  }
+  print line; fflush() }"""
+
+
+def secret_names(node: NodePlan) -> list[str]:
+    return [name for name in node.env if is_secret(name)]
+
+
+def job_runner(node: NodePlan) -> str:
+    """The bash program that runs the job's argv ("$@") with its whole output appended to
+    the log, then records the exit code. When the job has secrets in its environment the
+    output goes through REDACT_AWK first, so the log on shared storage never holds them."""
+    names = secret_names(node)
+    if not names:
+        return '"$@" >>"$FTB_LOG" 2>&1 </dev/null; rc=$?; echo $rc >"$FTB_EXIT"; exit $rc'
+    return (f"export FTB_SECRET_NAMES={shlex.quote(' '.join(names))}\n"
+            f'"$@" 2>&1 </dev/null | awk {shlex.quote(REDACT_AWK)} >>"$FTB_LOG"; rc=${{PIPESTATUS[0]}}\n'
+            'echo $rc >"$FTB_EXIT"; exit $rc')
+
+
 def node_script(node: NodePlan, run_dir: str, run_id: str, *, detach: bool = False) -> str:
     """The bash program for one node (see the module docstring for the protocol)."""
     q = shlex.quote
@@ -89,7 +122,7 @@ cd {q(node.workdir)} || {{ echo "ftbundle: workdir {node.workdir} missing on $(h
 rm -f {q(exitf)}
 export FTB_LOG={q(log)} FTB_EXIT={q(exitf)}
 {stop_function(node)}
-FTB_JOB={q(marker)} setsid bash -c '"$@" >>"$FTB_LOG" 2>&1 </dev/null; rc=$?; echo $rc >"$FTB_EXIT"; exit $rc' ftb-node {argv} </dev/null >/dev/null 2>&1 &
+FTB_JOB={q(marker)} setsid bash -c {q(job_runner(node))} ftb-node {argv} </dev/null >/dev/null 2>&1 &
 pid=$!
 echo "$pid {marker} $(hostname)" > {q(pidf)}
 """

@@ -127,3 +127,13 @@ def test_malformed_yaml_reports_line_and_column(tmp_path):
 def test_missing_job_file(tmp_path):
     with pytest.raises(UserError, match="job file not found"):
         load_job(tmp_path / "nope.yaml")
+
+
+def test_docker_image_pinned_by_digest_or_image_id(tmp_path):
+    digest = "0123456789abcdef" * 4
+    for image in (f"registry.local/train@sha256:{digest}", f"sha256:{digest}"):
+        job = load_job(write(tmp_path, MINIMAL + f"runtime: {{kind: docker, image: '{image}'}}\n"))
+        assert job.runtime.image == image
+    for image in ("registry.local/train:v1", f"registry.local/train:sha256-{digest}", f"sha256:{digest[:-1]}"):
+        with pytest.raises(UserError, match="not pinned by digest"):
+            load_job(write(tmp_path, MINIMAL + f"runtime: {{kind: docker, image: '{image}'}}\n"))

@@ -271,7 +271,8 @@ def test_cli_bad_input_exits_2_and_starts_nothing(tmp_path, capsys):
 
 
 def test_secret_values_never_reach_the_terminal(tmp_path, capfd):
-    """A job that prints its token: ftbundle's terminal output shows <redacted> instead."""
+    """A job that prints its token: ftbundle's terminal output and the node log show
+    <redacted> instead."""
     from ftbundle.cli import main
     path = job_file(tmp_path, "name: leak\nshared_dir: .s\nenv: {HF_TOKEN: hf_abcdef123456}\n"
                               "train: {command: 'echo token is $HF_TOKEN; exit 5'}\n")
@@ -279,4 +280,9 @@ def test_secret_values_never_reach_the_terminal(tmp_path, capfd):
     captured = capfd.readouterr()
     assert "hf_abcdef123456" not in captured.out + captured.err
     assert "token is <redacted>" in captured.out
-    assert "hf_abcdef123456" not in (next((tmp_path / ".s/runs").iterdir()) / "plan.json").read_text()
+    run_dir = next((tmp_path / ".s/runs").iterdir())
+    assert "hf_abcdef123456" not in (run_dir / "plan.json").read_text()
+    # the node log ftbundle writes on shared storage holds the job's output, redacted
+    log = (run_dir / "node-0-localhost.log").read_text()
+    assert log == "token is <redacted>\n"
+    assert (run_dir / "node-0.exit").read_text().strip() == "5"  # the job's code, not the filter's
