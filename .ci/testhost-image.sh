@@ -33,7 +33,7 @@ say() { echo "testhost-image: $*" >&2; }
 BASE_PACKAGES=(
     python3 openssh-server sudo iproute2 docker.io nftables ca-certificates
     procps psmisc iputils-ping netcat-openbsd iperf3 rsync
-    nfs-kernel-server nfs-common openssh-client
+    nfs-kernel-server nfs-common openssh-client python3-apt
 )
 # Shared libraries that a CPython built outside Debian (pyenv) links to (see
 # `ldd` of the interpreter and of _ssl, _ctypes, _sqlite3, _lzma, _bz2, readline,

@@ -34,8 +34,9 @@ class Host:
 
     @property
     def master_addr(self) -> str:
-        """The address other hosts use to reach this one as rank 0."""
-        return str(self.vars.get("ftb_master_addr") or self.address)
+        """The address other hosts use to reach this one as rank 0: ``ftb_master_addr``,
+        else ``ftb_address`` (the host on the cluster network), else how we reach it."""
+        return str(self.vars.get("ftb_master_addr") or self.vars.get("ftb_address") or self.address)
 
 
 def _is_local(name: str, hostvars: dict[str, Any]) -> bool:

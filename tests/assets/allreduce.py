@@ -18,7 +18,9 @@ args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-print(f"rank {rank} of world size {world} on {os.uname().nodename}", flush=True)
+# what the rank sees of the network settings (from the NCCL env file site.yml writes)
+seen = " ".join(f"{k}={os.environ.get(k, '')}" for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_TIMEOUT"))
+print(f"rank {rank} of world size {world} on {os.uname().nodename} {seen}", flush=True)
 step = 0
 while args.steps == 0 or step < args.steps:
     t = torch.ones(1024) * (rank + 1)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A real local registry (Debian's docker-registry, distribution 2.8) for the provisioning
+# tests, and the CPU training image pushed to it.
+#   bash .ci/registry.sh        -> prints "<repo>@sha256:<digest>" as pushed to 127.0.0.1:PORT
+# The registry listens on all addresses of this machine (test hosts reach it through their
+# Docker network's gateway). Started once; reused while it answers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PORT=${FTB_REGISTRY_PORT:-5000}
+ROOT=/var/lib/ftbundle-registry
+say() { echo "registry: $*" >&2; }
+
+if ! command -v docker-registry >/dev/null; then
+    say "installing docker-registry"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2 || {
+        apt-get update -q >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2; }
+fi
+if ! curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1; then
+    mkdir -p "$ROOT"
+    cat > "$ROOT/config.yml" <<CONFIG
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $ROOT/data
+  delete:
+    enabled: true
+http:
+  addr: :$PORT
+CONFIG
+    say "starting on :$PORT"
+    nohup docker-registry serve "$ROOT/config.yml" > /var/log/ftbundle-registry.log 2>&1 &
+    for _ in $(seq 30); do curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1 && break; sleep 0.5; done
+    curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null
+fi
+image=$(bash .ci/train-image.sh | tail -n 1)
+repo="127.0.0.1:$PORT/ftbundle/train-cpu"
+tag=${image#*:}
+docker tag "$image" "$repo:$tag"
+out=$(docker push "$repo:$tag" 2>&1 | tail -n 1)
+digest=$(echo "$out" | grep -o 'sha256:[0-9a-f]\{64\}' | head -n 1)
+[ -n "$digest" ] || { say "push failed: $out"; exit 1; }
+echo "ftbundle/train-cpu@$digest"

@@ -1,0 +1,276 @@
+"""site.yml, for real: lint, then the Molecule scenario on three containerized hosts.
+
+The hosts are Debian containers (the test-host image, built locally), each with its own
+Docker engine inside; the training image is pushed to a real registry on this machine
+(Debian's docker-registry, .ci/registry.sh) and pulled by digest by every host. Nothing
+is pulled from the internet.
+
+One Molecule cluster serves the whole module, in order: create + converge (the fixture),
+idempotence, verify, then the two halves together (`ftbundle run` with the docker runtime
+on the hosts site.yml made ready), then the negative cases, which change a host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import ASSETS, REPO, ftbundle, write_job
+
+BIN = Path(sys.executable).parent
+HOSTS = ["ftb-mol-node0", "ftb-mol-node1", "ftb-mol-node2"]
+ADDRESSES = ["198.18.250.11", "198.18.250.12", "198.18.250.13"]
+REGISTRY = "198.18.250.1:5000"  # the controller's registry, as the hosts reach it
+
+
+def run(argv: list[str], *, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def tail(proc: subprocess.CompletedProcess, n: int = 6000) -> str:
+    return f"rc={proc.returncode}\n--- stdout ---\n{proc.stdout[-n:]}\n--- stderr ---\n{proc.stderr[-n:]}"
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP lines -> {host: {ok: n, changed: n, failed: n, ...}}."""
+    hosts = {}
+    for line in output.split("PLAY RECAP", 1)[-1].splitlines():
+        match = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
+        if match:
+            hosts[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
+    return hosts
+
+
+def docker_exec(host: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["docker", "exec", host, "bash", "-c", command], capture_output=True, text=True,
+                          timeout=300)
+    if check:
+        assert proc.returncode == 0, f"{host}: {command}\n{tail(proc)}"
+    return proc
+
+
+# ---------------------------------------------------------------------------------------
+# Static checks: no hosts needed
+
+
+def test_ansible_lint_production_profile():
+    proc = run([str(BIN / "ansible-lint"), "--offline", "site.yml", "playbooks", "roles", "molecule"], timeout=600)
+    assert proc.returncode == 0, tail(proc)
+    assert "profile 'production'" in proc.stdout + proc.stderr or "Passed" in proc.stdout + proc.stderr, tail(proc)
+
+
+def test_syntax_check_every_playbook():
+    for playbook in ["site.yml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "playbooks").glob("*.yml"))]:
+        proc = run([str(BIN / "ansible-playbook"), "--syntax-check", "-i", "inventory/hosts.yml", playbook],
+                   timeout=120)
+        assert proc.returncode == 0, f"{playbook}\n{tail(proc)}"
+
+
+# ---------------------------------------------------------------------------------------
+# The Molecule cluster
+
+
+class Molecule:
+    """`molecule <command>` for the default scenario, with the test's environment."""
+
+    def __init__(self, env: dict[str, str], workdir: Path, image: str):
+        self.env = env
+        self.workdir = workdir
+        self.image = image  # the pinned reference every host must hold
+        self.repo = image.split("@")[0]
+
+    def __call__(self, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+        return run([str(BIN / "molecule"), *args], env=self.env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def molecule(testhost_image) -> Molecule:
+    """site.yml converged on three fresh containerized hosts; destroyed afterwards."""
+    pushed = run(["bash", ".ci/registry.sh"], timeout=1200)
+    assert pushed.returncode == 0, tail(pushed)
+    image = f"{REGISTRY}/{pushed.stdout.strip().splitlines()[-1]}"
+    workdir = Path(tempfile.mkdtemp(prefix="ftb-molecule-", dir="/tmp"))
+    (workdir / "shared").mkdir()
+    env = dict(os.environ, FTB_TESTHOST_IMAGE=testhost_image, FTB_MOLECULE_IMAGE=image,
+               FTB_MOLECULE_WORKDIR=str(workdir), PATH=f"{BIN}:{os.environ['PATH']}",
+               ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
+    mol = Molecule(env, workdir, image)
+    mol("destroy", timeout=300)  # debris of an earlier, interrupted session
+    try:
+        created = mol("create")
+        assert created.returncode == 0, tail(created)
+        started = time.monotonic()
+        converged = mol("converge")
+        took = time.monotonic() - started
+        assert converged.returncode == 0, tail(converged, 12000)
+        hosts = recap(converged.stdout)
+        assert sorted(hosts) == HOSTS and all(h["failed"] == 0 for h in hosts.values()), converged.stdout[-3000:]
+        print(f"converge of site.yml on 3 fresh hosts: {took:.0f}s")
+        yield mol
+    finally:
+        mol("destroy", timeout=300)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(2400)
+def test_second_converge_changes_nothing(molecule):
+    proc = molecule("idempotence")
+    assert proc.returncode == 0, tail(proc, 12000)
+    hosts = recap(proc.stdout)
+    assert sorted(hosts) == HOSTS, proc.stdout[-3000:]
+    assert all(h["changed"] == 0 and h["failed"] == 0 for h in hosts.values()), proc.stdout[-3000:]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_verify_real_effects(molecule):
+    """molecule/default/verify.yml: SSH between every pair, the firewall from inside and
+    outside, NCCL env, fstab, exports, the image by digest with one ID everywhere."""
+    proc = molecule("verify")
+    assert proc.returncode == 0, tail(proc, 12000)
+    hosts = recap(proc.stdout)
+    assert sorted(hosts) == HOSTS and all(h["failed"] == 0 for h in hosts.values()), proc.stdout[-3000:]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_ftbundle_runs_on_the_pinned_image_site_yml_made_ready(molecule, tmp_path):
+    """The halves together: the cluster key and known_hosts that site.yml made let the
+    launcher in with strict host key checking; every rank runs in the pinned image, reads
+    the NCCL env file, and all six all-reduce over gloo across the three hosts."""
+    key = molecule.workdir / "ssh" / "id_ed25519_ftbundle"
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(docker_exec(HOSTS[0], "cat /etc/ssh/ssh_known_hosts").stdout)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(key),
+                 "ansible_ssh_common_args": f"-o UserKnownHostsFile={known_hosts}",
+                 "ftb_image": molecule.image},
+        "children": {"trainers": {"hosts": {
+            f"node{i}": {"ansible_host": address} for i, address in enumerate(ADDRESSES)}}}}}))
+    shutil.copy(ASSETS / "allreduce.py", molecule.workdir / "shared" / "allreduce.py")
+    job = write_job(tmp_path / "job.yaml", {
+        "name": "halves", "inventory": str(inventory), "hosts": "trainers", "nproc_per_node": 2,
+        "master_port": 29500, "shared_dir": "/shared",
+        "env": {"OMP_NUM_THREADS": "1"},
+        "runtime": {"kind": "docker"},  # the image: the inventory's ftb_image, pinned by digest
+        "train": {"script": "/shared/allreduce.py", "args": ["--steps", "5", "--sleep", "0.1"]},
+    })
+
+    proc = ftbundle("run", str(job), timeout=600)
+    assert proc.returncode == 0, tail(proc)
+    assert "check passed: 3 host(s)" in proc.stderr, proc.stderr
+
+    runs = molecule.workdir / "shared" / "runs"
+    [run_dir] = [p for p in runs.iterdir() if p.name.startswith("halves-")]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    for node in plan["nodes"]:
+        argv = node["argv"]
+        assert argv[:2] == ["docker", "run"] and molecule.image in argv, argv
+        assert ["--env-file", "/etc/ftbundle/nccl.env"] == argv[argv.index("--env-file"):argv.index("--env-file") + 2]
+    logs = "".join((run_dir / f"node-{r}-node{r}.log").read_text() for r in range(3))
+    for rank in range(6):
+        # every rank ran inside the container with the env file site.yml wrote
+        assert re.search(rf"rank {rank} of world size 6 on node\d .*NCCL_SOCKET_IFNAME==eth0 "
+                         rf"GLOO_SOCKET_IFNAME=eth0 NCCL_TIMEOUT=300", logs), logs[-3000:]
+        assert f"rank {rank} done" in logs
+    assert "[node0 r0] step 4 allreduce ok" in proc.stdout, proc.stdout[-2000:]
+    # nothing of the job is left on any host: no container, no process
+    for host in HOSTS:
+        assert docker_exec(host, "docker ps -q --filter name=ftb-halves").stdout.strip() == ""
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_a_host_whose_image_differs_fails_verify_naming_it(molecule):
+    """The mutable-tag trap the pinning avoids: a tag that names another image on node2.
+    The verify play groups hosts by image ID and fails once, naming node2."""
+    drift = f"{molecule.repo}:drift"
+    for host in HOSTS[:2]:
+        docker_exec(host, f"docker tag {molecule.image} {drift}")
+    docker_exec(HOSTS[2], f"printf 'FROM {molecule.image}\\nLABEL org.ftbundle.test=drift\\n' | "
+                          f"DOCKER_BUILDKIT=0 docker build -q -t {drift} -")
+    try:
+        proc = molecule("converge", "--", "--tags", "verify", "-e", f"verify_image={drift}")
+        assert proc.returncode != 0, tail(proc)
+        out = proc.stdout
+        assert "image ID differs:" in out, tail(proc, 12000)
+        ids = {host: docker_exec(host, f"docker image inspect -f '{{{{.Id}}}}' {drift}").stdout.strip()
+               for host in HOSTS}
+        assert ids[HOSTS[0]] == ids[HOSTS[1]] != ids[HOSTS[2]]
+        assert f"{ids[HOSTS[0]]}: {HOSTS[0]}, {HOSTS[1]}" in out, tail(proc, 12000)
+        assert f"{ids[HOSTS[2]]}: {HOSTS[2]}" in out, tail(proc, 12000)
+        # the software inside the images is still alike: only the image ID is reported
+        assert "software in the image differs" not in out
+    finally:
+        for host in HOSTS:
+            docker_exec(host, f"docker rmi {drift}", check=False)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_a_tag_is_refused_before_anything_changes_unless_resolved_once(molecule):
+    tag = f"{molecule.repo}:{run(['bash', '.ci/train-image.sh']).stdout.strip().split(':')[-1]}"
+    before = {host: docker_exec(host, "cat /etc/ftbundle/image.ref").stdout for host in HOSTS}
+
+    refused = molecule("converge", "--", "-e", f"ftb_image={tag}")
+    assert refused.returncode != 0, tail(refused)
+    assert f"ftb_image '{tag}' is not pinned by digest" in refused.stdout, tail(refused, 12000)
+    assert "ftb_image_resolve_tag: true" in refused.stdout
+    # the preflight failed before any play changed a host
+    assert all(h.get("changed", 0) == 0 for h in recap(refused.stdout).values()), refused.stdout[-3000:]
+    assert {host: docker_exec(host, "cat /etc/ftbundle/image.ref").stdout for host in HOSTS} == before
+
+    # asked to, the controller resolves the tag once through the registry's API; every
+    # host then pulls and records the same digest: the one the registry has for the tag
+    resolved = molecule("converge", "--", "--tags", "preflight,image", "-e", f"ftb_image={tag}",
+                        "-e", "ftb_image_resolve_tag=true", "-e", "training_image_registry_scheme=http")
+    assert resolved.returncode == 0, tail(resolved, 12000)
+    refs = {host: docker_exec(host, "cat /etc/ftbundle/image.ref").stdout.strip() for host in HOSTS}
+    assert set(refs.values()) == {molecule.image}, refs
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_air_gapped_tarball_is_loaded_and_pinned_by_image_id(molecule, tmp_path):
+    """No registry: a `docker save` tarball from the controller is loaded on every host.
+    A loaded image has no registry digest, so it is pinned by its image ID."""
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "hello").write_text("offline\n")
+    (context / "Dockerfile").write_text("FROM scratch\nCOPY hello /hello\n")
+    built = subprocess.run(["docker", "build", "-q", "-t", "ftbundle-offline:test", str(context)],
+                           capture_output=True, text=True, env=dict(os.environ, DOCKER_BUILDKIT="0"))
+    assert built.returncode == 0, built.stderr
+    image_id = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", "ftbundle-offline:test"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    tarball = tmp_path / "offline.tar"
+    subprocess.run(["docker", "save", "-o", str(tarball), "ftbundle-offline:test"], check=True)
+    subprocess.run(["docker", "rmi", "ftbundle-offline:test"], capture_output=True)
+
+    # a digest reference cannot name a loaded image: refused with what to use instead
+    wrong = molecule("converge", "--", "--tags", "image", "-e", f"ftb_image_tarball={tarball}")
+    assert wrong.returncode != 0, tail(wrong)
+    assert "ftb_image must be the image ID" in wrong.stdout, tail(wrong, 12000)
+
+    args = ("converge", "--", "--tags", "image", "-e", f"ftb_image={image_id}", "-e", f"ftb_image_tarball={tarball}")
+    loaded = molecule(*args)
+    assert loaded.returncode == 0, tail(loaded, 12000)
+    for host in HOSTS:
+        assert docker_exec(host, f"docker image inspect -f '{{{{.Id}}}}' {image_id}").stdout.strip() == image_id
+        assert docker_exec(host, "cat /etc/ftbundle/image.ref").stdout.strip() == image_id
+        assert docker_exec(host, "ls /var/tmp/ftbundle-image.tar", check=False).returncode != 0  # no copy left
+    again = molecule(*args)  # present everywhere: nothing copied or loaded twice
+    assert again.returncode == 0, tail(again, 12000)
+    assert all(h["changed"] == 0 for h in recap(again.stdout).values()), again.stdout[-3000:]
