@@ -1,0 +1,101 @@
+"""The seeds' traps, turned into warnings before launch (pure: job + hosts -> plan)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ftbundle.check import bf16_capable, parse_nvidia_smi
+from ftbundle.cli import main
+from ftbundle.inventory import load_hosts
+from ftbundle.job import load_job
+from ftbundle.plan import make_plan
+from ftbundle.runtimes import LLAMAFACTORY_CONFIG
+
+DATA = Path(__file__).parent / "data" / "nvidia-smi"
+INVENTORY = """
+all:
+  children:
+    trainers:
+      hosts:
+        gpu-0: {ansible_host: 10.9.0.10}
+        gpu-1: {ansible_host: 10.9.0.11}
+        gpu-2: {ansible_host: 10.9.0.12}
+        gpu-3: {ansible_host: 10.9.0.13}
+"""
+GOOD = {"stage": "sft", "do_train": True, "finetuning_type": "lora", "dataset": "support",
+        "output_dir": "/shared/out/lora", "save_total_limit": 3, "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2, "bf16": True}
+
+
+def plan(tmp_path, config: dict, *, bf16=None, nproc=8):
+    (tmp_path / "hosts.yml").write_text(INVENTORY)
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "job.yaml").write_text(
+        f"name: lf\ninventory: hosts.yml\nhosts: trainers\nnproc_per_node: {nproc}\n"
+        "shared_dir: /shared\ntrain: {llamafactory: train.yaml}\n")
+    job = load_job(tmp_path / "job.yaml")
+    return make_plan(job, load_hosts(tmp_path / "hosts.yml", "trainers"), "r1", bf16_capable=bf16)
+
+
+def staged(p) -> dict:
+    return yaml.safe_load(p.files[LLAMAFACTORY_CONFIG])
+
+
+def test_a_sound_config_has_no_warning_and_says_its_effective_batch(tmp_path):
+    p = plan(tmp_path, GOOD, bf16=True)
+    assert p.warnings == ()
+    assert p.notes == ("effective batch size 256 = 4 per device x 2 accumulation x 8 rank(s) per node "
+                       "x 4 node(s)",)
+    assert staged(p) == GOOD
+
+
+def test_output_dir_not_on_shared_storage(tmp_path):
+    p = plan(tmp_path, {**GOOD, "output_dir": "/data/local/out"})
+    [warning] = p.warnings
+    assert warning.startswith("output_dir /data/local/out is not under the shared directory /shared")
+    assert "lost with the node" in warning
+
+
+def test_relative_output_dir_lands_under_the_workdir_on_shared_storage(tmp_path):
+    p = plan(tmp_path, {**GOOD, "output_dir": "output/lora"})
+    assert p.warnings == () and p.checkpoint_dir == "/shared/output/lora"
+
+
+def test_no_save_total_limit(tmp_path):
+    config = {k: v for k, v in GOOD.items() if k != "save_total_limit"}
+    [warning] = plan(tmp_path, config).warnings
+    assert warning == "save_total_limit is not set: every checkpoint is kept until the disk is full"
+    assert plan(tmp_path, {**config, "save_strategy": "no"}).warnings == ()
+
+
+def test_huge_ddp_timeout_is_capped_in_the_staged_config(tmp_path):
+    p = plan(tmp_path, {**GOOD, "ddp_timeout": 180000000})
+    [warning] = p.warnings
+    assert warning.startswith("ddp_timeout 180000000 s capped to 1800 s")
+    assert staged(p)["ddp_timeout"] == 1800  # what the ranks read
+    assert staged(plan(tmp_path, {**GOOD, "ddp_timeout": 600}))["ddp_timeout"] == 600
+
+
+@pytest.mark.parametrize("sample, capable", [("h100-x8.csv", True), ("a100-x4.csv", True),
+                                              ("v100-x8.csv", False), ("t4-x2-no-compute-cap.csv", False),
+                                              ("mixed-h100-a100.csv", True)])
+def test_fp16_on_a_bf16_capable_gpu(tmp_path, sample, capable):
+    gpus = parse_nvidia_smi((DATA / sample).read_text())
+    assert bf16_capable(gpus) is capable
+    config = {**GOOD, "bf16": False, "fp16": True}
+    warnings = plan(tmp_path, config, bf16=bf16_capable(gpus)).warnings
+    if capable:
+        assert warnings == ("fp16 on a bf16-capable GPU: bf16 needs no loss scaling and overflows less; "
+                            "set bf16: true, fp16: false",)
+    else:  # V100/T4: fp16 is the right choice
+        assert warnings == ()
+
+
+def test_dry_run_shows_the_warnings_and_the_effective_batch(tmp_path, capsys):
+    plan(tmp_path, {**GOOD, "ddp_timeout": 180000000, "output_dir": "/scratch/out"})
+    assert main(["run", str(tmp_path / "job.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "effective batch size 256 = 4 per device x 2 accumulation x 8 rank(s) per node x 4 node(s)" in out
+    assert "warning: ddp_timeout 180000000 s capped to 1800 s" in out
+    assert "warning: output_dir /scratch/out is not under the shared directory /shared" in out
