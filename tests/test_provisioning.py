@@ -133,6 +133,29 @@ def test_second_converge_changes_nothing(molecule):
 
 
 @pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_check_mode_reports_drift_and_changes_nothing(molecule):
+    """--check on the converged cluster: nothing to do. After a file goes missing on one
+    host, --check names that host as changed and still leaves the file missing."""
+    clean = molecule("converge", "--", "--check")
+    assert clean.returncode == 0, tail(clean, 12000)
+    assert all(h["changed"] == 0 and h["failed"] == 0 for h in recap(clean.stdout).values()), clean.stdout[-3000:]
+
+    docker_exec(HOSTS[1], "rm /etc/ftbundle/nccl.env")
+    try:
+        drift = molecule("converge", "--", "--check")
+        assert drift.returncode == 0, tail(drift, 12000)
+        hosts = recap(drift.stdout)
+        assert hosts[HOSTS[1]]["changed"] >= 1 and hosts[HOSTS[0]]["changed"] == hosts[HOSTS[2]]["changed"] == 0, \
+            drift.stdout[-3000:]
+        assert docker_exec(HOSTS[1], "test -e /etc/ftbundle/nccl.env", check=False).returncode != 0
+    finally:
+        restored = molecule("converge", "--", "--tags", "nccl")
+        assert restored.returncode == 0, tail(restored)
+    assert "NCCL_SOCKET_IFNAME==eth0" in docker_exec(HOSTS[1], "cat /etc/ftbundle/nccl.env").stdout
+
+
+@pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_verify_real_effects(molecule):
     """molecule/default/verify.yml: SSH between every pair, the firewall from inside and
@@ -216,6 +239,22 @@ def test_a_host_whose_image_differs_fails_verify_naming_it(molecule):
     finally:
         for host in HOSTS:
             docker_exec(host, f"docker rmi {drift}", check=False)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("extra, message", [
+    ('{"ftb_node_rank": 0}', "ftb_node_rank must be set on all trainers or none, numbering them 0..2 once each; "
+                             "got [0, 0, 0]"),
+    ('{"ftb_shared_dir": ""}', "ftb-mol-node0: variable 'ftb_shared_dir' is not set"),
+    ('{"preflight_training_group": "gpus"}', "inventory group 'gpus' is missing or empty"),
+])
+def test_preflight_refuses_a_bad_inventory_before_anything_changes(molecule, extra, message):
+    proc = molecule("converge", "--", "-e", extra)
+    assert proc.returncode != 0, tail(proc)
+    assert message in proc.stdout, tail(proc, 12000)
+    assert "PLAY [NFS server" not in proc.stdout  # stopped in the first play
+    assert all(h.get("changed", 0) == 0 for h in recap(proc.stdout).values()), proc.stdout[-3000:]
 
 
 @pytest.mark.cluster
