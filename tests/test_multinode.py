@@ -23,6 +23,7 @@ NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-6001}
 echo "host=$(hostname) nnodes=$NNODES node_rank=$NODE_RANK master=$MASTER_ADDR:$MASTER_PORT nproc=$NPROC_PER_NODE" \\
+  "nccl_ifname=${NCCL_SOCKET_IFNAME:-unset} nccl_timeout=${NCCL_TIMEOUT:-unset}" \\
   > "$FTB_RUN_DIR/seen-$NODE_RANK.txt"
 echo "node $NODE_RANK of $NNODES ready"
 """
@@ -37,6 +38,10 @@ def test_command_mode_gives_every_host_its_rank(cluster3, tmp_path):
     shared = cluster3.shared_dir
     inventory = cluster3.write_inventory(tmp_path / "hosts.yml")
     (shared / "finetune_lora_ds.sh").write_text(SEED_SCRIPT)
+    # the NCCL env file site.yml writes on every host (nccl_env role): each node's job reads its own
+    for host in cluster3.hosts:
+        cluster3.exec(host, "mkdir -p /etc/ftbundle && cat > /etc/ftbundle/nccl.env",
+                      input=f"# written by site.yml\nNCCL_SOCKET_IFNAME==eth0\nNCCL_TIMEOUT=30{host.name[-1]}\n")
     job = write_job(tmp_path / "job.yaml", base_job(
         "seed-script", shared, inventory, {"command": "bash finetune_lora_ds.sh"}, nproc_per_node=2))
 
@@ -51,6 +56,8 @@ def test_command_mode_gives_every_host_its_rank(cluster3, tmp_path):
     assert sorted(int(f["node_rank"]) for f in seen.values()) == [0, 1, 2]
     assert {f["master"] for f in seen.values()} == {f"{cluster3.hosts[0].ip}:29500"}
     assert {f["nnodes"] for f in seen.values()} == {"3"} and {f["nproc"] for f in seen.values()} == {"2"}
+    assert {f["nccl_ifname"] for f in seen.values()} == {"=eth0"}
+    assert [seen[r]["nccl_timeout"] for r in range(3)] == ["300", "301", "302"]  # each host's own file
     # rank order is inventory order, and each rank ran on its own host
     assert [seen[r]["host"] for r in range(3)] == ["node0", "node1", "node2"]
     for rank, host in enumerate(cluster3.hosts):
