@@ -8,6 +8,7 @@ docker-compose reads its file, so a job can be launched from anywhere.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,9 @@ class Train:
     mode: str  # llamafactory | script | command
     llamafactory: dict[str, Any] | None = None  # the config, loaded (path configs are read here)
     llamafactory_source: str | None = None  # where it came from, for messages
+    # The config's `deepspeed:` JSON when it is a file beside the config on this machine:
+    # staged into the run directory with the config, so the hosts need no copy of it.
+    deepspeed_json: str | None = None
     script: str | None = None
     args: tuple[str, ...] = ()
     command: str | None = None
@@ -300,7 +304,27 @@ def _parse_train(r: _Reader, raw: Any, base: Path) -> Train:
             raise UserError(f"malformed YAML: {getattr(exc, 'problem', exc)}", file=where) from None
         if not isinstance(cfg, dict):
             raise UserError("a LlamaFactory config must be a YAML mapping", file=str(cfg_path))
-        return Train(mode, llamafactory=cfg, llamafactory_source=str(cfg_path))
+        return Train(mode, llamafactory=cfg, llamafactory_source=str(cfg_path),
+                     deepspeed_json=_deepspeed_beside(cfg, cfg_path))
     if mode == "script":
         return Train(mode, script=r.string(raw, "script", "train.script"), args=tuple(str(a) for a in args))
     return Train(mode, command=r.string(raw, "command", "train.command"))
+
+
+def _deepspeed_beside(cfg: dict, cfg_path: Path) -> str | None:
+    """The text of the config's DeepSpeed JSON when `deepspeed:` names a file that exists
+    relative to the config (LlamaFactory's examples ship them side by side). A path that
+    does not exist here is left alone: it may exist on the hosts (in the image, say)."""
+    value = cfg.get("deepspeed")
+    if not isinstance(value, str) or Path(value).is_absolute():
+        return None
+    path = cfg_path.parent / value
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        raise UserError(f"DeepSpeed config is not valid JSON: {exc}", file=str(path),
+                        key="deepspeed") from None
+    return text

@@ -164,7 +164,11 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
             checkpoint_dir = posixpath.normpath(posixpath.join(workdir, str(output_dir)))
         prepared = llamafactory.prepare(job.train.llamafactory, workdir=workdir, shared_dir=shared_dir,
                                         nnodes=len(hosts), nproc_per_node=nproc, bf16_capable=bf16_capable)
-        files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(prepared.config, sort_keys=False)
+        config = prepared.config
+        if job.train.deepspeed_json is not None:
+            files[runtimes.DEEPSPEED_CONFIG] = job.train.deepspeed_json
+            config = {**config, "deepspeed": posixpath.join(run_dir, runtimes.DEEPSPEED_CONFIG)}
+        files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(config, sort_keys=False)
         files[runtimes.LLAMAFACTORY_ENTRY] = runtimes.llamafactory_entry_source()
         warnings += prepared.warnings
         notes.append(llamafactory.effective_batch_line(prepared.config, len(hosts), nproc,

@@ -15,6 +15,7 @@ def llamafactory_entry_source() -> str:
 
 LLAMAFACTORY_CONFIG = "llamafactory.yaml"  # staged into the run directory
 LLAMAFACTORY_ENTRY = "ftb_llamafactory.py"  # ftbundle/shims/llamafactory_entry.py, staged beside it
+DEEPSPEED_CONFIG = "deepspeed.json"  # the config's `deepspeed:` file, when it is beside the config
 
 
 def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, node_rank: int,

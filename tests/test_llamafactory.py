@@ -7,6 +7,7 @@ import yaml
 
 from ftbundle.check import bf16_capable, parse_nvidia_smi
 from ftbundle.cli import main
+from ftbundle.errors import UserError
 from ftbundle.inventory import load_hosts
 from ftbundle.job import load_job
 from ftbundle.plan import make_plan
@@ -99,3 +100,21 @@ def test_dry_run_shows_the_warnings_and_the_effective_batch(tmp_path, capsys):
     assert "effective batch size 256 = 4 per device x 2 accumulation x 8 rank(s) per node x 4 node(s)" in out
     assert "warning: ddp_timeout 180000000 s capped to 1800 s" in out
     assert "warning: output_dir /scratch/out is not under the shared directory /shared" in out
+
+
+def test_deepspeed_json_beside_the_config_travels_with_the_job(tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "ds_z3_config.json").write_text('{"zero_optimization": {"stage": 3}}')
+    p = plan(tmp_path, {**GOOD, "deepspeed": "ds/ds_z3_config.json"})
+    assert p.files["deepspeed.json"] == '{"zero_optimization": {"stage": 3}}'
+    assert staged(p)["deepspeed"] == f"{p.run_dir}/deepspeed.json"  # on shared storage, for every host
+    # a path that is not here is the hosts' business (e.g. inside the image): left alone
+    p = plan(tmp_path, {**GOOD, "deepspeed": "/opt/ds/z2.json"})
+    assert "deepspeed.json" not in p.files and staged(p)["deepspeed"] == "/opt/ds/z2.json"
+
+
+def test_deepspeed_json_that_is_not_json_is_bad_input(tmp_path):
+    (tmp_path / "z3.json").write_text("{stage: 3")
+    with pytest.raises(UserError) as info:
+        plan(tmp_path, {**GOOD, "deepspeed": "z3.json"})
+    assert info.value.key == "deepspeed" and str(tmp_path / "z3.json") in str(info.value)
