@@ -106,6 +106,7 @@ def molecule(testhost_image) -> Molecule:
                ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
     mol = Molecule(env, workdir, image)
     mol("destroy", timeout=300)  # debris of an earlier, interrupted session
+    remove_scenario_debris()  # ... even one run from another checkout (another state dir)
     try:
         created = mol("create")
         assert created.returncode == 0, tail(created)
@@ -119,7 +120,14 @@ def molecule(testhost_image) -> Molecule:
         yield mol
     finally:
         mol("destroy", timeout=300)
+        remove_scenario_debris()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def remove_scenario_debris() -> None:
+    """The scenario's containers and network have fixed names (molecule.yml)."""
+    subprocess.run(["docker", "rm", "-f", "-v", *HOSTS], capture_output=True, timeout=300)
+    subprocess.run(["docker", "network", "rm", "ftb-molecule"], capture_output=True, timeout=120)
 
 
 @pytest.mark.cluster
