@@ -179,6 +179,23 @@ def test_master_port_in_use_on_rank0_fails(cluster3, tmp_path):
 
 @pytest.mark.cluster
 @pytest.mark.timeout(120)
+def test_master_port_closed_by_a_firewall_fails_naming_who_cannot_reach_it(cluster3, tmp_path):
+    # rank 0's firewall drops the rendezvous port for node2 only (a member list missing it)
+    cluster3.exec("node0", "nft -f -", input=(
+        "table inet ftbtest {\n  chain input {\n    type filter hook input priority -5; policy accept;\n"
+        f"    ip saddr {cluster3.hosts[2].ip} tcp dport 29500 drop\n  }}\n}}\n"))
+    report, text = check(cluster3, tmp_path)
+    assert not report.ok
+    assert "FAIL master port 29500 on node0 not reachable:" in text
+    assert "  free on node0 (rank 0), reachable from: node1" in text
+    assert ("master_port: node2 cannot connect to node0 port 29500 (firewall? wrong ftb_master_addr?)"
+            in report.failures), report.failures
+    assert [f for f in report.failures if "29500" in f and "node1" in f] == []
+    assert leftovers(cluster3) == {}
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("down", ["node2", "node0"])
 def test_unreachable_host_is_named_and_the_others_still_checked(cluster3, tmp_path, down):
     cluster3.kill(down)
