@@ -36,38 +36,43 @@ def resolve_hosts(job: Job, inventory: str | None) -> list[Host]:
     return load_hosts(source, job.hosts)
 
 
-def build_plan(job_path: str, inventory: str | None, *, nproc_per_node: int | None = None,
-               bf16_capable: bool | None = None) -> tuple[Job, Plan]:
-    """The job and its plan. ``nproc_per_node: auto`` needs the hosts' GPU count: without
-    ``nproc_per_node`` the plan is provisional (one rank per host), good for probing the
-    hosts (:func:`checked_plan`) but not for launching."""
+def build_plan(job_path: str, inventory: str | None) -> tuple[Job, Plan]:
+    """The job and its plan, from the files alone. With ``nproc_per_node: auto`` the plan is
+    provisional (one rank per host): good for probing the hosts (:func:`checked_plan`
+    resolves it from their GPUs), not for launching."""
     job = load_job(job_path)
     hosts = resolve_hosts(job, inventory)
-    if job.nproc_per_node == "auto" and nproc_per_node is None:
-        nproc_per_node = 1
-    return job, make_plan(job, hosts, new_run_id(job.name), nproc_per_node=nproc_per_node,
-                          bf16_capable=bf16_capable)
+    return job, make_plan(job, hosts, new_run_id(job.name),
+                          nproc_per_node=1 if job.nproc_per_node == "auto" else None)
 
 
-def checked_plan(job_path: str, inventory: str | None, *, check: bool, out=None) -> tuple[Job, Plan]:
-    """The plan to launch: the hosts checked first (unless ``check`` is false), with
-    ``nproc_per_node: auto`` resolved from their GPUs and bf16 known for the fp16 warning.
-    A failed check is a UserError: nothing has been started anywhere."""
+def replan(job: Job, plan: Plan, *, nproc_per_node: int | None, bf16_capable: bool | None) -> Plan:
+    """The same job on the same hosts (same run id), with what the hosts told us."""
+    return make_plan(job, [n.host for n in plan.nodes], plan.run_id, nproc_per_node=nproc_per_node,
+                     bf16_capable=bf16_capable)
+
+
+def checked_plan(job_path: str, inventory: str | None, *, skip_check: bool = False) -> tuple[Job, Plan]:
+    """The plan to launch: the hosts checked first (unless the job says `check: false` or
+    ``skip_check``), with ``nproc_per_node: auto`` resolved from their GPUs and bf16 known
+    for the fp16 warning. A failed check is a UserError: nothing has been started anywhere."""
     from .check import print_report, resolve_nproc, run_checks
 
     job, plan = build_plan(job_path, inventory)
+    check = job.check and not skip_check
     if not check and job.nproc_per_node != "auto":
         return job, plan
     report = run_checks(job, plan, quiet=True)
-    if not report.ok:
-        print_report(report, out or sys.stderr)
+    if check and not report.ok:
+        print_report(report, sys.stderr)
         raise UserError(f"{len(report.failures)} problem(s) found on the hosts before launch (see above); "
                         "nothing was started. Fix them, or set 'check: false' in the job to skip the check",
                         file=str(job.path), key="check")
     nproc = resolve_nproc(report, job) if job.nproc_per_node == "auto" else None
-    say(f"check passed: {plan.nnodes} host(s) alike and ready ({len(report.checks)} checks, "
-        f"{report.seconds:.1f}s)")
-    return build_plan(job_path, inventory, nproc_per_node=nproc, bf16_capable=report.bf16_capable)
+    if check:
+        say(f"check passed: {plan.nnodes} host(s) alike and ready ({len(report.checks)} checks, "
+            f"{report.seconds:.1f}s)")
+    return job, replan(job, plan, nproc_per_node=nproc, bf16_capable=report.bf16_capable)
 
 
 def format_plan(plan: Plan) -> str:
@@ -119,10 +124,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         # starts nothing; `auto` is resolved by asking the hosts (read-only) for their GPUs
         job, plan = build_plan(args.job, args.inventory)
         if job.nproc_per_node == "auto":
-            job, plan = checked_plan(args.job, args.inventory, check=False)
+            job, plan = checked_plan(args.job, args.inventory, skip_check=True)
         print(format_plan(plan))
         return 0
-    job, plan = checked_plan(args.job, args.inventory, check=not args.no_check and load_job(args.job).check)
+    job, plan = checked_plan(args.job, args.inventory, skip_check=args.no_check)
     say(f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
     for note in plan.notes:
         say(note)
@@ -176,12 +181,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.net:
         from .netcheck import run_net_check
 
-        nproc = None
         if job.nproc_per_node == "auto":
             from .check import resolve_nproc
 
-            nproc = resolve_nproc(report, job)
-            job, plan = build_plan(args.job, args.inventory, nproc_per_node=nproc)
+            plan = replan(job, plan, nproc_per_node=resolve_nproc(report, job), bf16_capable=report.bf16_capable)
         net = run_net_check(job, plan, min_gbps=args.min_gbps)
         if not net.ok:
             return EXIT_USAGE

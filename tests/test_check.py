@@ -288,3 +288,24 @@ def test_local_net_check_runs_the_allreduce_bench(tmp_path):
     assert report.throughput_gbps == {} and "one host: no link between hosts to measure" in text
     assert report.bench["world"] == "2" and report.bench["backend"] == "gloo" and report.busbw_gbps > 0
     assert list((tmp_path / ".shared").iterdir()) == []  # the bench's run directory is gone
+
+
+@pytest.mark.timeout(60)
+def test_auto_nproc_on_hosts_without_gpus_is_refused_before_launch(tmp_path, capsys):
+    from ftbundle.cli import main
+
+    (tmp_path / ".shared").mkdir()
+    path = local_job(tmp_path, train={"command": "touch started"})
+    path.write_text(path.read_text().replace("nproc_per_node: 2", "nproc_per_node: auto"))
+    # run and check: the check's GPU line fails, naming the fix
+    for argv in (["run", str(path)], ["check", "--net", str(path)]):
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert ("- nproc_per_node is auto but no host has a GPU; set the number of ranks per host"
+                in captured.out + captured.err), captured
+    # --dry-run asks the hosts only for their GPUs, and says what it found
+    assert main(["run", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: key 'nproc_per_node': is auto, but the hosts do not all have the same number of GPUs" in err
+    assert "0 GPU(s) on localhost" in err
+    assert not (tmp_path / "started").exists() and list((tmp_path / ".shared").iterdir()) == []
