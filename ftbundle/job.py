@@ -22,6 +22,8 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names whose values never reach a terminal, a log or the plan file.
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+# Shorter values are not masked in output: "1" or "abc" would blank out unrelated text.
+MIN_SECRET_LEN = 4
 DEFAULT_NCCL_ENV_FILE = "/etc/ftbundle/nccl.env"
 # repo@sha256:<digest> (pulled from a registry), or an image ID (loaded from a tarball):
 # either names exactly one image's bytes, whatever a tag points to today.

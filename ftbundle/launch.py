@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
 from . import nodescript
-from .job import is_secret
+from .job import MIN_SECRET_LEN, is_secret
 from .plan import REDACTED, NodePlan, Plan
 from .shell import run_script, write_files
 from .ssh import connect
@@ -279,7 +279,8 @@ class Supervisor:
         self.events: queue.Queue[Event] = queue.Queue()
         self.runners = [make_runner(n, plan, self.events) for n in plan.nodes]
         # Values of secret variables never reach the terminal, even if a job prints them.
-        self.secrets = sorted({v for n in plan.nodes for k, v in n.env.items() if is_secret(k) and len(v) >= 4},
+        self.secrets = sorted({v for n in plan.nodes for k, v in n.env.items()
+                               if is_secret(k) and len(v) >= MIN_SECRET_LEN},
                               key=len, reverse=True)
 
     def redact(self, line: str) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import shlex
 
-from .job import is_secret
+from .job import MIN_SECRET_LEN, is_secret
 from .plan import NodePlan
 
 HEARTBEAT = "ftb-hb"
@@ -75,11 +75,11 @@ ftb_stop() {{
 }}"""
 
 
-# Replaces every secret value (>= 4 characters) in the job's output with <redacted>, line
-# by line, before it reaches the log. Literal matching (index, not regex); values come from
-# the environment, so they are never written into a script or a command line.
+# Replaces every secret value (>= MIN_SECRET_LEN characters) in the job's output with
+# <redacted>, line by line, before it reaches the log. Literal matching (index, not regex);
+# values come from the environment, so they are never written into a script or a command line.
 REDACT_AWK = r"""BEGIN { n = split(ENVIRON["FTB_SECRET_NAMES"], names, " ")
-  for (i = 1; i <= n; i++) { v = ENVIRON[names[i]]; if (length(v) >= 4) secret[++m] = v } }
+  for (i = 1; i <= n; i++) { v = ENVIRON[names[i]]; if (length(v) >= MIN_LEN) secret[++m] = v } }
 { line = $0
   for (i = 1; i <= m; i++) {
     out = ""
@@ -103,7 +103,8 @@ def job_runner(node: NodePlan) -> str:
     if not names:
         return '"$@" >>"$FTB_LOG" 2>&1 </dev/null; rc=$?; echo $rc >"$FTB_EXIT"; exit $rc'
     return (f"export FTB_SECRET_NAMES={shlex.quote(' '.join(names))}\n"
-            f'"$@" 2>&1 </dev/null | awk {shlex.quote(REDACT_AWK)} >>"$FTB_LOG"; rc=${{PIPESTATUS[0]}}\n'
+            f'"$@" 2>&1 </dev/null | awk -v MIN_LEN={MIN_SECRET_LEN} {shlex.quote(REDACT_AWK)} >>"$FTB_LOG"; '
+            'rc=${PIPESTATUS[0]}\n'
             'echo $rc >"$FTB_EXIT"; exit $rc')
 
 
