@@ -11,19 +11,21 @@ The checks follow the StackHPC pattern: gather one value per host, group the hos
 value, and fail once, showing the grouping, when there is more than one group. The odd
 host out is then plain to see.
 
-Three rounds, each one SSH command per host, all hosts at once:
+All over the run's one connection per host (:class:`~ftbundle.cluster.Cluster`):
 
+0. rank 0 creates the shared directory when it is missing (a fresh NFS mount has none);
 1. the probe: one bash script per host (:func:`probe_script`) prints its facts in
    `@@ftb <name>` sections (bash, not Python: with the docker runtime the host need not
    have our interpreter; the small Python helpers inside print JSON), and writes a
    sentinel file into the shared directory;
-2. every host lists the sentinel directory: each must see every sentinel;
-3. rank 0 opens a short-lived listener on the master port (the bind is the "is it
-   free?" test) while every other host connects to it; every host removes its sentinel.
+2. every host lists the sentinel directory (each must see every sentinel: that, not a
+   path, proves the directory is shared), then rank 0 opens a short-lived listener on the
+   master port (the bind is the "is it free?" test) while every other host connects to
+   it; rank 0 removes the sentinels afterwards.
 
 The pure parts (probe script, parsers, grouping, the checks themselves) come first;
-the I/O is at the end (:func:`gather_facts`, :func:`shared_round`, :func:`port_round`,
-and :func:`run_checks`, which strings them together).
+the I/O is at the end (:func:`prepare_shared_dir`, :func:`gather_facts`,
+:func:`second_round`, and :func:`run_checks`, which strings them together).
 """
 
 from __future__ import annotations
@@ -35,10 +37,9 @@ import secrets
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TextIO, TypeVar
+from typing import TextIO
 
 import yaml
 
@@ -46,7 +47,7 @@ from . import runtimes
 from .errors import UserError
 from .job import PINNED_IMAGE_RE, Job
 from .plan import NodePlan, Plan
-from .shell import Result, run_script
+from .cluster import Cluster, Result, first_line, parallel
 
 PROBE_TIMEOUT_S = 120  # the probe hashes the dataset files; large ones take a while
 ROUND_TIMEOUT_S = 30
@@ -57,7 +58,6 @@ PACKAGES = ("torch", "transformers", "llamafactory")
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 BF16_MIN_COMPUTE_CAP = (8, 0)  # Ampere and later
 
-T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,6 +320,8 @@ def probe_script(spec: ProbeSpec) -> str:
         "else echo \"ERROR: $out\" | head -n 3; fi",
         f"sec workdir; if [ -d {q(spec.workdir)} ]; then echo ok; else echo missing; fi",
         f"sec shared_dir; if [ -d {q(spec.shared_dir)} ]; then echo ok; else echo missing; fi",
+        f"sec shared_parent; if [ -d {q(posixpath.dirname(spec.shared_dir.rstrip('/')) or '/')} ]; then echo ok; "
+        "else echo missing; fi",
     ]
     if spec.sentinel_dir:
         sentinel = posixpath.join(spec.sentinel_dir, sentinel_name(spec.rank))
@@ -388,6 +390,7 @@ class HostFacts:
     gpu_error: str | None = None
     workdir_ok: bool = True
     shared_dir_ok: bool = True
+    shared_parent_ok: bool = True
     sentinel_ok: bool | None = None
     ifname_env: dict[str, str] = field(default_factory=dict)
     datasets: list[dict] = field(default_factory=list)
@@ -429,6 +432,7 @@ def parse_probe(spec: ProbeSpec, result: Result) -> HostFacts:
             facts.gpu_error = str(exc)
     facts.workdir_ok = s.get("workdir") == "ok"
     facts.shared_dir_ok = s.get("shared_dir") == "ok"
+    facts.shared_parent_ok = s.get("shared_parent") == "ok"
     if "sentinel" in s:
         facts.sentinel_ok = s["sentinel"] == "ok"
     for line in s.get("ifname_env", "").splitlines():
@@ -564,20 +568,31 @@ def check_gpus(facts: list[HostFacts], job: Job, nproc_per_node: int) -> Check:
     return check
 
 
-def check_dirs(facts: list[HostFacts], plan: Plan, workdir: str) -> Check:
+def check_dirs(facts: list[HostFacts], plan: Plan, workdir: str, created_on: str | None = None) -> Check:
+    """workdir and shared_dir on every host. ``created_on``: the host (rank 0's) that just
+    created the missing shared_dir; a host that does not see it then has a parent that is
+    not the same storage, and is told so."""
     label = f"workdir {workdir}" + (f", shared_dir {plan.shared_dir}" if plan.shared_dir != workdir else "")
     check = Check("dirs", [("present", [f.host for f in facts])], label=label)
+    parent = posixpath.dirname(plan.shared_dir.rstrip("/")) or "/"
     for f in facts:
-        if not f.workdir_ok:
+        if not f.workdir_ok and workdir != plan.shared_dir:
             check.details.append(f"workdir {workdir} does not exist on {f.host}")
-        if not f.shared_dir_ok and plan.shared_dir != workdir:
-            if plan.all_local:  # this machine alone: the launcher creates it
-                check.notes.append(f"shared_dir {plan.shared_dir} will be created")
-            else:  # on a cluster it is the shared mount: missing means not mounted
-                check.details.append(f"shared_dir {plan.shared_dir} does not exist on {f.host}")
+        if f.shared_dir_ok:
+            continue
+        if not f.shared_parent_ok:
+            check.details.append(f"{parent}, the parent of shared_dir {plan.shared_dir}, does not exist on "
+                                 f"{f.host} (shared storage not mounted there?)")
+        elif created_on and created_on != f.host:
+            check.details.append(f"shared_dir {plan.shared_dir} was just created on {created_on} (rank 0), but "
+                                 f"{f.host} does not see it: {parent} on {f.host} is not the same storage "
+                                 f"as on {created_on}")
+        else:
+            check.details.append(f"shared_dir {plan.shared_dir} does not exist on {f.host} and could not be "
+                                 "created there")
     if check.details:
         check.failure = "directories missing"
-        bad = {f.host for f in facts if not f.workdir_ok or not f.shared_dir_ok}
+        bad = {f.host for f in facts if not f.shared_dir_ok or (not f.workdir_ok and workdir != plan.shared_dir)}
         check.groups = group_by_value({f.host: "missing" if f.host in bad else "present" for f in facts})
     return check
 
@@ -717,37 +732,26 @@ print("accepted", *peers, flush=True)
 """
 
 
-def listen_script(python: str, port: int, peers: int, cleanup: str = "") -> str:
+def listen_script(python: str, port: int, peers: int) -> str:
     """Rank 0: bind the master port (the "is it free" test) and accept the other hosts'
     connections for a few seconds; who holds the port when it is busy. Bounded by
     `timeout`, so nothing outlives the check even if the SSH channel is lost."""
     q = shlex.quote
-    return (f"{cleanup}"
-            f"out=$(timeout -k 2 {LISTEN_S + 5} {q(python)} -c {q(_LISTEN_PY)} {port} {peers} {LISTEN_S} 2>&1)\n"
+    return (f"out=$(timeout -k 2 {LISTEN_S + 5} {q(python)} -c {q(_LISTEN_PY)} {port} {peers} {LISTEN_S} 2>&1)\n"
             'printf "%s\\n" "$out"\n'
             'case "$out" in busy*) ss -Htlnp "( sport = :' + str(port) + ' )" 2>/dev/null | head -n 3 ;; esac\n')
 
 
-def connect_script(addr: str, port: int, cleanup: str = "") -> str:
+def connect_script(addr: str, port: int) -> str:
     """Any other host: try to reach rank 0's master port for up to CONNECT_S seconds."""
     q = shlex.quote
     target = f"</dev/tcp/{addr}/{port}"
-    return (f"{cleanup}"
-            f"end=$((SECONDS + {CONNECT_S}))\n"
+    return (f"end=$((SECONDS + {CONNECT_S}))\n"
             f"while :; do\n"
             f"  if timeout 2 bash -c {q(target)} 2>/dev/null; then echo reachable; exit 0; fi\n"
             f'  [ $SECONDS -ge $end ] && {{ echo unreachable; exit 0; }}\n'
             f"  sleep 0.2\n"
             f"done\n")
-
-
-def cleanup_script(sentinel_dir: str | None, rank: int) -> str:
-    """Remove this host's sentinel, and the directory once empty (the last host does)."""
-    if not sentinel_dir:
-        return ""
-    q = shlex.quote
-    return (f"rm -f {q(posixpath.join(sentinel_dir, sentinel_name(rank)))} 2>/dev/null; "
-            f"rmdir {q(sentinel_dir)} 2>/dev/null; true\n")
 
 
 def check_port(rank0: str, port: int, rank0_out: str, others: dict[str, str], remote: bool) -> Check:
@@ -847,35 +851,43 @@ def resolve_nproc(report: CheckReport, job: Job) -> int:
 # I/O: asking the hosts
 
 
-def _in_parallel(fn: Callable[[NodePlan], T], nodes: Iterable[NodePlan]) -> list[T]:
-    nodes = list(nodes)
-    if not nodes:
-        return []
-    with ThreadPoolExecutor(max_workers=min(64, len(nodes))) as pool:
-        return list(pool.map(fn, nodes))
+LIST_END = "@@ftb-listed"  # between the sentinel listing and the port test in round 2
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+def _bash(cluster: Cluster, node: NodePlan, script: str, timeout: float) -> Result:
+    return cluster.run(node.host, ["bash", "-c", script], timeout=timeout)
 
 
-def gather_facts(specs: dict[int, ProbeSpec], plan: Plan) -> list[HostFacts]:
+def prepare_shared_dir(plan: Plan, cluster: Cluster) -> str | None:
+    """Round 0: rank 0 creates shared_dir when it is missing (site.yml mounts the share,
+    nothing creates the directory in it). Rank 0's name when it created it, else None."""
+    script = '[ -d "$1" ] && exit 0; mkdir -p -- "$1" 2>/dev/null && echo created; exit 0'
+    node = plan.nodes[0]
+    if node.host.name in cluster.errors:
+        return None
+    try:
+        result = cluster.run(node.host, ["bash", "-c", script, "ftb", plan.shared_dir], timeout=ROUND_TIMEOUT_S)
+    except Exception:  # the probe reports the host's trouble
+        return None
+    return node.host.name if result.stdout.strip() == "created" else None
+
+
+def gather_facts(specs: dict[int, ProbeSpec], plan: Plan, cluster: Cluster) -> list[HostFacts]:
     """Round 1 on every host at once; an unreachable host becomes facts with an error."""
     def ask(node: NodePlan) -> HostFacts:
         spec = specs[node.rank]
+        if node.host.name in cluster.errors:
+            return HostFacts(node.host.name, node.rank, error=cluster.errors[node.host.name])
         try:
-            result = run_script(node.host, probe_script(spec), timeout=PROBE_TIMEOUT_S, connect_timeout=10)
-        except Exception as exc:  # SSH refused, timed out, auth failed: this host's failure
-            h = node.host
-            where = f"{h.user + '@' if h.user else ''}{h.address}:{h.port}"
-            return HostFacts(h.name, node.rank, error=f"cannot SSH to {where}: {_first_line(exc)}")
+            result = _bash(cluster, node, probe_script(spec), PROBE_TIMEOUT_S)
+        except Exception as exc:  # connection dropped, timed out: this host's failure
+            return HostFacts(node.host.name, node.rank, error=f"probe failed: {first_line(exc)}")
         return parse_probe(spec, result)
 
-    return _in_parallel(ask, plan.nodes)
+    return parallel(ask, plan.nodes)
 
 
-def fact_checks(job: Job, plan: Plan, facts: list[HostFacts]) -> list[Check]:
+def fact_checks(job: Job, plan: Plan, facts: list[HostFacts], created_on: str | None = None) -> list[Check]:
     """Every check that round 1's facts alone answer."""
     remote = not plan.all_local
     checks = [check_ssh(facts)] if remote else []
@@ -887,7 +899,7 @@ def fact_checks(job: Job, plan: Plan, facts: list[HostFacts]) -> list[Check]:
     checks.append(check_system(reached))
     checks.append(check_runtime(reached, docker=job.runtime.kind == "docker"))
     checks.append(check_gpus(reached, job, plan.nproc_per_node))
-    checks.append(check_dirs(reached, plan, plan.nodes[0].workdir))
+    checks.append(check_dirs(reached, plan, plan.nodes[0].workdir, created_on))
     datasets = check_datasets(reached)
     if datasets:
         checks.append(datasets)
@@ -896,71 +908,85 @@ def fact_checks(job: Job, plan: Plan, facts: list[HostFacts]) -> list[Check]:
     return checks
 
 
-def shared_round(plan: Plan, reached: list[HostFacts], sentinel_dir: str) -> Check:
-    """Round 2: every host lists the sentinel directory."""
+def second_round(plan: Plan, cluster: Cluster, reached: list[HostFacts], helper_python: str,
+                 sentinel_dir: str | None) -> list[Check]:
+    """Round 2, one command per host: list the sentinels (when shared storage is tested),
+    then the master port: rank 0 listens, the others connect."""
     nodes = {n.rank: n for n in plan.nodes}
-    writers = {sentinel_name(f.rank): f.host for f in reached if f.sentinel_ok}
-
-    def listing(node: NodePlan) -> str:
-        try:
-            return run_script(node.host, list_script(sentinel_dir), timeout=ROUND_TIMEOUT_S).stdout
-        except Exception as exc:
-            return f"ERROR {_first_line(exc)}"
-
-    listed = _in_parallel(listing, [nodes[f.rank] for f in reached])
-    check = check_shared({f.host: text for f, text in zip(reached, listed)}, writers, plan.shared_dir)
-    unwritable = [f for f in reached if f.sentinel_ok is False and f.shared_dir_ok]
-    if unwritable:
-        check.failure = check.failure or f"shared_dir {plan.shared_dir} not writable"
-        check.details += [f"cannot write to {plan.shared_dir} on {f.host}" for f in unwritable]
-    return check
-
-
-def port_round(plan: Plan, reached: list[HostFacts], helper_python: str, sentinel_dir: str | None) -> Check:
-    """Round 3: rank 0 listens on the master port, the others connect; sentinels go."""
-    nodes = {n.rank: n for n in plan.nodes}
-    wrote = {f.rank for f in reached if f.sentinel_ok}
+    port_tested = reached[0].rank == 0
 
     def ask(node: NodePlan) -> str:
-        clean = cleanup_script(sentinel_dir, node.rank) if node.rank in wrote else ""
-        if node.rank == 0:
-            script, limit = listen_script(helper_python, plan.master_port, len(reached) - 1, clean), LISTEN_S + 15
-        else:
-            script, limit = connect_script(plan.master_addr, plan.master_port, clean), CONNECT_S + 15
+        script = (list_script(sentinel_dir) if sentinel_dir else "") + f"echo {LIST_END}\n"
+        if port_tested:
+            if node.rank == 0:
+                script += listen_script(helper_python, plan.master_port, len(reached) - 1)
+            else:
+                script += connect_script(plan.master_addr, plan.master_port)
         try:
-            return run_script(node.host, script, timeout=limit).stdout
+            return _bash(cluster, node, script, LISTEN_S + 20).stdout
         except Exception as exc:
-            return f"ERROR {_first_line(exc)}"
+            return f"ERROR {first_line(exc)}\n{LIST_END}\nERROR {first_line(exc)}"
 
-    answers = _in_parallel(ask, [nodes[f.rank] for f in reached])
-    others = {f.host: a for f, a in zip(reached, answers) if f.rank != 0}
-    return check_port(reached[0].host, plan.master_port, answers[0], others, not plan.all_local)
+    answers = parallel(ask, [nodes[f.rank] for f in reached])
+    listings, ports = {}, {}
+    for f, answer in zip(reached, answers):
+        listing, _, port = answer.partition(LIST_END + "\n")
+        listings[f.host], ports[f.host] = listing, port
+    checks = []
+    if sentinel_dir and len(reached) > 1:
+        writers = {sentinel_name(f.rank): f.host for f in reached if f.sentinel_ok}
+        check = check_shared(listings, writers, plan.shared_dir)
+        unwritable = [f for f in reached if f.sentinel_ok is False and f.shared_dir_ok]
+        if unwritable:
+            check.failure = check.failure or f"shared_dir {plan.shared_dir} not writable"
+            check.details += [f"cannot write to {plan.shared_dir} on {f.host}" for f in unwritable]
+        checks.append(check)
+    if port_tested:
+        others = {f.host: ports[f.host] for f in reached if f.rank != 0}
+        checks.append(check_port(reached[0].host, plan.master_port, ports[reached[0].host], others,
+                                 not plan.all_local))
+    return checks
 
 
-def run_checks(job: Job, plan: Plan, out: TextIO | None = None, *, quiet: bool = False) -> CheckReport:
+def remove_sentinels(plan: Plan, cluster: Cluster, reached: list[HostFacts], sentinel_dir: str,
+                     timeout: float = ROUND_TIMEOUT_S) -> None:
+    """The sentinel directory goes, through the first host that wrote into it."""
+    writers = [f for f in reached if f.sentinel_ok]
+    if not writers:
+        return
+    node = next(n for n in plan.nodes if n.rank == writers[0].rank)
+    try:
+        cluster.run(node.host, ["rm", "-rf", "--", sentinel_dir], timeout=timeout)
+    except Exception:
+        pass
+
+
+def run_checks(job: Job, plan: Plan, cluster: Cluster, out: TextIO | None = None, *,
+               quiet: bool = False) -> CheckReport:
     """Ask every host of ``plan`` whether they are alike and ready; print the report to
-    ``out`` (default: stdout) unless ``quiet``. Starts nothing; leaves nothing behind."""
+    ``out`` (default: stdout) unless ``quiet``. Starts nothing; leaves nothing behind but
+    the shared directory it created."""
     started = time.monotonic()
     sentinel_dir = None
     if not plan.all_local and len(plan.nodes) > 1:
         sentinel_dir = posixpath.join(plan.shared_dir, f".ftb-check-{secrets.token_hex(4)}")
     specs = {n.rank: probe_spec(job, plan, n, sentinel_dir) for n in plan.nodes}
 
-    facts = gather_facts(specs, plan)
-    reached = [f for f in facts if not f.error]
-    checks = fact_checks(job, plan, facts)
-    cleaned = not sentinel_dir
+    created_on = prepare_shared_dir(plan, cluster)
+    reached: list[HostFacts] = []
     try:
-        if sentinel_dir and len(reached) > 1:
-            checks.append(shared_round(plan, reached, sentinel_dir))
-        if reached and reached[0].rank == 0:
-            checks.append(port_round(plan, reached, specs[0].helper_python, sentinel_dir))
-            cleaned = True  # round 3 removed the sentinels
-    finally:
-        if not cleaned:  # rank 0 down, or interrupted: the sentinels still go
-            nodes = {n.rank: n for n in plan.nodes}
-            _in_parallel(lambda n: _quiet(n, cleanup_script(sentinel_dir, n.rank)),
-                         [nodes[f.rank] for f in reached if f.sentinel_ok])
+        facts = gather_facts(specs, plan, cluster)
+        reached = [f for f in facts if not f.error]
+        checks = fact_checks(job, plan, facts, created_on)
+        if reached:
+            checks += second_round(plan, cluster, reached, specs[0].helper_python, sentinel_dir)
+    except KeyboardInterrupt:
+        if sentinel_dir:  # a moment for the sentinels, not more: Ctrl-C must be quick
+            remove_sentinels(plan, cluster, reached or [HostFacts(plan.nodes[0].host.name, 0, sentinel_ok=True)],
+                             sentinel_dir, timeout=1)
+        raise
+    if sentinel_dir:
+        remove_sentinels(plan, cluster, reached, sentinel_dir)
 
     report = CheckReport(
         checks=checks,
@@ -973,10 +999,3 @@ def run_checks(job: Job, plan: Plan, out: TextIO | None = None, *, quiet: bool =
     if not quiet:
         print_report(report, out)
     return report
-
-
-def _quiet(node: NodePlan, script: str) -> None:
-    try:
-        run_script(node.host, script, timeout=ROUND_TIMEOUT_S)
-    except Exception:
-        pass

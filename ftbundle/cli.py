@@ -52,17 +52,19 @@ def replan(job: Job, plan: Plan, *, nproc_per_node: int | None, bf16_capable: bo
                      bf16_capable=bf16_capable)
 
 
-def checked_plan(job_path: str, inventory: str | None, *, skip_check: bool = False) -> tuple[Job, Plan]:
+def checked_plan(job: Job, plan: Plan, cluster, *, skip_check: bool = False) -> Plan:
     """The plan to launch: the hosts checked first (unless the job says `check: false` or
     ``skip_check``), with ``nproc_per_node: auto`` resolved from their GPUs and bf16 known
     for the fp16 warning. A failed check is a UserError: nothing has been started anywhere."""
     from .check import print_report, resolve_nproc, run_checks
 
-    job, plan = build_plan(job_path, inventory)
     check = job.check and not skip_check
     if not check and job.nproc_per_node != "auto":
-        return job, plan
-    report = run_checks(job, plan, quiet=True)
+        if cluster.errors:
+            raise UserError("cannot reach every host, nothing was started: " + "; ".join(cluster.errors.values()),
+                            file=str(job.inventory or job.path), key="hosts")
+        return plan
+    report = run_checks(job, plan, cluster, quiet=True)
     if check and not report.ok:
         print_report(report, sys.stderr)
         raise UserError(f"{len(report.failures)} problem(s) found on the hosts before launch (see above); "
@@ -72,13 +74,18 @@ def checked_plan(job_path: str, inventory: str | None, *, skip_check: bool = Fal
     if check:
         say(f"check passed: {plan.nnodes} host(s) alike and ready ({len(report.checks)} checks, "
             f"{report.seconds:.1f}s)")
-    return job, replan(job, plan, nproc_per_node=nproc, bf16_capable=report.bf16_capable)
+    return replan(job, plan, nproc_per_node=nproc, bf16_capable=report.bf16_capable)
+
+
+def open_cluster(plan: Plan):
+    """One connection to every host of the plan, opened at once."""
+    from .cluster import Cluster
+
+    return Cluster(n.host for n in plan.nodes).open()
 
 
 def format_plan(plan: Plan) -> str:
     """Human-readable --dry-run output: per host, where, what and with which environment."""
-    import shlex
-
     lines = [
         f"job {plan.job_name}  run {plan.run_id}",
         f"world size {plan.world_size} = {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s); "
@@ -103,68 +110,41 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-RESTART_DELAY_S = 3
-
-
-def incomplete_checkpoint_script(checkpoint_dir: str) -> str:
-    """Remove the newest checkpoint-N if it lacks trainer_state.json (written last): a node
-    that died while saving leaves one, and resuming from it fails."""
-    d = shlex.quote(checkpoint_dir)
-    return (f"last=$(ls -1 {d} 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1)\n"
-            f'if [ -n "$last" ] && [ ! -e {d}/"$last"/trainer_state.json ]; then '
-            f'rm -rf {d}/"$last"; echo "removed incomplete checkpoint $last"; fi\n'
-            f"ls -1 {d} 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1\n")
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from .launch import Supervisor, stage_run_dir
-    from .runs import launch_detached
-
-    if args.dry_run:
-        # starts nothing; `auto` is resolved by asking the hosts (read-only) for their GPUs
-        job, plan = build_plan(args.job, args.inventory)
-        if job.nproc_per_node == "auto":
-            job, plan = checked_plan(args.job, args.inventory, skip_check=True)
+    job, plan = build_plan(args.job, args.inventory)
+    if args.detach and job.restarts:
+        raise UserError(f"restarts: {job.restarts} needs ftbundle to stay and supervise the run; --detach cannot "
+                        "restart nodes. Drop --detach, or set restarts: 0 for a detached run",
+                        file=str(job.path), key="restarts")
+    if args.dry_run and job.nproc_per_node != "auto":
         print(format_plan(plan))
         return 0
-    job, plan = checked_plan(args.job, args.inventory, skip_check=args.no_check)
+    with open_cluster(plan) as cluster:
+        if args.dry_run:  # starts nothing; `auto` is resolved by asking the hosts (read-only) for their GPUs
+            print(format_plan(checked_plan(job, plan, cluster, skip_check=True)))
+            return 0
+        plan = checked_plan(job, plan, cluster, skip_check=args.no_check)
+        return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job)
+
+
+def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str) -> int:
+    from .launch import launch, launch_detached, stage_run_dir
+
     say(f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
     for note in plan.notes:
         say(note)
     for warning in plan.warnings:
         say(f"warning: {warning}")
-    stage_run_dir(plan)
-    if args.detach:
-        code = launch_detached(plan)
-        if code == 0:
-            say(f"run {plan.run_id} started on all {plan.nnodes} node(s) and detached; follow it with\n"
-                f"  ftbundle status {args.job} --run {plan.run_id}\n"
-                f"  ftbundle logs {args.job} --run {plan.run_id} -f\n"
-                f"  ftbundle stop {args.job} --run {plan.run_id}")
-        return code
-
-    attempts = job.restarts + 1
-    for attempt in range(1, attempts + 1):
-        outcome = Supervisor(plan).run()
-        if outcome.exit_code == 0:
-            say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)")
-            return 0
-        if outcome.interrupted or attempt == attempts:
-            if attempts > 1 and not outcome.interrupted:
-                say(f"giving up after {attempts} attempts")
-            return outcome.exit_code
-        say(f"restarting all nodes in {RESTART_DELAY_S}s (restart {attempt} of {job.restarts})")
-        time.sleep(RESTART_DELAY_S)
-        if plan.checkpoint_dir:
-            from .shell import run_script
-
-            result = run_script(plan.nodes[0].host, incomplete_checkpoint_script(plan.checkpoint_dir))
-            for line in result.stdout.splitlines()[:-1]:
-                say(line)
-            last = result.stdout.splitlines()[-1:] or [""]
-            say(f"resuming from {plan.checkpoint_dir}/{last[0]}" if last[0]
-                else "no checkpoint yet: starting from the beginning")
-    return 1
+    stage_run_dir(cluster, plan)
+    if not detach:
+        return launch(plan, cluster, restarts=job.restarts)
+    code = launch_detached(plan, cluster)
+    if code == 0:
+        say(f"run {plan.run_id} started on all {plan.nnodes} node(s) and detached; follow it with\n"
+            f"  ftbundle status {job_file} --run {plan.run_id}\n"
+            f"  ftbundle logs {job_file} --run {plan.run_id} -f\n"
+            f"  ftbundle stop {job_file} --run {plan.run_id}")
+    return code
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -174,46 +154,54 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .check import print_report, run_checks
 
     job, plan = build_plan(args.job, args.inventory)
-    report = run_checks(job, plan, quiet=True)
-    print_report(report)
-    if not report.ok:
-        return EXIT_USAGE
-    if args.net:
-        from .netcheck import run_net_check
-
-        if job.nproc_per_node == "auto":
-            from .check import resolve_nproc
-
-            plan = replan(job, plan, nproc_per_node=resolve_nproc(report, job), bf16_capable=report.bf16_capable)
-        net = run_net_check(job, plan, min_gbps=args.min_gbps)
-        if not net.ok:
+    with open_cluster(plan) as cluster:
+        report = run_checks(job, plan, cluster, quiet=True)
+        print_report(report)
+        if not report.ok:
             return EXIT_USAGE
+        if args.net:
+            from .netcheck import run_net_check
+
+            if job.nproc_per_node == "auto":
+                from .check import resolve_nproc
+
+                plan = replan(job, plan, nproc_per_node=resolve_nproc(report, job),
+                              bf16_capable=report.bf16_capable)
+            net = run_net_check(job, plan, cluster, min_gbps=args.min_gbps)
+            if not net.ok:
+                return EXIT_USAGE
     return 0
 
 
-def run_ref(args: argparse.Namespace):
+def with_run(args: argparse.Namespace, action) -> int:
+    """``action(ref, cluster)`` on the run named by ``--run`` (default: the job's latest)."""
     from .runs import find_run
 
     job, plan = build_plan(args.job, args.inventory)
-    return find_run(job.name, plan.shared_dir, [n.host for n in plan.nodes], args.run)
+    with open_cluster(plan) as cluster:
+        if plan.nodes[0].host.name in cluster.errors:
+            raise UserError(f"cannot read the run directory through rank 0's host: "
+                            f"{cluster.errors[plan.nodes[0].host.name]}", file=str(job.inventory or job.path))
+        ref = find_run(job.name, plan.shared_dir, [n.host for n in plan.nodes], args.run, cluster)
+        return action(ref, cluster)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from .runs import print_status
 
-    return print_status(run_ref(args))
+    return with_run(args, print_status)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from .runs import show_logs
 
-    return show_logs(run_ref(args), args.rank, args.follow, args.lines)
+    return with_run(args, lambda ref, cluster: show_logs(ref, cluster, args.rank, args.follow, args.lines))
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from .runs import stop_run
 
-    return stop_run(run_ref(args))
+    return with_run(args, stop_run)
 
 
 def say(message: str) -> None:
@@ -221,6 +209,7 @@ def say(message: str) -> None:
 
 
 def _on_sigterm(signum, frame):
+    signal.signal(signum, signal.SIG_IGN)  # once is enough: the teardown must not be cut short
     raise KeyboardInterrupt
 
 
@@ -263,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(func=func)
 
     args = parser.parse_args(argv)
+    # a closed terminal (SIGHUP) or a kill (SIGTERM) stops the run as Ctrl-C does
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGHUP, _on_sigterm)
     try:
         return args.func(args)
     except UserError as exc:

@@ -8,7 +8,12 @@ here: ``InventoryManager`` resolves groups, patterns, group_vars and host_vars e
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import ipaddress
+import json
+import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,10 +75,89 @@ def localhost_only() -> list[Host]:
 
 
 def load_hosts(inventory: str | Path, pattern: str = "all") -> list[Host]:
-    """Hosts matching ``pattern`` in rank order (``ftb_node_rank``, else inventory order)."""
+    """Hosts matching ``pattern`` in rank order (``ftb_node_rank``, else inventory order).
+
+    Ansible's parse takes about half a second, most of a small launch's start-up; its
+    result is cached (see :func:`_cache_key`) and reused while no inventory file changed.
+    """
     inventory = str(inventory)
     if not Path(inventory).exists():
         raise UserError("inventory not found", file=inventory)
+    key = _cache_key(inventory, pattern)
+    hosts = _cache_read(key) if key else None
+    if hosts is None:
+        hosts = _load_with_ansible(inventory, pattern)
+        if key:
+            _cache_write(key, hosts)
+    return order_by_rank(hosts, inventory)
+
+
+CACHE_VERSION = 1
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ftbundle" / "inventory"
+
+
+def _cache_key(inventory: str, pattern: str) -> str | None:
+    """A hash of everything Ansible's answer depends on: the inventory files (a file, or a
+    directory's tree) with group_vars/ and host_vars/ beside them, each with its mtime and
+    size, the pattern, the ANSIBLE_* environment and ansible.cfg. None (no caching) for
+    inventories whose answer can change without a file changing (executable scripts,
+    plugin configs) or that hold vault-encrypted values (never written to disk in clear).
+    """
+    if os.environ.get("FTB_NO_INVENTORY_CACHE"):
+        return None
+    root = Path(inventory).resolve()
+    base = root if root.is_dir() else root.parent
+    paths = [root] + [base / d for d in ("group_vars", "host_vars") if (base / d).exists()]
+    files = []
+    for path in paths:
+        walk = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in walk:
+            st = f.stat()
+            if st.st_mode & 0o111 and f.suffix not in (".yml", ".yaml", ".json", ".ini", ""):
+                return None  # a dynamic inventory script
+            if st.st_size < 1 << 20:
+                head = f.read_bytes()
+                if b"$ANSIBLE_VAULT" in head or re.search(rb"(?m)^plugin\s*:", head):
+                    return None
+            files.append((str(f), st.st_mtime_ns, st.st_size))
+    cfg = [(c, os.stat(c).st_mtime_ns) for c in ("ansible.cfg", os.path.expanduser("~/.ansible.cfg"))
+           if os.path.exists(c)]
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("ANSIBLE_"))
+    blob = json.dumps([CACHE_VERSION, str(root), pattern, files, cfg, env, os.getcwd()])
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _cache_read(key: str) -> list[Host] | None:
+    try:
+        entries = json.loads((_cache_dir() / f"{key}.json").read_text())
+        return [Host(**entry) for entry in entries]
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _cache_write(key: str, hosts: list[Host]) -> None:
+    """Written only when every value is plain data; private to the user (mode 0600)."""
+    try:
+        text = json.dumps([dataclasses.asdict(h) for h in hosts])
+    except (TypeError, ValueError):
+        return
+    directory = _cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = directory / f".{key}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, directory / f"{key}.json")
+    except OSError:
+        pass
+
+
+def _load_with_ansible(inventory: str, pattern: str) -> list[Host]:
     # Imported here: ansible is heavy and only needed when an inventory is used.
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
@@ -113,10 +197,22 @@ def load_hosts(inventory: str | Path, pattern: str = "all") -> list[Host]:
                 key_file=hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file"),
                 local=_is_local(name, hv),
                 known_hosts=_known_hosts_from_args(hv),
-                vars=dict(hv),
+                vars=_plain(dict(hv)),
             )
         )
-    return order_by_rank(hosts, inventory)
+    return hosts
+
+
+def _plain(value: Any) -> Any:
+    """Ansible's own str/dict/list subclasses as plain values (as JSON would give them
+    back), so a cached answer and a fresh one are the same."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, str) and type(value) is not str and "Vault" not in type(value).__name__:
+        return str(value)
+    return value
 
 
 def order_by_rank(hosts: list[Host], source: str = "inventory") -> list[Host]:

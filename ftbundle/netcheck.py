@@ -25,14 +25,13 @@ import secrets
 import shlex
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TextIO
 
 from .job import Job, Train
 from .plan import Plan, make_plan
-from .shell import run_script
+from .cluster import Cluster, Result, first_line
 
 DEFAULT_MIN_GBPS = 10.0
 IPERF_SECONDS = 2
@@ -144,23 +143,16 @@ def bench_plan(job: Job, plan: Plan, run_id: str, *, size_mib: float = BENCH_SIZ
 # I/O
 
 
-def measure_iperf(plan: Plan, report: NetReport) -> None:
+def measure_iperf(plan: Plan, cluster: Cluster, report: NetReport) -> None:
     """rank 0 <- each other host, one at a time."""
     rank0 = plan.nodes[0]
     port = plan.master_port + 1
     for node in plan.nodes[1:]:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            server = pool.submit(run_script, rank0.host, iperf_server_script(port),
-                                 timeout=IPERF_SERVER_S + 10)
-            try:
-                client = run_script(node.host, iperf_client_script(plan.master_addr, port),
-                                    timeout=IPERF_CONNECT_S + IPERF_SECONDS + 20).stdout
-            except Exception as exc:
-                client = f"ERROR {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
-            try:
-                served = server.result().stdout
-            except Exception as exc:
-                served = f"ERROR {exc}"
+        served, client = [
+            r.stdout if isinstance(r, Result) else f"ERROR {first_line(r)}"
+            for r in cluster.run_all([(rank0.host, ["bash", "-c", iperf_server_script(port)]),
+                                      (node.host, ["bash", "-c", iperf_client_script(plan.master_addr, port)])],
+                                     timeout=IPERF_SERVER_S + IPERF_CONNECT_S + IPERF_SECONDS + 20)]
         if "NO-IPERF3" in served:
             report.errors.append(f"iperf3 is not installed on {rank0.host.name} (rank 0): "
                                  "throughput not measured (apt-get install iperf3)")
@@ -174,16 +166,18 @@ def measure_iperf(plan: Plan, report: NetReport) -> None:
             report.errors.append(f"iperf3 {node.host.name} -> {rank0.host.name}:{port} failed: {exc}")
 
 
-def measure_allreduce(job: Job, plan: Plan, report: NetReport, *, size_mib: float, iters: int) -> None:
+def measure_allreduce(job: Job, plan: Plan, cluster: Cluster, report: NetReport, *, size_mib: float,
+                      iters: int) -> None:
     """Launch the bench with the launcher's own Supervisor; read rank 0's line."""
-    from .launch import Supervisor, stage_run_dir
+    from .launch import Supervisor, stage_files, stage_run_dir
 
     run_id = f"{job.name}-netcheck-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     bench = bench_plan(job, plan, run_id, size_mib=size_mib, iters=iters)
     out, err = io.StringIO(), io.StringIO()
     try:
-        stage_run_dir(bench, extra_files={BENCH_SCRIPT: bench_source()})
-        outcome = Supervisor(bench, out=out, err=err).run()
+        stage_run_dir(cluster, bench)
+        stage_files(cluster, bench.nodes[0].host, bench.run_dir, {BENCH_SCRIPT: bench_source()})
+        outcome = Supervisor(bench, cluster, out=out, err=err).run()
         line = parse_bench_line(out.getvalue())
         if outcome.exit_code != 0 or line is None:
             tail = [x for x in (err.getvalue() + out.getvalue()).splitlines() if x.strip()][-8:]
@@ -196,20 +190,21 @@ def measure_allreduce(job: Job, plan: Plan, report: NetReport, *, size_mib: floa
     finally:
         try:
             runs = posixpath.dirname(bench.run_dir)  # removed too if the bench made it
-            run_script(bench.nodes[0].host, f"rm -rf {shlex.quote(bench.run_dir)}; "
-                                            f"rmdir {shlex.quote(runs)} 2>/dev/null; true", timeout=30)
+            cluster.run(bench.nodes[0].host, ["bash", "-c", 'rm -rf -- "$1"; rmdir -- "$2" 2>/dev/null; true',
+                                              "ftb", bench.run_dir, runs], timeout=30)
         except Exception:
             pass
 
 
-def run_net_check(job: Job, plan: Plan, min_gbps: float = DEFAULT_MIN_GBPS, out: TextIO | None = None,
+def run_net_check(job: Job, plan: Plan, cluster: Cluster, min_gbps: float = DEFAULT_MIN_GBPS,
+                  out: TextIO | None = None,
                   *, quiet: bool = False, size_mib: float = BENCH_SIZE_MIB, iters: int = BENCH_ITERS) -> NetReport:
     """Measure, print the report to ``out`` (default: stdout) unless ``quiet``, return it."""
     started = time.monotonic()
     report = NetReport(rank0=plan.nodes[0].host.name)
     if len(plan.nodes) > 1:
-        measure_iperf(plan, report)
-    measure_allreduce(job, plan, report, size_mib=size_mib, iters=iters)
+        measure_iperf(plan, cluster, report)
+    measure_allreduce(job, plan, cluster, report, size_mib=size_mib, iters=iters)
     crosses = report.bench.get("world", "1") != "1"  # world size 1: bus bandwidth is 0 by definition
     report.warnings = slow_warnings(report.throughput_gbps, report.rank0,
                                     report.busbw_gbps if crosses else None, min_gbps)

@@ -109,8 +109,29 @@ class Plan:
         }
 
 
-def node_log_name(rank: int, host: str) -> str:
-    return f"node-{rank}-{host}.log"
+def node_log_name(rank: int, host: str, attempt: int = 1) -> str:
+    """A node's log in the run directory; each attempt (restart) writes a log of its own."""
+    return f"node-{rank}-{host}.a{attempt}.log"
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """One node's files of one attempt, in the run directory on shared storage."""
+
+    log: str
+    pid: str  # "PID MARKER HOSTNAME" of the job
+    exit: str  # the job's exit code, once it ended
+    hb: str  # a detached node's heartbeat counter
+    marker: str  # FTB_JOB of every process of the job: how stop finds them all
+
+    @classmethod
+    def of(cls, run_dir: str, run_id: str, rank: int, host: str, attempt: int) -> NodeFiles:
+        base = posixpath.join(run_dir, f"node-{rank}.a{attempt}")
+        return cls(log=posixpath.join(run_dir, node_log_name(rank, host, attempt)), pid=base + ".pid",
+                   exit=base + ".exit", hb=base + ".hb", marker=f"{run_id}.a{attempt}-{rank}")
+
+
+ATTEMPT_FILE = "attempt"  # in the run directory: the number of the attempt now running
 
 
 def make_plan(job: Job, hosts: list[Host], run_id: str, *,

@@ -1,24 +1,25 @@
 """A run after launch: status, logs and stop, from the state kept in its run directory.
 
-Everything needed lives on shared storage (plan.json, node-<rank>.pid/.exit, the logs),
-so these work from any machine with the job file and the inventory, long after the
-launching machine is gone (`ftbundle run --detach`).
+Everything needed lives on shared storage (plan.json, the attempt number, each node's
+pid/exit/heartbeat files and logs), so these work from any machine with the job file and
+the inventory, long after the launching machine is gone (`ftbundle run --detach`). Every
+host is asked over the one connection the :class:`~ftbundle.cluster.Cluster` holds to it.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
-import shlex
+import re
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from . import nodescript
+from .cluster import Cluster, first_line, parallel
 from .errors import UserError
 from .inventory import Host
-from .plan import NodePlan, Plan
-from .shell import run_script, stream_script, write_files
+from .launch.node import STOP_GRACE_S, STOP_REQUEST, node_argv
+from .launch.supervisor import stage_files
+from .plan import ATTEMPT_FILE, NodeFiles, NodePlan
 
 
 @dataclass(frozen=True)
@@ -29,22 +30,33 @@ class RunRef:
     run_dir: str
     record: dict  # plan.json
     nodes: tuple[NodePlan, ...]
+    attempt: int
+
+    def files(self, node: NodePlan) -> NodeFiles:
+        return NodeFiles.of(self.run_dir, self.run_id, node.rank, node.host.name, self.attempt)
 
 
-def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | None) -> RunRef:
+def _read(cluster: Cluster, host: Host, path: str) -> str | None:
+    result = cluster.run(host, ["cat", "--", path], timeout=15)
+    return result.stdout if result.ok else None
+
+
+def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | None, cluster: Cluster) -> RunRef:
     """The run `run_id`, or the job's latest run, read through rank 0's host."""
     runs_dir = posixpath.join(shared_dir, "runs")
     if run_id is None:
-        listing = run_script(hosts[0], f"ls -1 {shlex.quote(runs_dir)} 2>/dev/null | grep -E "
-                                       f"{shlex.quote('^' + job_name + '-[0-9]{8}-[0-9]{6}-')} | sort | tail -n 1")
-        run_id = listing.stdout.strip()
-        if not run_id:
+        listing = cluster.run(hosts[0], ["ls", "-1", "--", runs_dir], timeout=15).stdout.split()
+        pattern = re.compile(re.escape(job_name) + r"-\d{8}-\d{6}-[0-9a-f]+$")
+        mine = sorted(name for name in listing if pattern.match(name))
+        if not mine:
             raise UserError(f"no run of job {job_name!r} in {runs_dir}", key="--run")
+        run_id = mine[-1]
     run_dir = posixpath.join(runs_dir, run_id)
-    result = run_script(hosts[0], f"cat {shlex.quote(run_dir + '/plan.json')}")
-    if not result.ok:
+    text = _read(cluster, hosts[0], posixpath.join(run_dir, "plan.json"))
+    if text is None:
         raise UserError(f"no run {run_id!r} in {runs_dir} (no plan.json there)", key="--run")
-    record = json.loads(result.stdout)
+    record = json.loads(text)
+    attempt_text = (_read(cluster, hosts[0], posixpath.join(run_dir, ATTEMPT_FILE)) or "1").strip()
     by_name = {h.name: h for h in hosts}
     nodes = []
     for entry in record["nodes"]:
@@ -56,39 +68,29 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
             log_path=entry["log"], env_file=entry["env_file"], container=entry.get("container"),
             stream=entry["rank"] == 0,
         ))
-    return RunRef(run_id, run_dir, record, tuple(nodes))
+    return RunRef(run_id, run_dir, record, tuple(nodes), int(attempt_text) if attempt_text.isdigit() else 1)
 
 
-def _node_state_script(ref: RunRef, node: NodePlan) -> str:
-    q = shlex.quote
-    marker = nodescript.job_marker(ref.run_id, node.rank)
-    exitf = nodescript.exit_path(ref.run_dir, node.rank)
-    return f"""if grep -qlzx {q('FTB_JOB=' + marker)} /proc/[0-9]*/environ 2>/dev/null; then echo running
-elif [ -s {q(exitf)} ]; then echo "exited $(cat {q(exitf)})"
-else echo stopped; fi
-tail -n 1 {q(node.log_path)} 2>/dev/null | tr '\\r' '\\n' | grep -v '^\\s*$' | tail -n 1
-"""
-
-
-def node_states(ref: RunRef) -> list[tuple[NodePlan, str, str]]:
+def node_states(ref: RunRef, cluster: Cluster) -> list[tuple[NodePlan, str, str]]:
     """(node, state, last log line) for every node, asked of each host in parallel."""
     def ask(node: NodePlan) -> tuple[NodePlan, str, str]:
+        files = ref.files(node)
         try:
-            result = run_script(node.host, _node_state_script(ref, node), timeout=15, connect_timeout=5)
+            result = cluster.run(node.host, node_argv("state", files.marker, files.exit, files.log), timeout=15)
         except Exception as exc:  # unreachable host: say so, keep going
-            return node, "unreachable", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return node, "unreachable", first_line(exc)
         lines = result.stdout.splitlines() + ["", ""]
         return node, lines[0], lines[1]
 
-    with ThreadPoolExecutor(max_workers=max(1, len(ref.nodes))) as pool:
-        return list(pool.map(ask, ref.nodes))
+    return parallel(ask, ref.nodes)
 
 
-def print_status(ref: RunRef, out=None) -> int:
+def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     """A table of nodes; exit 0 while running or after success, 1 when any node failed."""
     out = out or sys.stdout
-    states = node_states(ref)
-    print(f"run {ref.run_id}  ({ref.record['nnodes']} node(s) x {ref.record['nproc_per_node']} rank(s))  "
+    states = node_states(ref, cluster)
+    attempt = f", attempt {ref.attempt}" if ref.attempt > 1 else ""
+    print(f"run {ref.run_id}  ({ref.record['nnodes']} node(s) x {ref.record['nproc_per_node']} rank(s){attempt})  "
           f"{ref.run_dir}", file=out)
     failed = False
     for node, state, last in states:
@@ -104,74 +106,49 @@ def print_status(ref: RunRef, out=None) -> int:
     return 1 if failed or summary == "stopped" else 0
 
 
-def show_logs(ref: RunRef, rank: int, follow: bool, lines: int, out=None) -> int:
+def show_logs(ref: RunRef, cluster: Cluster, rank: int, follow: bool, lines: int, out=None) -> int:
     out = out or sys.stdout
     if not 0 <= rank < len(ref.nodes):
         raise UserError(f"rank must be between 0 and {len(ref.nodes) - 1}", key="--rank")
     node = ref.nodes[rank]
-    q = shlex.quote
-    if not follow:
-        script = f"tail -n {lines} {q(node.log_path)}"
-    else:
-        marker = nodescript.job_marker(ref.run_id, node.rank)
-        # follow until the node's job is gone (finished, failed or stopped)
-        script = (f"tail -n {lines} -F {q(node.log_path)} 2>/dev/null & t=$!\n"
-                  f"while grep -qlzx {q('FTB_JOB=' + marker)} /proc/[0-9]*/environ 2>/dev/null; do sleep 1; done\n"
-                  "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n")
+    files = ref.files(node)
+    argv = (node_argv("follow", files.marker, files.log, str(lines)) if follow
+            else ["tail", "-n", str(lines), "--", files.log])
     # The log is on shared storage: rank 0's host can read any node's log if the node's own is gone.
     for host in dict.fromkeys([node.host, ref.nodes[0].host]):
+        if not cluster.alive(host):
+            continue
         try:
-            return stream_script(host, script, out)
+            proc = cluster.start(host, argv)
         except Exception:
             continue
-    raise UserError(f"cannot reach {node.host.name} or rank 0's host to read {node.log_path}")
+        proc.close_stdin()
+        while chunk := proc.read_out():
+            out.write(chunk.decode(errors="replace"))
+            out.flush()
+        return proc.wait(5) or 0
+    raise UserError(f"cannot reach {node.host.name} or rank 0's host to read {files.log}")
 
 
-def stop_run(ref: RunRef, out=None) -> int:
+def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:
     """Ask every node to stop (a request file on shared storage for their watchers, and a
-    stop over SSH on each host), then report what is left."""
+    stop on each host), then report what is left."""
     out = out or sys.stderr
-    write_files(ref.nodes[0].host, ref.run_dir, {nodescript.STOP_REQUEST: "stop requested\n"})
+    stage_files(cluster, ref.nodes[0].host, ref.run_dir, {STOP_REQUEST: "stop requested\n"})
 
     def stop(node: NodePlan) -> str:
+        if not cluster.alive(node.host):
+            return f"unreachable ({cluster.errors.get(node.host.name, 'no connection')})"
         try:
-            run_script(node.host, nodescript.stop_script(node, ref.run_id),
-                       timeout=nodescript.STOP_GRACE_S + 15, connect_timeout=5)
-            return "stopped"
+            result = cluster.run(node.host, node_argv("stop", ref.files(node).marker, node.container or ""),
+                                 timeout=STOP_GRACE_S + 15)
+            return "stopped" if result.ok else "still running"
         except Exception as exc:
-            return f"unreachable ({exc})"
+            return f"unreachable ({first_line(exc)})"
 
-    with ThreadPoolExecutor(max_workers=max(1, len(ref.nodes))) as pool:
-        results = list(pool.map(stop, ref.nodes))
+    results = parallel(stop, ref.nodes)
     code = 0
     for node, result in zip(ref.nodes, results):
         print(f"ftbundle: rank {node.rank} {node.host.name}: {result}", file=out)
         code |= 0 if result == "stopped" else 1
     return code
-
-
-def launch_detached(plan: Plan, out=None) -> int:
-    """Start every node's job and return once all have started; nothing is supervised
-    from here (each node's watcher stops its job when a peer fails)."""
-    out = out or sys.stderr
-    import queue as _queue
-
-    from .launch import make_runner
-
-    events: _queue.Queue = _queue.Queue()
-    runners = [make_runner(node, plan, events, detach=True) for node in plan.nodes]
-    for runner in runners:
-        runner.start()
-    pending = {r.node.rank for r in runners}
-    failed = []
-    while pending:
-        event = events.get(timeout=120)
-        if event.kind in ("exit", "lost"):
-            pending.discard(event.rank)
-            if event.code != 0:
-                failed.append((event.rank, event.text or f"exit code {event.code}"))
-    if failed:
-        for rank, why in failed:
-            print(f"ftbundle: rank {rank} {plan.nodes[rank].host.name} did not start: {why}", file=out)
-        return 1
-    return 0

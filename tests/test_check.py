@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ftbundle.check import run_checks
+from ftbundle.cli import open_cluster
 from ftbundle.cli import build_plan
 from ftbundle.netcheck import run_net_check
 from tests.helpers import base_job, ftbundle, write_job
@@ -37,7 +38,8 @@ def check(cluster, tmp_path, train: dict | None = None, **extra):
         "chk", cluster.shared_dir, inventory, train or {"command": "true"}, **extra))
     job, plan = build_plan(str(job_path), None)
     out = io.StringIO()
-    report = run_checks(job, plan, out=out)
+    with open_cluster(plan) as cluster:
+        report = run_checks(job, plan, cluster, out=out)
     return report, out.getvalue()
 
 
@@ -267,14 +269,16 @@ def local_job(tmp_path: Path, **extra) -> Path:
 def test_local_only_plan_checks_without_ssh(tmp_path, capsys):
     (tmp_path / ".shared").mkdir()
     job, plan = build_plan(str(local_job(tmp_path, train=lf_train())), None)
-    report = run_checks(job, plan)  # to stdout as it is now
+    with open_cluster(plan) as cluster:
+        report = run_checks(job, plan, cluster)  # to stdout as it is now
     text = capsys.readouterr().out
     assert report.ok, text
     names = [c.name for c in report.checks]
     assert names == ["system", "versions", "gpus", "dirs", "datasets", "master_port"]
     assert "free on localhost (rank 0): localhost" in text and "local only" in text
     assert report.seconds < 5
-    assert run_checks(job, plan, quiet=True).ok and capsys.readouterr().out == ""
+    with open_cluster(plan) as cluster:
+        assert run_checks(job, plan, cluster, quiet=True).ok and capsys.readouterr().out == ""
 
 
 @pytest.mark.timeout(120)
@@ -282,7 +286,8 @@ def test_local_net_check_runs_the_allreduce_bench(tmp_path):
     (tmp_path / ".shared").mkdir()
     job, plan = build_plan(str(local_job(tmp_path, train={"command": "true"})), None)
     out = io.StringIO()
-    report = run_net_check(job, plan, out=out, size_mib=1, iters=3)
+    with open_cluster(plan) as cluster:
+        report = run_net_check(job, plan, cluster, out=out, size_mib=1, iters=3)
     text = out.getvalue()
     assert report.ok, text
     assert report.throughput_gbps == {} and "one host: no link between hosts to measure" in text

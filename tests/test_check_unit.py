@@ -22,7 +22,7 @@ from ftbundle.errors import UserError
 from ftbundle.inventory import Host
 from ftbundle.job import parse_job
 from ftbundle.plan import make_plan
-from ftbundle.shell import Result
+from ftbundle.cluster import Result
 
 SMI = Path(__file__).resolve().parent / "data" / "nvidia-smi"
 

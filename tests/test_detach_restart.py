@@ -101,7 +101,7 @@ def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
     assert resumed, err
     step = int(resumed.group(1))
     assert step >= 10
-    log = (only_run_dir(shared) / "node-0-node0.log").read_text()
+    log = (only_run_dir(shared) / "node-0-node0.a2.log").read_text()
     assert f"Resuming training from {output}/checkpoint-{step}" in log
     assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 400 > step
     assert job_processes(cluster) == {}

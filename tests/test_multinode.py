@@ -61,11 +61,11 @@ def test_command_mode_gives_every_host_its_rank(cluster3, tmp_path):
     # rank order is inventory order, and each rank ran on its own host
     assert [seen[r]["host"] for r in range(3)] == ["node0", "node1", "node2"]
     for rank, host in enumerate(cluster3.hosts):
-        assert (run / f"node-{rank}-{host.name}.log").exists()
+        assert (run / f"node-{rank}-{host.name}.a1.log").exists()
     # only rank 0's output reached the terminal
     assert "[node0 r0] node 0 of 3 ready" in proc.stdout
     assert "node 1 of 3" not in proc.stdout and "node 2 of 3" not in proc.stdout
-    assert "node 2 of 3 ready" in (run / "node-2-node2.log").read_text()
+    assert "node 2 of 3 ready" in (run / "node-2-node2.a1.log").read_text()
 
 
 def test_failing_node_sets_exit_code_and_is_named(cluster3, tmp_path):
@@ -107,7 +107,7 @@ def test_llamafactory_lora_sft_on_three_hosts(cluster3, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
 
     run = only_run_dir(shared)
-    logs = {rank: (run / f"node-{rank}-node{rank}.log").read_text() for rank in range(3)}
+    logs = {rank: (run / f"node-{rank}-node{rank}.a1.log").read_text() for rank in range(3)}
     assert "world size: 6" in logs[0]
     # every global rank reported in, on the node that owns it
     for node, ranks in {0: (0, 1), 1: (2, 3), 2: (4, 5)}.items():

@@ -11,7 +11,6 @@ from ftbundle.errors import UserError
 from ftbundle.inventory import Host, load_hosts, localhost_only
 from ftbundle.job import load_job
 from ftbundle.plan import make_plan
-from ftbundle import nodescript
 
 INVENTORY = """
 all:
@@ -107,7 +106,7 @@ def test_rank_vars_for_every_host(tmp_path, inventory):
         assert node.env["MASTER_PORT"] == "29500"
         assert node.env["NPROC_PER_NODE"] == "4"
         assert node.env["FTB_RUN_ID"] == "r1"
-        assert node.log_path == f"/shared/runs/r1/node-{rank}-{node.host.name}.log"
+        assert node.log_path == f"/shared/runs/r1/node-{rank}-{node.host.name}.a1.log"
         assert node.stream is (rank == 0)
     assert plan.nodes[0].argv == ("bash", "-c", "bash finetune_lora_ds.sh")
 
@@ -233,19 +232,28 @@ def test_plan_file_redacts_secrets(tmp_path, inventory):
     assert plan.to_dict()["nodes"][0]["env"]["HF_TOKEN"] == "<redacted>"
 
 
-def test_node_script_carries_no_secret_and_payload_does(tmp_path, inventory):
-    plan = plan_for(tmp_path, inventory, COMMAND_JOB + "env: {HF_TOKEN: hunter2}\n")
-    node = plan.nodes[0]
-    script = nodescript.node_script(node, plan.run_dir, plan.run_id)
-    assert "hunter2" not in script
+def test_node_program_carries_no_value_and_payload_carries_the_environment(tmp_path, inventory):
+    """The node program is fixed text: the job's values (secrets included) travel in the
+    stdin payload as NAME=VALUE pairs, never in the command line."""
     import base64
-    payload = base64.b64decode(nodescript.env_payload(node)).decode()
-    assert "export HF_TOKEN=hunter2" in payload
-    assert "export NODE_RANK=0" in payload
-    assert ". /etc/ftbundle/nccl.env" in payload
-    # the script is valid bash
     import subprocess
-    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+    from ftbundle.launch import node as N
+    from ftbundle.plan import NodeFiles
+
+    plan = plan_for(tmp_path, inventory, COMMAND_JOB + "env: {HF_TOKEN: hunter2, ODD: \"a'b $(x) `y`\"}\n")
+    node = plan.nodes[0]
+    files = NodeFiles.of(plan.run_dir, plan.run_id, 0, node.host.name, 1)
+    argv = N.node_argv("node", *node.argv)
+    assert "hunter2" not in " ".join(argv) and argv[2] == N.program()
+    env = N.node_env(node, plan, files, 1, detach=False)
+    pairs = base64.b64decode(N.env_payload(env)).split(b"\0")[:-1]
+    assert b"HF_TOKEN=hunter2" in pairs and b"NODE_RANK=0" in pairs
+    assert b"ODD=a'b $(x) `y`" in pairs
+    assert b"FTB_ENV_FILE=/etc/ftbundle/nccl.env" in pairs
+    assert b"FTB_SECRET_NAMES=HF_TOKEN" in pairs
+    assert b"FTB_MARKER=" + files.marker.encode() in pairs and files.marker.endswith(".a1-0")
+    assert subprocess.run(["bash", "-n"], input=N.program(), text=True).returncode == 0
 
 
 def test_dry_run_prints_every_host(tmp_path, inventory, capsys):
@@ -283,6 +291,6 @@ def test_secret_values_never_reach_the_terminal(tmp_path, capfd):
     run_dir = next((tmp_path / ".s/runs").iterdir())
     assert "hf_abcdef123456" not in (run_dir / "plan.json").read_text()
     # the node log ftbundle writes on shared storage holds the job's output, redacted
-    log = (run_dir / "node-0-localhost.log").read_text()
+    log = (run_dir / "node-0-localhost.a1.log").read_text()
     assert log == "token is <redacted>\n"
-    assert (run_dir / "node-0.exit").read_text().strip() == "5"  # the job's code, not the filter's
+    assert (run_dir / "node-0.a1.exit").read_text().strip() == "5"  # the job's code, not the filter's

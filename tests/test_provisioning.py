@@ -210,7 +210,7 @@ def test_ftbundle_runs_on_the_pinned_image_site_yml_made_ready(molecule, tmp_pat
         argv = node["argv"]
         assert argv[:2] == ["docker", "run"] and molecule.image in argv, argv
         assert ["--env-file", "/etc/ftbundle/nccl.env"] == argv[argv.index("--env-file"):argv.index("--env-file") + 2]
-    logs = "".join((run_dir / f"node-{r}-node{r}.log").read_text() for r in range(3))
+    logs = "".join((run_dir / f"node-{r}-node{r}.a1.log").read_text() for r in range(3))
     for rank in range(6):
         # every rank ran inside the container with the env file site.yml wrote
         assert re.search(rf"rank {rank} of world size 6 on node\d .*NCCL_SOCKET_IFNAME==eth0 "

@@ -1,0 +1,365 @@
+"""One SSH transport per host, opened once, in parallel, and reused by everything.
+
+A run talks to its hosts many times: the check's rounds, staging the run directory, the
+node channels, log tails, teardown, fencing before a restart, status. Each of those used to
+pay an SSH handshake of its own. Here every remote host gets one Fabric ``Connection``
+(auth, known_hosts, one paramiko transport), opened for all hosts at once, and every later
+command is a new *channel* on that transport: no handshake, one round trip.
+
+Commands run through :class:`Proc`, a thin handle that is the same for a paramiko channel
+(remote) and a subprocess (this machine): bytes in with one ``send``, bytes out with
+blocking ``read_out``/``read_err``, an exit code. Invoke's ``run`` is not used for anything
+long-lived or fed from our side: it feeds stdin one byte per 10 ms and keeps all output in
+memory (see shared/ENVIRONMENT.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from .inventory import Host
+
+CONNECT_TIMEOUT_S = 10
+KEEPALIVE_S = 5
+READ_CHUNK = 64 * 1024
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class HostUnreachable(Exception):
+    """The host could not be connected to (or its transport is gone)."""
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+
+class Proc:
+    """A command running on a host. Thread-safe for one writer and one reader per stream."""
+
+    def send(self, data: bytes) -> bool:
+        """Write to the command's stdin in one go; False when it is gone."""
+        raise NotImplementedError
+
+    def close_stdin(self) -> None:
+        raise NotImplementedError
+
+    def read_out(self) -> bytes:
+        """The next chunk of stdout; b"" at its end. Blocks."""
+        raise NotImplementedError
+
+    def read_err(self) -> bytes:
+        """The next chunk of stderr; b"" at its end. Blocks."""
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit code, or None when not finished within ``timeout``. -1: no code
+        (the connection or the process was lost without one)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Drop the command: close the channel, or kill the local process group."""
+        raise NotImplementedError
+
+    def communicate(self, data: bytes = b"", timeout: float | None = None) -> Result:
+        """Send ``data``, close stdin, collect all output and the exit code."""
+        out: list[bytes] = []
+        err: list[bytes] = []
+        readers = [threading.Thread(target=_drain, args=(self.read_out, out.append), daemon=True),
+                   threading.Thread(target=_drain, args=(self.read_err, err.append), daemon=True)]
+        for t in readers:
+            t.start()
+        if data:
+            self.send(data)
+        self.close_stdin()
+        code = self.wait(timeout)
+        if code is None:
+            self.close()
+            raise TimeoutError(f"command did not finish within {timeout}s")
+        for t in readers:
+            t.join(timeout=2)
+        return Result(code, b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace"))
+
+
+def _drain(read: Callable[[], bytes], sink: Callable[[bytes], None]) -> None:
+    try:
+        while chunk := read():
+            sink(chunk)
+    except (OSError, EOFError, ValueError):
+        pass
+
+
+class ChannelProc(Proc):
+    """A command on a paramiko channel of an open transport."""
+
+    def __init__(self, channel):
+        self.chan = channel
+
+    def send(self, data: bytes) -> bool:
+        try:
+            self.chan.sendall(data)
+            return True
+        except (OSError, EOFError, socket.timeout):
+            return False
+
+    def close_stdin(self) -> None:
+        try:
+            self.chan.shutdown_write()
+        except (OSError, EOFError):
+            pass
+
+    def read_out(self) -> bytes:
+        return self.chan.recv(READ_CHUNK)
+
+    def read_err(self) -> bytes:
+        return self.chan.recv_stderr(READ_CHUNK)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self.chan.status_event.wait(timeout):
+            return None
+        return self.chan.exit_status  # -1 when the channel closed without a status
+
+    def close(self) -> None:
+        try:
+            self.chan.close()
+        except (OSError, EOFError):
+            pass
+
+
+class LocalProc(Proc):
+    """A command on this machine, in a process group of its own."""
+
+    def __init__(self, argv: Sequence[str]):
+        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self._stdin_lock = threading.Lock()
+
+    def send(self, data: bytes) -> bool:
+        with self._stdin_lock:
+            try:
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+                return True
+            except (OSError, ValueError):
+                return False
+
+    def close_stdin(self) -> None:
+        with self._stdin_lock:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def read_out(self) -> bytes:
+        return self.proc.stdout.read1(READ_CHUNK)
+
+    def read_err(self) -> bytes:
+        return self.proc.stderr.read1(READ_CHUNK)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def bash_argv(program: str, *args: str) -> list[str]:
+    """`bash -c PROGRAM NAME ARGS...`: the program text is fixed, values are arguments."""
+    return ["bash", "-c", program, *args]
+
+
+class Cluster:
+    """The open connections to a job's hosts (one per distinct remote host).
+
+    ``open()`` connects to every remote host at once; a host that cannot be reached is
+    recorded in ``errors`` (the check reports it; a launch refuses to start). Everything
+    else asks for a :class:`Proc` on a host with :meth:`start` or runs a short command with
+    :meth:`run`. ``close()`` (or the context manager) drops every connection.
+    """
+
+    def __init__(self, hosts: Iterable[Host], *, connect_timeout: float = CONNECT_TIMEOUT_S):
+        self.hosts = list(dict.fromkeys(hosts))
+        self.connect_timeout = connect_timeout
+        self.errors: dict[str, str] = {}  # host name -> why it could not be connected
+        self._conns: dict[str, object] = {}
+        self._lock = threading.Lock()
+        self.handshakes = 0  # SSH connections made (benchmarks and tests read it)
+        self.closed = False
+
+    def __enter__(self) -> Cluster:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- connections ------------------------------------------------------------------
+    def open(self, hosts: Iterable[Host] | None = None) -> Cluster:
+        """Connect to the given (default: all) remote hosts in parallel, once each."""
+        todo = [h for h in (self.hosts if hosts is None else hosts)
+                if not h.local and h.name not in self._conns]
+        parallel(self._connect, todo)
+        return self
+
+    def _connect(self, host: Host) -> None:
+        from .ssh import connect
+
+        conn = connect(host, timeout=self.connect_timeout)
+        try:
+            with self._lock:
+                self.handshakes += 1
+            conn.open()
+            conn.transport.set_keepalive(KEEPALIVE_S)
+        except Exception as exc:  # refused, timed out, auth or host key failure
+            where = f"{host.user + '@' if host.user else ''}{host.address}:{host.port}"
+            with self._lock:
+                self.errors[host.name] = f"cannot SSH to {where}: {first_line(exc)}"
+            _close_quietly(conn)
+            return
+        with self._lock:
+            self.errors.pop(host.name, None)
+            old = self._conns.get(host.name)
+            self._conns[host.name] = conn
+        if old is not None:
+            _close_quietly(old)
+
+    def reconnect(self, host: Host) -> bool:
+        """A fresh connection to a host whose transport died (after a partition heals or
+        the host comes back); True when it is up."""
+        if host.local:
+            return True
+        with self._lock:
+            conn = self._conns.pop(host.name, None)
+        if conn is not None:
+            threading.Thread(target=_close_quietly, args=(conn,), daemon=True).start()
+        self._connect(host)
+        return self.alive(host)
+
+    def alive(self, host: Host) -> bool:
+        if host.local:
+            return True
+        conn = self._conns.get(host.name)
+        transport = getattr(conn, "transport", None) if conn is not None else None
+        return transport is not None and transport.is_active()
+
+    def drop(self, host: Host) -> None:
+        """Forget a host's connection without waiting for it (a lost host's transport may
+        hang on a dead network)."""
+        with self._lock:
+            conn = self._conns.pop(host.name, None)
+        if conn is not None:
+            threading.Thread(target=_close_quietly, args=(conn,), daemon=True).start()
+
+    def close(self) -> None:
+        self.closed = True
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            threading.Thread(target=_close_quietly, args=(conn,), daemon=True).start()
+
+    # -- commands ---------------------------------------------------------------------
+    def start(self, host: Host, argv: Sequence[str], *, timeout: float | None = None) -> Proc:
+        """Start ``argv`` on ``host``: a channel on its transport, or a local process."""
+        if host.local:
+            return LocalProc(argv)
+        conn = self._conns.get(host.name)
+        transport = getattr(conn, "transport", None) if conn is not None else None
+        if transport is None or not transport.is_active():
+            raise HostUnreachable(self.errors.get(host.name) or f"no connection to {host.name}")
+        try:
+            chan = transport.open_session(timeout=timeout or self.connect_timeout)
+            chan.exec_command(shlex.join(argv))
+        except Exception as exc:
+            raise HostUnreachable(f"{host.name}: {first_line(exc)}") from exc
+        return ChannelProc(chan)
+
+    def run(self, host: Host, argv: Sequence[str], *, stdin: bytes = b"", timeout: float = 30) -> Result:
+        """Run a short command to its end; raises HostUnreachable or TimeoutError."""
+        return self.start(host, argv, timeout=timeout).communicate(stdin, timeout=timeout)
+
+    def run_all(self, jobs: Sequence[tuple[Host, Sequence[str]]], *, timeout: float = 30,
+                stdin: bytes = b"") -> list[Result | Exception]:
+        """Run one command per (host, argv) at once; an exception in place of a result for
+        a host that could not run it."""
+        def one(job: tuple[Host, Sequence[str]]) -> Result | Exception:
+            try:
+                return self.run(job[0], job[1], stdin=stdin, timeout=timeout)
+            except Exception as exc:
+                return exc
+
+        return parallel(one, jobs)
+
+
+def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """``[fn(x) for x in items]``, all at once on daemon threads.
+
+    Waiting is interruptible (Ctrl-C reaches the caller at once) and nothing joins the
+    threads at exit, so an interrupted launcher never waits for a slow host. Exceptions
+    from ``fn`` are re-raised in the caller.
+    """
+    items = list(items)
+    if len(items) == 1:
+        return [fn(items[0])]
+    results: list = [None] * len(items)
+    errors: list[BaseException | None] = [None] * len(items)
+
+    def work(i: int, item: T) -> None:
+        try:
+            results[i] = fn(item)
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            errors[i] = exc
+
+    threads = [threading.Thread(target=work, args=(i, x), daemon=True) for i, x in enumerate(items)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.1)
+    for exc in errors:
+        if exc is not None:
+            raise exc
+    return results
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+def _close_quietly(conn) -> None:
+    try:
+        conn.close()
+    except Exception:
+        pass
+
+
+def wait_all(procs: Iterable[Proc], timeout: float) -> bool:
+    """Wait for every proc to end within ``timeout`` seconds in all; True when they did."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        if proc.wait(max(0.0, deadline - time.monotonic())) is None:
+            return False
+    return True

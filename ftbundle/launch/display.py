@@ -1,0 +1,116 @@
+"""Rank 0's output on the terminal: never a reason for anything else to wait.
+
+Lines arrive from the log channel's reader; a printer thread of its own writes them out.
+The queue between them is bounded: when the terminal (or whatever reads our stdout) falls
+behind, the oldest waiting lines are dropped and one line says how many, and where the
+whole log is. Nothing upstream ever blocks on the terminal, so a slow pipe cannot delay a
+heartbeat, a ping or a teardown. The full log is on shared storage regardless.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import TextIO
+
+CAPACITY = 2000  # lines waiting for the terminal before the oldest are dropped
+BATCH = 512  # lines written per write() call
+
+
+class Display:
+    def __init__(self, out: TextIO, *, redact: Callable[[str], str] = lambda s: s,
+                 log_hint: str = "", capacity: int = CAPACITY):
+        self.out = out
+        self.redact = redact
+        self.log_hint = log_hint
+        self.capacity = capacity
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self._lines: deque[str] = deque()
+        self._progress: str | None = None  # a progress bar's latest state, not yet shown
+        self._dropped = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._busy = False
+        self._shown_progress = False  # on a tty: the cursor sits at the end of a bar
+        self.lines_shown = 0
+        self.lines_dropped = 0
+        self._thread = threading.Thread(target=self._print, daemon=True, name="display")
+        self._thread.start()
+
+    # -- producers (any thread; never block) ------------------------------------------
+    def line(self, text: str) -> None:
+        with self._cond:
+            if len(self._lines) >= self.capacity:
+                self._lines.popleft()
+                self._dropped += 1
+            self._lines.append(text)
+            self._progress = None
+            self._cond.notify()
+
+    def progress(self, text: str) -> None:
+        with self._cond:
+            self._progress = text
+            self._cond.notify()
+
+    # -- the printer ------------------------------------------------------------------
+    def _print(self) -> None:
+        while True:
+            with self._cond:
+                while not self._lines and self._progress is None and not self._dropped and not self._closed:
+                    self._busy = False
+                    self._cond.notify_all()
+                    self._cond.wait()
+                if self._closed and not self._lines and self._progress is None and not self._dropped:
+                    self._busy = False
+                    self._cond.notify_all()
+                    return
+                self._busy = True
+                dropped, self._dropped = self._dropped, 0
+                batch = [self._lines.popleft() for _ in range(min(BATCH, len(self._lines)))]
+                bar, self._progress = (self._progress, None) if not self._lines else (None, self._progress)
+            self._write(dropped, batch, bar)
+
+    def _write(self, dropped: int, batch: list[str], bar: str | None) -> None:
+        parts = []
+        if (dropped or batch) and self._shown_progress:
+            parts.append("\n")
+            self._shown_progress = False
+        if dropped:
+            self.lines_dropped += dropped
+            parts.append(f"[ftbundle] ... {dropped} line(s) not shown: the terminal fell behind"
+                         + (f" (full log: {self.log_hint})" if self.log_hint else "") + "\n")
+        for text in batch:
+            parts.append(self.redact(text) + "\n")
+        self.lines_shown += len(batch)
+        if bar is not None:
+            if self.tty:
+                parts.append("\r\x1b[K" + self.redact(bar))
+                self._shown_progress = True
+            else:
+                parts.append(self.redact(bar) + "\n")
+        try:
+            self.out.write("".join(parts))
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
+
+    # -- end --------------------------------------------------------------------------
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything queued has been written; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not self._busy and not self._lines and self._progress is None and not self._dropped,
+                timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._shown_progress:
+            try:
+                self.out.write("\n")
+                self.out.flush()
+            except (OSError, ValueError):
+                pass

@@ -1,0 +1,269 @@
+"""One node of a run, seen from the controller: its channels, and the events they make.
+
+A node is driven through two channels on its host's one transport (:mod:`ftbundle.cluster`):
+
+* the **control channel** runs the node program (``ftbundle/remote/node.sh``, mode
+  ``node``). Its stdin takes the environment in one write, then a ping a second from the
+  supervisor's pinger thread; its stderr brings ``ftb-pid``, the heartbeats and the
+  wrapper's messages; its exit status is the job's exit code.
+* the **log channel** (rank 0 only) runs ``tail`` on the node's log on shared storage.
+  A channel has its own flow-control window, so a node that prints megabytes a second
+  can fill this one without delaying a single heartbeat on the other.
+
+The runner owns no state the supervisor decides on: it only emits :class:`Event` values
+into the supervisor's queue, and hands rank 0's lines to the display.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+
+from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
+from ..job import MIN_SECRET_LEN, is_secret
+from ..plan import NodeFiles, NodePlan, Plan
+
+HEARTBEAT_S = 1  # the node says it is alive this often
+WATCHDOG_S = 10  # the node stops its job after this long without a ping from the controller
+STOP_GRACE_S = 3  # SIGTERM, then SIGKILL after this long
+DETACHED_STALE_S = 20  # a detached node's peers stop when its heartbeat file is this old
+STOP_REQUEST = "stop-requested"  # in the run directory: `ftbundle stop` asks every node to stop
+LOG_POLL_S = 0.2  # tail's poll interval for rank 0's log
+LINE_MAX = 64 * 1024  # a "line" longer than this (no newline in sight) is cut into pieces
+PROGRESS_EVERY_S = 1.0  # how often a carriage-return progress bar is shown
+
+HEARTBEAT = b"ftb-hb"
+PID = b"ftb-pid "
+
+
+def node_program() -> str:
+    """The text of the node program (a real file shipped in the package)."""
+    return resources.files("ftbundle.remote").joinpath("node.sh").read_text()
+
+
+_PROGRAM: str | None = None
+
+
+def program() -> str:
+    global _PROGRAM
+    if _PROGRAM is None:
+        _PROGRAM = node_program()
+    return _PROGRAM
+
+
+def node_argv(mode: str, *args: str) -> list[str]:
+    """`bash -c <node program> ftb MODE ARGS...`"""
+    return bash_argv(program(), "ftb", mode, *args)
+
+
+def stop_argv(files: NodeFiles, node: NodePlan) -> list[str]:
+    return node_argv("stop", files.marker, node.container or "")
+
+
+def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, detach: bool) -> dict[str, str]:
+    """Everything the node program reads, and the job's own environment after it."""
+    control = {
+        "FTB_RUN_DIR": plan.run_dir,
+        "FTB_WORKDIR": node.workdir,
+        "FTB_LOG": files.log,
+        "FTB_EXIT": files.exit,
+        "FTB_PIDFILE": files.pid,
+        "FTB_HBFILE": files.hb,
+        "FTB_MARKER": files.marker,
+        "FTB_ATTEMPT": str(attempt),
+        "FTB_ENV_FILE": node.env_file or "",
+        "FTB_PATH_PREPEND": node.path_prepend or "",
+        "FTB_CONTAINER": node.container or "",
+        "FTB_SECRET_NAMES": " ".join(name for name in node.env if is_secret(name)),
+        "FTB_MIN_SECRET_LEN": str(MIN_SECRET_LEN),
+        "FTB_WATCHDOG": str(WATCHDOG_S),
+        "FTB_HEARTBEAT": str(HEARTBEAT_S),
+        "FTB_STOP_GRACE": str(STOP_GRACE_S),
+        "FTB_STALE": str(DETACHED_STALE_S),
+        "FTB_STOP_REQUEST": f"{plan.run_dir}/{STOP_REQUEST}",
+        "FTB_DETACH": "1" if detach else "0",
+    }
+    return {**control, **node.env}
+
+
+def env_payload(env: dict[str, str]) -> bytes:
+    """The first stdin line: base64 of NUL-separated NAME=VALUE pairs (no shell syntax:
+    the node exports each pair as it is, whatever its value holds)."""
+    raw = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+    return base64.b64encode(raw) + b"\n"
+
+
+@dataclass
+class Event:
+    kind: str  # pid | hb | msg | exit | lost | log-done
+    rank: int
+    text: str = ""
+    code: int | None = None
+    at: float = field(default_factory=time.monotonic)
+
+
+class LineSplitter:
+    """Bytes in, display lines out: UTF-8 decoded incrementally, carriage-return progress
+    bars reduced to their latest state, memory bounded whatever arrives."""
+
+    def __init__(self, emit, progress):
+        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._pending = ""
+        self._emit = emit  # a finished line
+        self._progress = progress  # the latest state of a line still being redrawn
+        self._last_progress = 0.0
+
+    def feed(self, data: bytes) -> None:
+        text = self._pending + self._decode(data)
+        *lines, rest = text.split("\n")
+        for line in lines:
+            if "\r" in line:  # a bar's redraws: what a terminal would end on
+                line = next((s for s in reversed(line.split("\r")) if s.strip()), "")
+            self._emit(line)
+        if "\r" in rest:
+            done, _, rest = rest.rpartition("\r")
+            latest = next((s for s in reversed(done.split("\r")) if s.strip()), "")
+            now = time.monotonic()
+            if latest and now - self._last_progress >= PROGRESS_EVERY_S:
+                self._last_progress = now
+                self._progress(latest)
+        if len(rest) > LINE_MAX:
+            self._emit(rest)
+            rest = ""
+        self._pending = rest
+
+    def close(self) -> None:
+        """The stream ended: a last line without its newline is still a line."""
+        rest = self._pending + self._decode(b"", final=True)
+        self._pending = ""
+        if "\r" in rest:
+            rest = next((s for s in reversed(rest.split("\r")) if s.strip()), "")
+        if rest:
+            self._emit(rest)
+
+
+class NodeRunner:
+    """One node of one attempt: starts its program, turns its channels into events."""
+
+    def __init__(self, node: NodePlan, plan: Plan, cluster: Cluster, events: queue.Queue[Event],
+                 *, attempt: int = 1, display=None, detach: bool = False):
+        self.node = node
+        self.plan = plan
+        self.cluster = cluster
+        self.events = events
+        self.attempt = attempt
+        self.display = display if node.stream else None
+        self.detach = detach
+        self.files = NodeFiles.of(plan.run_dir, plan.run_id, node.rank, node.host.name, attempt)
+        self.proc: Proc | None = None
+        self.log_proc: Proc | None = None
+        self._log_thread: threading.Thread | None = None
+        self.messages: list[str] = []  # the wrapper's own last words (stderr, not heartbeats)
+
+    @property
+    def rank(self) -> int:
+        return self.node.rank
+
+    def _emit(self, kind: str, text: str = "", code: int | None = None) -> None:
+        self.events.put(Event(kind, self.rank, text, code))
+
+    def start(self) -> None:
+        threading.Thread(target=self._control, daemon=True, name=f"node{self.rank}").start()
+
+    def _control(self) -> None:
+        env = node_env(self.node, self.plan, self.files, self.attempt, detach=self.detach)
+        try:
+            self.proc = self.cluster.start(self.node.host, node_argv("node", *self.node.argv))
+        except HostUnreachable as exc:
+            self._emit("lost", str(exc))
+            return
+        self.proc.send(env_payload(env))
+        pending = b""
+        try:
+            while chunk := self.proc.read_err():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    self._on_line(line)
+                pending = pending[-LINE_MAX:]
+        except (OSError, EOFError) as exc:
+            self._emit("lost", f"connection to {self.node.host.name} lost: {first_line(exc)}")
+            return
+        if pending:
+            self._on_line(pending)
+        code = self.proc.wait(timeout=5)
+        if code is None or code < 0:
+            self._emit("lost", f"connection to {self.node.host.name} lost (no exit status)")
+        else:
+            self._emit("exit", code=code)
+
+    def _on_line(self, line: bytes) -> None:
+        if line == HEARTBEAT:
+            self._emit("hb")
+        elif line.startswith(PID):
+            pid = line[len(PID):].decode().strip()
+            self._emit("pid", pid)
+            if self.display is not None and pid.isdigit():
+                self._start_log(pid)
+        else:
+            text = line.decode(errors="replace")
+            self.messages = (self.messages + [text])[-5:]
+            self._emit("msg", text)
+
+    # -- rank 0's log, on a channel of its own ----------------------------------------
+    def _start_log(self, pid: str) -> None:
+        self._log_thread = threading.Thread(target=self._follow_log, args=(pid,), daemon=True,
+                                            name=f"log{self.rank}")
+        self._log_thread.start()
+
+    def _follow_log(self, pid: str) -> None:
+        argv = ["tail", "-n", "+1", "-F", "-s", str(LOG_POLL_S), f"--pid={pid}", "--", self.files.log]
+        prefix = f"[{self.node.host.name} r{self.rank}] "
+        display = self.display
+        splitter = LineSplitter(lambda line: display.line(prefix + line),
+                                lambda line: display.progress(prefix + line))
+        try:
+            self.log_proc = self.cluster.start(self.node.host, argv)
+            self.log_proc.close_stdin()
+            while chunk := self.log_proc.read_out():
+                splitter.feed(chunk)
+        except (HostUnreachable, OSError, EOFError):
+            pass
+        splitter.close()
+        self._emit("log-done")
+
+    def log_drained(self, timeout: float) -> bool:
+        """Wait until rank 0's log has been read to its end (tail stops once the job is
+        gone); False when it did not within ``timeout``."""
+        if self._log_thread is None:
+            return True
+        self._log_thread.join(timeout)
+        return not self._log_thread.is_alive()
+
+    # -- from the supervisor ----------------------------------------------------------
+    def ping(self) -> None:
+        if self.proc is not None:
+            self.proc.send(b"\n")
+
+    def close_stdin(self) -> None:
+        """The node's watchdog stops the job at once when its stdin closes."""
+        if self.proc is not None:
+            self.proc.close_stdin()
+
+    def stop(self, timeout: float = STOP_GRACE_S + 3) -> bool:
+        """Stop the job through a channel of its own (belt and braces beside the watchdog);
+        True when no process of it is left."""
+        try:
+            return self.cluster.run(self.node.host, stop_argv(self.files, self.node), timeout=timeout).ok
+        except Exception:
+            return False
+
+    def drop(self) -> None:
+        """Give up on this node's channels (a lost node)."""
+        for proc in (self.proc, self.log_proc):
+            if proc is not None:
+                threading.Thread(target=proc.close, daemon=True).start()

@@ -1,0 +1,442 @@
+"""Supervise a run: one event loop, one state per node, a full stop at the first failure.
+
+Each node goes STARTING -> RUNNING (its first heartbeat) -> EXITED (an exit code) or LOST
+(its connection dropped, or no heartbeat for ``LOST_AFTER_S``). Only the loop changes a
+state; the node runners (:mod:`.node`) and the pinger thread only emit events or send.
+
+The first node that exits non-zero or is lost stops the run at once: every node's stdin is
+closed (its watchdog stops the job), a stop also goes down a channel of its own on each
+reachable host, and the loop waits for the nodes to confirm. The root cause is decided
+after that: the earliest failure, where a silent node counts from its last heartbeat (a
+host that dies takes its peers down with "connection reset" a second or two later).
+
+Restarts (:func:`launch`) relaunch every node as a new attempt: new job marker, new pid,
+exit and log files, after the old attempt's processes were confirmed gone on every host
+(a host that cannot be reached is not restarted on).
+
+Timing (see docs/launcher.md): heartbeats every ``HEARTBEAT_S`` (1 s) on a channel that
+output cannot hold back; a running node is LOST after ``LOST_AFTER_S`` (5 s) of silence,
+so a stall of a second or two never trips it while a cut network is noticed in about 5 s.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import os
+import queue
+import sys
+import tarfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from ..cluster import Cluster, HostUnreachable, first_line, parallel
+from ..inventory import Host
+from ..job import MIN_SECRET_LEN, is_secret
+from ..plan import ATTEMPT_FILE, REDACTED, NodeFiles, Plan
+from .display import Display
+from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv
+
+LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", "5"))
+START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
+PING_INTERVAL_S = 1.0
+TEARDOWN_SILENT_S = 2 * HEARTBEAT_S + 0.5  # while stopping: silent this long = unreachable
+LOST_EXIT_CODE = 255  # like ssh, for a node whose connection or heartbeat was lost
+TAIL_LINES = 20
+DRAIN_S = 3.0  # how long rank 0's log may take to reach its end after the job
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    EXITED = "exited"
+    LOST = "lost"
+
+
+@dataclass
+class NodeStatus:
+    state: State = State.STARTING
+    since: float = 0.0  # when the state was entered
+    last_heartbeat: float | None = None
+    pid: str | None = None
+    code: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class Failure:
+    rank: int
+    host: str
+    reason: str
+    code: int
+    at: float
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    failure: Failure | None = None
+    interrupted: bool = False
+    teardown_s: float | None = None
+    lost: tuple[int, ...] = ()  # ranks that could not be confirmed stopped
+
+
+def secret_values(plan: Plan) -> list[str]:
+    return sorted({v for n in plan.nodes for k, v in n.env.items() if is_secret(k) and len(v) >= MIN_SECRET_LEN},
+                  key=len, reverse=True)
+
+
+def redactor(plan: Plan):
+    values = secret_values(plan)
+
+    def redact(line: str) -> str:
+        for value in values:
+            line = line.replace(value, REDACTED)
+        return line
+
+    return redact
+
+
+class Supervisor:
+    """One attempt of a run on an open cluster."""
+
+    def __init__(self, plan: Plan, cluster: Cluster, *, attempt: int = 1, out: TextIO | None = None,
+                 err: TextIO | None = None, lost_after: float = LOST_AFTER_S):
+        self.plan = plan
+        self.cluster = cluster
+        self.attempt = attempt
+        self.out = out or sys.stdout  # looked up now, not at import: callers may swap sys.stdout
+        self.err = err or sys.stderr
+        self.lost_after = lost_after
+        self.redact = redactor(plan)
+        self.events: queue.Queue[Event] = queue.Queue()
+        rank0 = NodeFiles.of(plan.run_dir, plan.run_id, 0, plan.nodes[0].host.name, attempt)
+        self.display = Display(self.out, redact=self.redact, log_hint=rank0.log)
+        self.runners = [NodeRunner(n, plan, cluster, self.events, attempt=attempt, display=self.display)
+                        for n in plan.nodes]
+        self.status = [NodeStatus() for _ in plan.nodes]
+        self.failures: list[Failure] = []
+        self._stop_pinging = threading.Event()
+
+    def say(self, message: str) -> None:
+        print(f"ftbundle: {message}", file=self.err, flush=True)
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> Outcome:
+        started = time.monotonic()
+        for st in self.status:
+            st.since = started
+        for runner in self.runners:
+            runner.start()
+        threading.Thread(target=self._pinger, daemon=True, name="pinger").start()
+        try:
+            outcome = self._loop()
+        except KeyboardInterrupt:
+            self.say("interrupted: stopping every node")
+            t0 = time.monotonic()
+            lost = self._teardown()
+            took = time.monotonic() - t0
+            self.say(f"all nodes stopped in {took:.1f}s" if not lost else
+                     f"reachable nodes stopped in {took:.1f}s; " + self._unreachable_note(lost))
+            outcome = Outcome(130, interrupted=True, teardown_s=took, lost=tuple(lost))
+        finally:
+            self._stop_pinging.set()
+            self.display.close(timeout=2)
+        return outcome
+
+    def _pinger(self) -> None:
+        while not self._stop_pinging.wait(PING_INTERVAL_S):
+            for runner, st in zip(self.runners, self.status):
+                if st.state in (State.STARTING, State.RUNNING):
+                    runner.ping()
+
+    def _next_event(self, timeout: float) -> Event | None:
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _loop(self) -> Outcome:
+        while True:
+            event = self._next_event(0.2)
+            if event is not None:
+                self._handle(event)
+            self._check_silence(self.lost_after)
+            if self.failures:
+                return self._fail()
+            if all(st.state is State.EXITED for st in self.status):
+                self._drain_rank0()
+                return Outcome(0)
+
+    def _set(self, rank: int, state: State, **fields) -> None:
+        st = self.status[rank]
+        st.state = state
+        st.since = time.monotonic()
+        for name, value in fields.items():
+            setattr(st, name, value)
+
+    def _fail_node(self, rank: int, reason: str, code: int, at: float) -> None:
+        self.failures.append(Failure(rank, self.plan.nodes[rank].host.name, reason, code, at))
+
+    def _handle(self, event: Event) -> None:
+        st = self.status[event.rank]
+        if st.state in (State.EXITED, State.LOST) and event.kind not in ("log-done",):
+            return  # a node that has ended says nothing more that matters
+        if event.kind == "hb":
+            st.last_heartbeat = event.at
+            if st.state is State.STARTING:
+                self._set(event.rank, State.RUNNING)
+        elif event.kind == "pid":
+            st.pid = event.text
+            st.last_heartbeat = event.at  # the program runs: its heartbeat clock starts now
+            if st.state is State.STARTING:
+                self._set(event.rank, State.RUNNING)
+        elif event.kind == "msg":
+            print(f"[{self.plan.nodes[event.rank].host.name} r{event.rank}] {self.redact(event.text)}",
+                  file=self.err, flush=True)
+        elif event.kind == "exit":
+            self._set(event.rank, State.EXITED, code=event.code)
+            if event.code != 0:
+                self._fail_node(event.rank, _exit_reason(event.code), event.code, event.at)
+        elif event.kind == "lost":
+            self._set(event.rank, State.LOST, reason=event.text)
+            self.runners[event.rank].drop()
+            at = st.last_heartbeat if st.last_heartbeat is not None else event.at
+            self._fail_node(event.rank, event.text, LOST_EXIT_CODE, at)
+
+    def _check_silence(self, limit: float) -> None:
+        now = time.monotonic()
+        for rank, st in enumerate(self.status):
+            if st.state is State.STARTING and now - st.since > START_TIMEOUT_S:
+                self._set(rank, State.LOST, reason="never started")
+                self.runners[rank].drop()
+                self._fail_node(rank, f"its node program did not start within {START_TIMEOUT_S:.0f}s",
+                                LOST_EXIT_CODE, now)
+            elif st.state is State.RUNNING and now - st.last_heartbeat > limit:
+                silent = now - st.last_heartbeat
+                self._set(rank, State.LOST, reason=f"no heartbeat for {silent:.0f}s")
+                self.runners[rank].drop()
+                self._fail_node(rank, f"no heartbeat for {silent:.0f}s (host down or network cut?)",
+                                LOST_EXIT_CODE, st.last_heartbeat)
+
+    # -- failure and teardown ---------------------------------------------------------
+    def _fail(self) -> Outcome:
+        t0 = time.monotonic()
+        lost = self._teardown()
+        took = time.monotonic() - t0
+        first = min(self.failures, key=lambda f: f.at)
+        node = self.plan.nodes[first.rank]
+        self.say(f"node {first.host} (rank {first.rank}, {node.host.address}) failed first: {first.reason}")
+        for f in sorted((f for f in self.failures if f is not first), key=lambda f: f.at):
+            self.say(f"  then {f.host} (rank {f.rank}): {f.reason}")
+        self.say(f"stopped the other nodes in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
+        self._print_log_tail(first.rank)
+        return Outcome(first.code, first, teardown_s=took, lost=tuple(lost))
+
+    def _unreachable_note(self, lost: list[int]) -> str:
+        names = ", ".join(self.plan.nodes[r].host.name for r in lost)
+        return (f"could not reach {names} (its own watchdog stops its job within {WATCHDOG_S}s of "
+                "losing the controller)")
+
+    def _teardown(self) -> list[int]:
+        """Stop every node over the open connections; the ranks that could not be reached."""
+        for runner in self.runners:
+            runner.close_stdin()
+        stoppers = []
+        for runner, st in zip(self.runners, self.status):
+            if st.state is not State.LOST:
+                t = threading.Thread(target=runner.stop, daemon=True)
+                t.start()
+                stoppers.append(t)
+        deadline = time.monotonic() + STOP_GRACE_S + 2
+        while time.monotonic() < deadline:
+            if all(st.state in (State.EXITED, State.LOST) for st in self.status):
+                break
+            event = self._next_event(0.1)
+            if event is not None:
+                self._handle(event)
+            # stopping anyway: a node silent for a few heartbeats is not waited for
+            self._check_silence(TEARDOWN_SILENT_S)
+        for t in stoppers:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._drain_rank0()
+        return [r for r, st in enumerate(self.status) if st.state is not State.EXITED]
+
+    def _drain_rank0(self) -> None:
+        """Rank 0's log to its end on the terminal before we return."""
+        if self.status[0].state is State.EXITED:
+            self.runners[0].log_drained(DRAIN_S)
+        self.display.flush(timeout=DRAIN_S)
+
+    def _print_log_tail(self, rank: int) -> None:
+        runner = self.runners[rank]
+        path = runner.files.log
+        lines = read_tail(self.plan, self.cluster, rank, path, TAIL_LINES)
+        if lines is None:
+            self.say(f"could not read {path}")
+        else:
+            self.say(f"last {len(lines)} lines of {path}:")
+            for line in lines:
+                print(f"  | {self.redact(line)}", file=self.err)
+        if runner.messages:
+            self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
+
+
+def _exit_reason(code: int) -> str:
+    if code > 128 and code - 128 in (9, 15, 2, 6, 11):
+        names = {9: "SIGKILL", 15: "SIGTERM", 2: "SIGINT", 6: "SIGABRT", 11: "SIGSEGV"}
+        return f"exited with code {code} ({names[code - 128]})"
+    return f"exited with code {code}"
+
+
+def read_tail(plan: Plan, cluster: Cluster, rank: int, path: str, lines: int) -> list[str] | None:
+    """The end of a file on shared storage: here if we can, else through the node's own
+    host, else through any other reachable host."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        pass
+    hosts = [plan.nodes[rank].host] + [n.host for n in plan.nodes if n.rank != rank]
+    for host in dict.fromkeys(hosts):
+        if not cluster.alive(host):
+            continue
+        try:
+            result = cluster.run(host, ["tail", "-n", str(lines), "--", path], timeout=5)
+        except Exception:
+            continue
+        if result.ok:
+            return result.stdout.splitlines()
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Staging, restarts, detach
+
+
+def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, str]) -> None:
+    """Write files into a directory on shared storage, in one round trip through ``host``
+    (rank 0's: every node sees the same directory)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    result = cluster.run(host, node_argv("stage", directory), stdin=buf.getvalue(), timeout=60)
+    if not result.ok:
+        raise RuntimeError(f"could not write {directory} on {host.name}: {result.stderr.strip() or result.code}")
+
+
+def stage_run_dir(cluster: Cluster, plan: Plan) -> None:
+    """The run directory: the staged files, plan.json (redacted) and the attempt number."""
+    import json
+
+    files = dict(plan.files)
+    files["plan.json"] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
+    files[ATTEMPT_FILE] = "1\n"
+    stage_files(cluster, plan.nodes[0].host, plan.run_dir, files)
+
+
+def fence(plan: Plan, cluster: Cluster, attempt: int) -> list[str]:
+    """Make sure no process of ``attempt`` is left on any host; the problems, if any.
+
+    A host whose connection died (lost) is reconnected first. A host that still cannot be
+    reached, or whose old processes will not die, is named: relaunching beside them would
+    let two attempts collide (ports, GPUs, the same checkpoint directory)."""
+    def one(node) -> str | None:
+        host = node.host
+        if not cluster.alive(host) and not cluster.reconnect(host):
+            return f"{host.name} is unreachable: {cluster.errors.get(host.name, 'no connection')}"
+        files = NodeFiles.of(plan.run_dir, plan.run_id, node.rank, host.name, attempt)
+        try:
+            result = cluster.run(host, node_argv("stop", files.marker, node.container or ""),
+                                 timeout=STOP_GRACE_S + 5)
+        except (HostUnreachable, TimeoutError) as exc:
+            return f"{host.name}: {first_line(exc)}"
+        return None if result.ok else f"{host.name}: processes of attempt {attempt} would not stop"
+
+    return [p for p in parallel(one, plan.nodes) if p]
+
+
+def resume_point(plan: Plan, cluster: Cluster) -> tuple[str | None, list[str]]:
+    """(newest complete checkpoint name or None, what was cleaned up)."""
+    result = cluster.run(plan.nodes[0].host, node_argv("resume-point", plan.checkpoint_dir), timeout=30)
+    last = result.stdout.strip().splitlines()[-1:] or [None]
+    return last[0], [line for line in result.stderr.splitlines() if line.strip()]
+
+
+RESTART_DELAY_S = 1.0
+
+
+def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | None = None,
+           err: TextIO | None = None) -> int:
+    """Run the plan to its end, restarting every node up to ``restarts`` times; the exit code."""
+    err = err or sys.stderr
+
+    def say(message: str) -> None:
+        print(f"ftbundle: {message}", file=err, flush=True)
+
+    attempts = restarts + 1
+    for attempt in range(1, attempts + 1):
+        if attempt > 1:
+            stage_files(cluster, plan.nodes[0].host, plan.run_dir, {ATTEMPT_FILE: f"{attempt}\n"})
+        outcome = Supervisor(plan, cluster, attempt=attempt, out=out, err=err).run()
+        if outcome.exit_code == 0:
+            say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)"
+                + (f" (attempt {attempt})" if attempt > 1 else ""))
+            return 0
+        if outcome.interrupted or attempt == attempts:
+            if attempts > 1 and not outcome.interrupted:
+                say(f"giving up after {attempts} attempts")
+            return outcome.exit_code
+        problems = fence(plan, cluster, attempt)
+        if problems:
+            say("not restarting: the old processes could not be confirmed gone on every host: "
+                + "; ".join(problems))
+            return outcome.exit_code
+        say(f"every process of attempt {attempt} is gone; restarting all nodes "
+            f"(restart {attempt} of {restarts})")
+        if plan.checkpoint_dir:
+            last, cleaned = resume_point(plan, cluster)
+            for line in cleaned:
+                say(line)
+            say(f"resuming from {plan.checkpoint_dir}/{last}" if last
+                else "no checkpoint yet: starting from the beginning")
+        time.sleep(RESTART_DELAY_S)
+    return 1
+
+
+def launch_detached(plan: Plan, cluster: Cluster, err: TextIO | None = None) -> int:
+    """Start every node's job and return once all have started; each node's watcher then
+    stops its job when a peer fails or goes silent (heartbeat files on shared storage)."""
+    err = err or sys.stderr
+    events: queue.Queue[Event] = queue.Queue()
+    runners = [NodeRunner(n, plan, cluster, events, detach=True) for n in plan.nodes]
+    for runner in runners:
+        runner.start()
+    pending = {r.rank for r in runners}
+    failed = []
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while pending and time.monotonic() < deadline:
+        try:
+            event = events.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if event.kind in ("exit", "lost"):
+            pending.discard(event.rank)
+            if event.code != 0:
+                failed.append((event.rank, event.text or f"exit code {event.code}"))
+    failed += [(rank, "did not answer") for rank in sorted(pending)]
+    for rank, why in failed:
+        extra = " / ".join(runners[rank].messages[-2:])
+        print(f"ftbundle: rank {rank} {plan.nodes[rank].host.name} did not start: {why}"
+              + (f" ({extra})" if extra else ""), file=err)
+    return 1 if failed else 0
