@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 QUICKSTART := examples/quickstart
 
-.PHONY: demo test venv engine image model unit cluster lint clean
+.PHONY: demo test venv engine image model unit cluster lint clean bench
 
 demo: venv model  ## a real LoRA fine-tune of a tiny local model, 2 ranks on localhost
 	rm -rf $(QUICKSTART)/.shared/output/quickstart-lora  # a fresh fine-tune, not a resume of the last one
@@ -28,6 +28,11 @@ image: engine  ## the containerized test hosts' image, built locally, cached by 
 
 model: venv
 	HF_HUB_OFFLINE=1 $(PY) -m ftbundle.tinymodel --data $(QUICKSTART)/data/support.json --out $(QUICKSTART)/.shared/tiny-llama
+
+bench: venv engine image model  ## the benchmarks under bench/; writes docs/PERFORMANCE.md (about 25 min)
+	@command -v pdsh >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q pdsh >/dev/null; }
+	cd bench && ../$(PY) launch.py && ../$(PY) chatty.py && ../$(PY) teardown.py && ../$(PY) overhead.py
+	cd bench && ../$(PY) report.py
 
 clean:
 	rm -rf $(QUICKSTART)/.shared

@@ -6,9 +6,14 @@ cut) it measures how long until no process of the job is left on the surviving h
 with the same all-reduce job (tests/assets/allreduce.py, gloo) on the same containerized
 cluster. The baseline is given a cap (default 60 s): past it, it is reported as ">cap".
 
-    .venv/bin/python bench/teardown.py [--nodes 3] [--cap 60]
+Then ftbundle alone, repeated on one cluster (issue 9's targets): a killed rank (10
+trials: median at most 3 s, worst at most 5 s from the kill until ftbundle has exited with
+every host clean), Ctrl-C (every host clean within 3 s), a partitioned node (the others
+stopped and ftbundle exited within 10 s).
 
-Prints a table and the ratio baseline/ftbundle measured in this one run.
+    .venv/bin/python bench/teardown.py [--nodes 3] [--cap 60] [--trials 10]
+
+Prints tables and the ratio baseline/ftbundle measured in this one run.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster import Cluster, ensure_image  # noqa: E402
-from tests.helpers import ASSETS, base_job, write_job  # noqa: E402
+from tests.helpers import ASSETS, base_job, job_processes, write_job  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from common import median, table, write_section  # noqa: E402
 
 
 def survivors_busy(cluster: Cluster, fault_host: str, pattern: str) -> bool:
@@ -107,23 +115,80 @@ def run_baseline(fault: str, nodes: int, cap: float) -> float:
         shutil.rmtree(shared, ignore_errors=True)
 
 
+def ftbundle_trial(cluster: Cluster, job: Path, fault: str) -> float:
+    """Seconds from the fault until ftbundle has exited and no job process is left on any
+    reachable host (for a partition: until ftbundle has exited)."""
+    import signal
+
+    argv = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+            "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    try:
+        wait_steps(proc.stdout, needle="step 2 allreduce ok")
+        victim = cluster.hosts[-1]
+        start = time.monotonic()
+        if fault == "killed rank":
+            cluster.exec(victim, "pkill -KILL -f allreduce.py")
+        elif fault == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+        else:
+            cluster.partition(victim)
+        proc.wait(timeout=60)
+        if fault != "partition":
+            while job_processes(cluster) and time.monotonic() - start < 30:
+                time.sleep(0.05)
+        return time.monotonic() - start
+    finally:
+        proc.kill()
+        if fault == "partition":
+            cluster.heal(cluster.hosts[-1])
+            deadline = time.monotonic() + 30  # its own watchdog stops its job
+            while job_processes(cluster) and time.monotonic() < deadline:
+                time.sleep(0.5)
+
+
+def trials(nodes: int, count: int) -> list[list]:
+    shared = Path(tempfile.mkdtemp(prefix="ftb-bench-", dir="/tmp"))
+    rows = []
+    try:
+        with Cluster(nodes, shared_dir=shared) as cluster:
+            shutil.copy(ASSETS / "allreduce.py", shared / "allreduce.py")
+            inventory = cluster.write_inventory(shared / "hosts.yml")
+            job = write_job(shared / "job.yaml", base_job("bench", shared, inventory,
+                                                          {"script": "allreduce.py", "args": ["--sleep", "0.2"]}))
+            for fault, n, target in (("killed rank", count, "median <= 3 s, worst <= 5 s"),
+                                     ("ctrl-c", max(3, count // 2), "every host clean <= 3 s"),
+                                     ("partition", 3, "others stopped, exited <= 10 s")):
+                times = [ftbundle_trial(cluster, job, fault) for _ in range(n)]
+                print(fault, [f"{t:.2f}" for t in times], flush=True)
+                rows.append([fault, n, f"{median(times):.2f}", f"{max(times):.2f}", target])
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--cap", type=float, default=60.0)
+    parser.add_argument("--trials", type=int, default=10)
     args = parser.parse_args()
     ensure_image()
+    repeated = trials(args.nodes, args.trials)
     rows = []
     for fault in ("host dies", "network cut"):
         ours = run_ftbundle(fault, args.nodes, args.cap)
         base = run_baseline(fault, args.nodes, args.cap)
-        rows.append((fault, ours, base))
-    print(f"\nfault -> every surviving node's job gone ({args.nodes} hosts, gloo all-reduce, cap {args.cap:.0f}s)")
-    print(f"{'fault':<14} {'ftbundle':>10} {'hand-run torchrun':>18} {'ratio':>8}")
-    for fault, ours, base in rows:
-        base_s = f">{args.cap:.0f}s" if base >= args.cap else f"{base:.1f}s"
-        ratio = f"{'>' if base >= args.cap else ''}{base / ours:.1f}x"
-        print(f"{fault:<14} {ours:>9.1f}s {base_s:>18} {ratio:>8}")
+        base_s = f">{args.cap:.0f}" if base >= args.cap else f"{base:.1f}"
+        rows.append([fault, f"{ours:.1f}", base_s, f"{'>' if base >= args.cap else ''}{base / ours:.1f}x"])
+    md = ["## Teardown (issue 9)", "",
+          f"{args.nodes} containerized hosts, a gloo all-reduce under torchrun, fault on the last host. "
+          "Seconds from the fault until ftbundle has exited with no job process left on any reachable host.", "",
+          table(["fault", "trials", "median s", "worst s", "target"], repeated), "",
+          f"Against hand-run torchrun over ssh (the seeds' way), until every surviving node's job is gone "
+          f"(cap {args.cap:.0f} s):", "",
+          table(["fault", "ftbundle s", "hand-run torchrun s", "ratio"], rows)]
+    write_section("teardown", "\n".join(md))
 
 
 if __name__ == "__main__":

@@ -950,15 +950,11 @@ def second_round(plan: Plan, cluster: Cluster, reached: list[HostFacts], helper_
 
 def remove_sentinels(plan: Plan, cluster: Cluster, reached: list[HostFacts], sentinel_dir: str,
                      timeout: float = ROUND_TIMEOUT_S) -> None:
-    """The sentinel directory goes, through the first host that wrote into it."""
-    writers = [f for f in reached if f.sentinel_ok]
-    if not writers:
-        return
-    node = next(n for n in plan.nodes if n.rank == writers[0].rank)
-    try:
-        cluster.run(node.host, ["rm", "-rf", "--", sentinel_dir], timeout=timeout)
-    except Exception:
-        pass
+    """The sentinel directory goes, on every host that wrote into it (round 2 is over, so no
+    host still needs to list it; a host whose directory is not shared has its own copy)."""
+    nodes = {n.rank: n for n in plan.nodes}
+    writers = [nodes[f.rank].host for f in reached if f.sentinel_ok]
+    cluster.run_all([(host, ["rm", "-rf", "--", sentinel_dir]) for host in writers], timeout=timeout)
 
 
 def run_checks(job: Job, plan: Plan, cluster: Cluster, out: TextIO | None = None, *,
@@ -982,8 +978,9 @@ def run_checks(job: Job, plan: Plan, cluster: Cluster, out: TextIO | None = None
             checks += second_round(plan, cluster, reached, specs[0].helper_python, sentinel_dir)
     except KeyboardInterrupt:
         if sentinel_dir:  # a moment for the sentinels, not more: Ctrl-C must be quick
-            remove_sentinels(plan, cluster, reached or [HostFacts(plan.nodes[0].host.name, 0, sentinel_ok=True)],
-                             sentinel_dir, timeout=1)
+            everyone = [HostFacts(n.host.name, n.rank, sentinel_ok=True) for n in plan.nodes
+                        if n.host.name not in cluster.errors]
+            remove_sentinels(plan, cluster, everyone, sentinel_dir, timeout=1)
         raise
     if sentinel_dir:
         remove_sentinels(plan, cluster, reached, sentinel_dir)

@@ -211,16 +211,18 @@ class Cluster:
         self.closed = False
 
     def __enter__(self) -> Cluster:
-        return self.open()
+        return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     # -- connections ------------------------------------------------------------------
     def open(self, hosts: Iterable[Host] | None = None) -> Cluster:
-        """Connect to the given (default: all) remote hosts in parallel, once each."""
+        """Connect to the given (default: all) remote hosts in parallel, once each: a host
+        already connected, or already found unreachable, is left as it is (a second try is
+        :meth:`reconnect`'s business)."""
         todo = [h for h in (self.hosts if hosts is None else hosts)
-                if not h.local and h.name not in self._conns]
+                if not h.local and h.name not in self._conns and h.name not in self.errors]
         parallel(self._connect, todo)
         return self
 

@@ -69,3 +69,16 @@ def job_processes(cluster) -> dict[str, list[str]]:
         if out:
             left[host.name] = out
     return left
+
+
+def logins_per_host(cluster) -> dict[str, int]:
+    """SSH logins each host's sshd has accepted so far (sshd -D -e logs to the container)."""
+    counts = {}
+    for host in cluster.hosts:
+        out = subprocess.run(["docker", "logs", host.container], capture_output=True, text=True).stderr
+        counts[host.name] = out.count("Accepted publickey")
+    return counts
+
+
+def logins(cluster) -> int:
+    return sum(logins_per_host(cluster).values())

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.cluster import Cluster
-from tests.helpers import base_job, ftbundle, job_processes, write_job
+from tests.helpers import base_job, ftbundle, job_processes, logins, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -29,17 +29,6 @@ def cluster(testhost_image):
     yield c
     c.down()
     shutil.rmtree(shared, ignore_errors=True)
-
-
-def logins(cluster) -> int:
-    """SSH logins the hosts' sshd have accepted so far (sshd -D -e logs to the container)."""
-    import subprocess
-
-    total = 0
-    for host in cluster.hosts:
-        out = subprocess.run(["docker", "logs", host.container], capture_output=True, text=True).stderr
-        total += out.count("Accepted publickey")
-    return total
 
 
 def lf_config(tmp_path: Path, **extra) -> dict:

@@ -102,7 +102,7 @@ def test_cut_network_is_detected_by_heartbeat_within_15s(cluster3, tmp_path):
     assert job_processes(cluster3) == {}, "the partitioned node did not stop its own job"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_interrupt_leaves_no_process_anywhere_within_5s(cluster3, tmp_path, sig):
     proc = start_ftbundle("run", allreduce_job(cluster3, tmp_path, "interrupt"))
     try:

@@ -351,17 +351,23 @@ def fence(plan: Plan, cluster: Cluster, attempt: int) -> list[str]:
     A host whose connection died (lost) is reconnected first. A host that still cannot be
     reached, or whose old processes will not die, is named: relaunching beside them would
     let two attempts collide (ports, GPUs, the same checkpoint directory)."""
+    def stop(node) -> bool:
+        files = NodeFiles.of(plan.run_dir, plan.run_id, node.rank, node.host.name, attempt)
+        return cluster.run(node.host, node_argv("stop", files.marker, node.container or ""),
+                           timeout=STOP_GRACE_S + 5).ok
+
     def one(node) -> str | None:
         host = node.host
-        if not cluster.alive(host) and not cluster.reconnect(host):
-            return f"{host.name} is unreachable: {cluster.errors.get(host.name, 'no connection')}"
-        files = NodeFiles.of(plan.run_dir, plan.run_id, node.rank, host.name, attempt)
         try:
-            result = cluster.run(host, node_argv("stop", files.marker, node.container or ""),
-                                 timeout=STOP_GRACE_S + 5)
+            return None if stop(node) else f"{host.name}: processes of attempt {attempt} would not stop"
+        except (HostUnreachable, TimeoutError):
+            pass  # the transport may be dead without knowing it yet: one fresh connection
+        if not cluster.reconnect(host):
+            return f"{host.name} is unreachable ({cluster.errors.get(host.name, 'no connection')})"
+        try:
+            return None if stop(node) else f"{host.name}: processes of attempt {attempt} would not stop"
         except (HostUnreachable, TimeoutError) as exc:
-            return f"{host.name}: {first_line(exc)}"
-        return None if result.ok else f"{host.name}: processes of attempt {attempt} would not stop"
+            return f"{host.name} is unreachable ({first_line(exc)})"
 
     return [p for p in parallel(one, plan.nodes) if p]
 

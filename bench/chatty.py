@@ -1,0 +1,87 @@
+"""Benchmark: a chatty rank 0 (NCCL_DEBUG=INFO on 8 ranks prints about this much).
+
+On 2 containerized hosts, rank 0 prints fixed-size lines at a set rate for a set time
+(default 1 MB/s, 10,000 lines a second, for 60 s); rank 1 waits as long. ftbundle's stdout
+is a pipe this script reads and throws away, as a terminal would. Reported: exit code,
+lines in the node log vs lines printed, ftbundle's CPU seconds per MB streamed and its
+peak RSS; then the same at a higher rate for 10 MB and 100 MB in all, to show memory stays
+flat however much has streamed.
+
+    .venv/bin/python bench/chatty.py [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from common import measure, table, write_section
+
+from tests.cluster import Cluster, ensure_image
+from tests.helpers import base_job, only_run_dir, write_job
+
+PRINTER = """
+import sys, time
+rate, seconds = float(sys.argv[1]), float(sys.argv[2])  # lines/s, s
+line = 'x' * 89
+n, start = 0, time.monotonic()
+while time.monotonic() - start < seconds:
+    target = int((time.monotonic() - start) * rate)
+    while n < target:
+        sys.stdout.write(f'{n:09d} {line}\\n'); n += 1
+    time.sleep(0.005)
+sys.stdout.write(f'total {n}\\n')
+"""
+
+
+def one(cluster: Cluster, shared: Path, tmp: Path, rate: float, seconds: float) -> list:
+    for old in (shared / "runs").glob("*"):
+        shutil.rmtree(old)
+    inventory = cluster.write_inventory(tmp / "hosts.yml")
+    cmd = (f'if [ "$NODE_RANK" = 0 ]; then {sys.executable} {shared}/printer.py {rate} {seconds}; '
+           f'else sleep {seconds}; fi')
+    job = write_job(tmp / "job.yaml", base_job("chatty", shared, inventory, {"command": cmd}))
+    m = measure([sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"])
+    log = (only_run_dir(shared) / "node-0-node0.a1.log").read_text().splitlines()
+    printed = int(log[-1].split()[1]) if log and log[-1].startswith("total") else -1
+    mb = len(log) * 100 / 1e6
+    shown = sum(1 for line in m.stdout.decode(errors="replace").splitlines() if line.startswith("[node0 r0] 0"))
+    lost = "no heartbeat" in m.stderr.decode()
+    return [f"{rate * 100 / 1e6:.1f} MB/s x {seconds:.0f}s", m.code, f"{len(log) - 1} / {printed}",
+            f"{mb:.0f}", f"{m.cpu_s:.2f}", f"{m.cpu_s / mb:.3f}", f"{m.maxrss_mb:.0f}", shown,
+            "yes" if lost else "no"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=60)
+    args = parser.parse_args()
+    ensure_image()
+    shared = Path(tempfile.mkdtemp(prefix="ftb-bench-chatty-", dir="/tmp"))
+    tmp = Path(tempfile.mkdtemp(prefix="ftb-bench-chatty-jobs-"))
+    (shared / "printer.py").write_text(PRINTER)
+    rows = []
+    try:
+        with Cluster(2, shared_dir=shared) as cluster:
+            rows.append(one(cluster, shared, tmp, 10000, args.seconds))  # 1 MB/s
+            rows.append(one(cluster, shared, tmp, 50000, 2))  # 10 MB in all
+            rows.append(one(cluster, shared, tmp, 50000, 20))  # 100 MB in all
+            for row in rows:
+                print(row, flush=True)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    md = ["## Chatty rank 0 (issue 9)", "",
+          "2 containerized hosts; rank 0 prints 100-byte lines; ftbundle's stdout is a pipe read and dropped. "
+          "Targets: exit 0 with every line in the node log, at most 0.3 CPU s per MB, peak RSS at most 200 MB "
+          "and flat between 10 MB and 100 MB streamed.", "",
+          table(["stream", "exit", "lines in log / printed", "MB", "ftbundle CPU s", "CPU s per MB",
+                 "peak RSS MB", "lines shown on stdout", "declared lost"], rows)]
+    write_section("chatty", "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

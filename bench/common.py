@@ -1,0 +1,84 @@
+"""What the benchmarks share: timing a child process with its own CPU and memory, medians,
+and the markdown each benchmark writes for docs/PERFORMANCE.md (`make bench`)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+OUT_DIR = REPO / "bench" / "out"
+
+
+@dataclass
+class Measured:
+    wall_s: float
+    cpu_s: float  # user + system of the child (and what it waited for)
+    maxrss_mb: float
+    code: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+
+def measure(argv: list[str], *, env: dict | None = None, timeout: float = 600, on_start=None) -> Measured:
+    """Run ``argv`` to its end; wall time, the child's own CPU seconds and peak RSS (wait4).
+    ``on_start(proc)`` runs once the child is started (to inject a fault, send a signal)."""
+    import threading
+
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=REPO)
+    bufs: dict[str, list[bytes]] = {"out": [], "err": []}
+
+    def pump(stream, sink):
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            sink.append(chunk)
+
+    readers = [threading.Thread(target=pump, args=(proc.stdout, bufs["out"]), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, bufs["err"]), daemon=True)]
+    for t in readers:
+        t.start()
+    if on_start is not None:
+        on_start(proc)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    for t in readers:
+        t.join(10)
+    return Measured(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode,
+                    b"".join(bufs["out"]), b"".join(bufs["err"]))
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    mem = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal"))) / 1024 / 1024
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, {os.uname().sysname} {os.uname().release}"
+
+
+def write_section(name: str, markdown: str) -> Path:
+    """One benchmark's section of docs/PERFORMANCE.md (bench/report.py puts them together)."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{name}.md"
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    path.write_text(markdown.rstrip() + f"\n\n_measured {stamp}; rerun: `.venv/bin/python bench/{name}.py`_\n")
+    print(markdown)
+    return path
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Benchmark: what ftbundle costs the training itself.
+
+The quickstart (a real LoRA SFT of the tiny local model, 2 ranks on this machine) through
+`ftbundle run`, against the very same staged config and entry run by plain torchrun
+(`python -m torch.distributed.run --nproc_per_node 2 ...`). Compared: LlamaFactory's own
+train_samples_per_second; the target ratio is at least 0.98. Runs alternate; median of
+--runs each. The output directory is cleared before every run (a fresh fine-tune, never a
+resume).
+
+    make model && .venv/bin/python bench/overhead.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+
+from common import REPO, measure, median, table, write_section
+
+QUICKSTART = REPO / "examples" / "quickstart"
+OUTPUT = QUICKSTART / ".shared" / "output" / "quickstart-lora"
+SPS = re.compile(r"'train_samples_per_second': ([0-9.]+)")
+
+
+def samples_per_second(text: str) -> float:
+    found = SPS.findall(text)
+    if not found:
+        raise RuntimeError("no train_samples_per_second in:\n" + text[-3000:])
+    return float(found[-1])
+
+
+def via_ftbundle() -> tuple[float, str]:
+    shutil.rmtree(OUTPUT, ignore_errors=True)
+    m = measure([sys.executable, "-m", "ftbundle", "run", str(QUICKSTART / "job.yaml"), "--no-check"])
+    if m.code != 0:
+        raise RuntimeError(m.stderr.decode()[-3000:])
+    run_dir = re.search(r"logs in (\S+)", m.stderr.decode()).group(1)
+    log = next(p for p in os.scandir(run_dir) if p.name.startswith("node-0-")).path
+    return samples_per_second(open(log).read()), run_dir
+
+
+def via_torchrun(run_dir: str) -> float:
+    shutil.rmtree(OUTPUT, ignore_errors=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PATH"] = os.path.dirname(sys.executable) + ":" + env["PATH"]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", "29512",
+            f"{run_dir}/ftb_llamafactory.py", f"{run_dir}/llamafactory.yaml"]
+    m = measure(argv, env=env)
+    if m.code != 0:
+        raise RuntimeError(m.stderr.decode()[-3000:])
+    return samples_per_second(m.stdout.decode() + m.stderr.decode())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    ours, plain = [], []
+    for i in range(args.runs):
+        sps, run_dir = via_ftbundle()
+        ours.append(sps)
+        plain.append(via_torchrun(run_dir))
+        print(f"run {i}: ftbundle {ours[-1]:.2f}  torchrun {plain[-1]:.2f} samples/s", flush=True)
+    shutil.rmtree(OUTPUT, ignore_errors=True)
+    ratio = median(ours) / median(plain)
+    md = ["## Overhead on training (issue 9)", "",
+          f"The quickstart LoRA SFT (2 ranks, CPU, gloo), {args.runs} alternating runs each; LlamaFactory's "
+          "train_samples_per_second. Target: ratio at least 0.98.", "",
+          table(["launcher", "median samples/s", "runs"],
+                [["ftbundle run", f"{median(ours):.2f}", ", ".join(f"{x:.2f}" for x in ours)],
+                 ["plain torchrun", f"{median(plain):.2f}", ", ".join(f"{x:.2f}" for x in plain)]]), "",
+          f"ratio ftbundle / torchrun: **{ratio:.3f}**"]
+    write_section("overhead", "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
