@@ -750,7 +750,7 @@ def connect_script(addr: str, port: int) -> str:
             f"while :; do\n"
             f"  if timeout 2 bash -c {q(target)} 2>/dev/null; then echo reachable; exit 0; fi\n"
             f'  [ $SECONDS -ge $end ] && {{ echo unreachable; exit 0; }}\n'
-            f"  sleep 0.2\n"
+            f"  sleep 0.05\n"
             f"done\n")
 
 

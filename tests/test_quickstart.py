@@ -71,4 +71,4 @@ def test_quickstart_lora_on_localhost(tmp_path, tiny_model):
     assert "{'loss'" in (run / "node-0-localhost.a1.log").read_text()
     plan = json.loads((run / "plan.json").read_text())
     assert plan["world_size"] == 2 and plan["nodes"][0]["env"]["NODE_RANK"] == "0"
-    assert (run / "node-0.exit").read_text().strip() == "0"
+    assert (run / "node-0.a1.exit").read_text().strip() == "0"

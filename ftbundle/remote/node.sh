@@ -135,7 +135,8 @@ mode_node() {
     setsid bash -c "$BASH_EXECUTION_STRING" ftb watch "$pid" </dev/null >/dev/null 2>&1 &
     exit 0
   fi
-  ( while kill -0 "$pid" 2>/dev/null; do echo ftb-hb >&2; sleep "$FTB_HEARTBEAT"; done ) &
+  # (sleep gets none of our streams: a killed loop must not leave one holding the channel open)
+  ( while kill -0 "$pid" 2>/dev/null; do echo ftb-hb >&2; sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; done ) &
   local hbpid=$!
   # (a background job reads /dev/null unless told otherwise: hand it our stdin explicitly)
   ( while IFS= read -r -t "$FTB_WATCHDOG" _; do :; done; ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}" ) <&0 &
