@@ -44,14 +44,20 @@ def one(cluster: Cluster, shared: Path, tmp: Path, rate: float, seconds: float) 
     cmd = (f'if [ "$NODE_RANK" = 0 ]; then {sys.executable} {shared}/printer.py {rate} {seconds}; '
            f'else sleep {seconds}; fi')
     job = write_job(tmp / "job.yaml", base_job("chatty", shared, inventory, {"command": cmd}))
-    m = measure([sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"])
+    shown = [0, b""]
+
+    def count(chunk: bytes) -> None:  # lines of rank 0's output that reached "the terminal"
+        lines = (shown[1] + chunk).split(b"\n")
+        shown[1] = lines.pop()
+        shown[0] += sum(1 for line in lines if line.startswith(b"[node0 r0] 0"))
+
+    m = measure([sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"], on_stdout=count)
     log = (only_run_dir(shared) / "node-0-node0.a1.log").read_text().splitlines()
     printed = int(log[-1].split()[1]) if log and log[-1].startswith("total") else -1
     mb = len(log) * 100 / 1e6
-    shown = sum(1 for line in m.stdout.decode(errors="replace").splitlines() if line.startswith("[node0 r0] 0"))
     lost = "no heartbeat" in m.stderr.decode()
     return [f"{rate * 100 / 1e6:.1f} MB/s x {seconds:.0f}s", m.code, f"{len(log) - 1} / {printed}",
-            f"{mb:.0f}", f"{m.cpu_s:.2f}", f"{m.cpu_s / mb:.3f}", f"{m.maxrss_mb:.0f}", shown,
+            f"{mb:.0f}", f"{m.cpu_s:.2f}", f"{m.cpu_s / mb:.3f}", f"{m.maxrss_mb:.0f}", shown[0],
             "yes" if lost else "no"]
 
 

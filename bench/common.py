@@ -27,9 +27,13 @@ class Measured:
     stderr: bytes = b""
 
 
-def measure(argv: list[str], *, env: dict | None = None, timeout: float = 600, on_start=None) -> Measured:
-    """Run ``argv`` to its end; wall time, the child's own CPU seconds and peak RSS (wait4).
-    ``on_start(proc)`` runs once the child is started (to inject a fault, send a signal)."""
+def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdout=None) -> Measured:
+    """Run ``argv`` to its end; wall time, the child's own CPU seconds (wait4) and peak RSS.
+
+    Peak RSS is the child's VmHWM from /proc, read until it exits, not wait4's ru_maxrss:
+    Linux starts a child's maxrss at its parent's RSS at fork, so a benchmark holding a big
+    buffer would be charged to the next child it starts. ``on_start(proc)`` runs once the
+    child is started; ``on_stdout(chunk)``, when given, gets stdout instead of keeping it."""
     import threading
 
     start = time.monotonic()
@@ -41,18 +45,39 @@ def measure(argv: list[str], *, env: dict | None = None, timeout: float = 600, o
         for chunk in iter(lambda: stream.read1(65536), b""):
             sink.append(chunk)
 
-    readers = [threading.Thread(target=pump, args=(proc.stdout, bufs["out"]), daemon=True),
-               threading.Thread(target=pump, args=(proc.stderr, bufs["err"]), daemon=True)]
+    class Sink(list):
+        def append(self, chunk):
+            on_stdout(chunk)
+
+    hwm = [0]
+    done = threading.Event()
+
+    def watch_memory():
+        path = f"/proc/{proc.pid}/status"
+        while not done.is_set():
+            try:
+                for line in open(path):
+                    if line.startswith("VmHWM:"):
+                        hwm[0] = max(hwm[0], int(line.split()[1]))
+            except (OSError, ValueError):
+                pass
+            done.wait(0.05)
+
+    readers = [threading.Thread(target=pump, args=(proc.stdout, Sink() if on_stdout else bufs["out"]), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, bufs["err"]), daemon=True),
+               threading.Thread(target=watch_memory, daemon=True)]
     for t in readers:
         t.start()
     if on_start is not None:
         on_start(proc)
+    # the memory watcher reads until the child is a zombie (its /proc entry then has no VmHWM)
     _, status, usage = os.wait4(proc.pid, 0)
+    done.set()
     wall = time.monotonic() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     for t in readers:
         t.join(10)
-    return Measured(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode,
+    return Measured(wall, usage.ru_utime + usage.ru_stime, hwm[0] / 1024, proc.returncode,
                     b"".join(bufs["out"]), b"".join(bufs["err"]))
 
 
