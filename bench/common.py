@@ -27,7 +27,7 @@ class Measured:
     stderr: bytes = b""
 
 
-def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdout=None) -> Measured:
+def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdout=None, cwd=None) -> Measured:
     """Run ``argv`` to its end; wall time, the child's own CPU seconds (wait4) and peak RSS.
 
     Peak RSS is the child's VmHWM from /proc, read until it exits, not wait4's ru_maxrss:
@@ -38,7 +38,7 @@ def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdou
 
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, cwd=REPO)
+                            env=env, cwd=cwd or REPO)
     bufs: dict[str, list[bytes]] = {"out": [], "err": []}
 
     def pump(stream, sink):

@@ -20,9 +20,27 @@ import sys
 
 from common import REPO, measure, median, table, write_section
 
-QUICKSTART = REPO / "examples" / "quickstart"
+import tempfile
+from pathlib import Path
+
+import yaml
+
+EXAMPLE = REPO / "examples" / "quickstart"
+QUICKSTART = Path(tempfile.mkdtemp(prefix="ftb-bench-overhead-")) / "quickstart"
 OUTPUT = QUICKSTART / ".shared" / "output" / "quickstart-lora"
-SPS = re.compile(r"'train_samples_per_second': ([0-9.]+)")
+
+
+def prepare() -> None:
+    """A copy of the quickstart that trains longer, on the model `make model` made."""
+    shutil.copytree(EXAMPLE, QUICKSTART, ignore=shutil.ignore_patterns(".shared"))
+    train = yaml.safe_load((QUICKSTART / "train.yaml").read_text())
+    train.update(model_name_or_path=str(EXAMPLE / ".shared" / "tiny-llama"), max_steps=STEPS, save_steps=STEPS)
+    (QUICKSTART / "train.yaml").write_text(yaml.safe_dump(train))
+    job = yaml.safe_load((QUICKSTART / "job.yaml").read_text())
+    job["runtime"]["python"] = sys.executable
+    (QUICKSTART / "job.yaml").write_text(yaml.safe_dump(job))
+SPS = re.compile(r"train_samples_per_second'?\s*[:=]\s*([0-9.]+)")
+STEPS = 400  # about 15 s of training per run: long enough for a 2 % comparison
 
 
 def samples_per_second(text: str) -> float:
@@ -50,7 +68,7 @@ def via_torchrun(run_dir: str) -> float:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
             "--master_addr", "127.0.0.1", "--master_port", "29512",
             f"{run_dir}/ftb_llamafactory.py", f"{run_dir}/llamafactory.yaml"]
-    m = measure(argv, env=env)
+    m = measure(argv, env=env, cwd=QUICKSTART)  # where ftbundle's node runs it: the job's workdir
     if m.code != 0:
         raise RuntimeError(m.stderr.decode()[-3000:])
     return samples_per_second(m.stdout.decode() + m.stderr.decode())
@@ -60,16 +78,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    if not (EXAMPLE / ".shared" / "tiny-llama").exists():
+        raise SystemExit("no tiny model: run `make model` first")
+    prepare()
     ours, plain = [], []
     for i in range(args.runs):
         sps, run_dir = via_ftbundle()
         ours.append(sps)
         plain.append(via_torchrun(run_dir))
         print(f"run {i}: ftbundle {ours[-1]:.2f}  torchrun {plain[-1]:.2f} samples/s", flush=True)
-    shutil.rmtree(OUTPUT, ignore_errors=True)
+    shutil.rmtree(QUICKSTART.parent, ignore_errors=True)
     ratio = median(ours) / median(plain)
     md = ["## Overhead on training (issue 9)", "",
-          f"The quickstart LoRA SFT (2 ranks, CPU, gloo), {args.runs} alternating runs each; LlamaFactory's "
+          f"The quickstart LoRA SFT, {STEPS} steps (2 ranks, CPU, gloo), {args.runs} alternating runs each; LlamaFactory's "
           "train_samples_per_second. Target: ratio at least 0.98.", "",
           table(["launcher", "median samples/s", "runs"],
                 [["ftbundle run", f"{median(ours):.2f}", ", ".join(f"{x:.2f}" for x in ours)],
