@@ -63,14 +63,19 @@ def wait_steps(stream, needle: str = "step 3 allreduce ok", timeout: float = 120
     raise RuntimeError("job never got going")
 
 
+def allreduce_job(cluster: Cluster, shared: Path) -> Path:
+    """The all-reduce loop (tests/assets/allreduce.py) as a job on the cluster's hosts."""
+    shutil.copy(ASSETS / "allreduce.py", shared / "allreduce.py")
+    inventory = cluster.write_inventory(shared / "hosts.yml")
+    return write_job(shared / "job.yaml", base_job("bench", shared, inventory,
+                                                   {"script": "allreduce.py", "args": ["--sleep", "0.2"]}))
+
+
 def run_ftbundle(fault: str, nodes: int, cap: float) -> float:
     shared = Path(tempfile.mkdtemp(prefix="ftb-bench-", dir="/tmp"))
     try:
         with Cluster(nodes, shared_dir=shared) as cluster:
-            shutil.copy(ASSETS / "allreduce.py", shared / "allreduce.py")
-            inventory = cluster.write_inventory(shared / "hosts.yml")
-            job = write_job(shared / "job.yaml", base_job("bench", shared, inventory,
-                                                          {"script": "allreduce.py", "args": ["--sleep", "0.2"]}))
+            job = allreduce_job(cluster, shared)
             proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, text=True, cwd=REPO)
             try:
@@ -152,10 +157,7 @@ def trials(nodes: int, count: int) -> list[list]:
     rows = []
     try:
         with Cluster(nodes, shared_dir=shared) as cluster:
-            shutil.copy(ASSETS / "allreduce.py", shared / "allreduce.py")
-            inventory = cluster.write_inventory(shared / "hosts.yml")
-            job = write_job(shared / "job.yaml", base_job("bench", shared, inventory,
-                                                          {"script": "allreduce.py", "args": ["--sleep", "0.2"]}))
+            job = allreduce_job(cluster, shared)
             for fault, n, target in (("killed rank", count, "median <= 3 s, worst <= 5 s"),
                                      ("ctrl-c", max(3, count // 2), "every host clean <= 3 s"),
                                      ("partition", 3, "others stopped, exited <= 10 s")):

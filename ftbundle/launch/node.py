@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import functools
 import queue
 import threading
 import time
@@ -41,19 +42,10 @@ HEARTBEAT = b"ftb-hb"
 PID = b"ftb-pid "
 
 
-def node_program() -> str:
-    """The text of the node program (a real file shipped in the package)."""
-    return resources.files("ftbundle.remote").joinpath("node.sh").read_text()
-
-
-_PROGRAM: str | None = None
-
-
+@functools.cache
 def program() -> str:
-    global _PROGRAM
-    if _PROGRAM is None:
-        _PROGRAM = node_program()
-    return _PROGRAM
+    """The text of the node program (ftbundle/remote/node.sh, shipped in the package)."""
+    return resources.files("ftbundle.remote").joinpath("node.sh").read_text()
 
 
 def node_argv(mode: str, *args: str) -> list[str]:
