@@ -117,8 +117,8 @@ def _cache_key(inventory: str, pattern: str) -> str | None:
         walk = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for f in walk:
             st = f.stat()
-            if st.st_mode & 0o111 and f.suffix not in (".yml", ".yaml", ".json", ".ini", ""):
-                return None  # a dynamic inventory script
+            if st.st_mode & 0o111:
+                return None  # Ansible runs an executable inventory file: a dynamic inventory
             if st.st_size < 1 << 20:
                 head = f.read_bytes()
                 if b"$ANSIBLE_VAULT" in head or re.search(rb"(?m)^plugin\s*:", head):
