@@ -60,10 +60,15 @@ def via_ftbundle() -> tuple[float, str]:
     return samples_per_second(open(log).read()), run_dir
 
 
-def via_torchrun(run_dir: str) -> float:
+def via_torchrun(run_dir: str, unbuffered: bool = False) -> float:
+    """The staged run by hand. ``unbuffered``: with PYTHONUNBUFFERED=1, as ftbundle sets it for
+    every node (so the log on shared storage is live), to tell its cost from ftbundle's own."""
     shutil.rmtree(OUTPUT, ignore_errors=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", GLOO_SOCKET_IFNAME="lo",
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+               OMP_NUM_THREADS="1")
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
     env["PATH"] = os.path.dirname(sys.executable) + ":" + env["PATH"]
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
             "--master_addr", "127.0.0.1", "--master_port", "29512",
@@ -77,16 +82,21 @@ def via_torchrun(run_dir: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--unbuffered", action="store_true",
+                        help="also plain torchrun with PYTHONUNBUFFERED=1 (ftbundle sets it on every node)")
     args = parser.parse_args()
     if not (EXAMPLE / ".shared" / "tiny-llama").exists():
         raise SystemExit("no tiny model: run `make model` first")
     prepare()
-    ours, plain = [], []
+    ours, plain, unbuf = [], [], []
     for i in range(args.runs):
         sps, run_dir = via_ftbundle()
         ours.append(sps)
         plain.append(via_torchrun(run_dir))
-        print(f"run {i}: ftbundle {ours[-1]:.2f}  torchrun {plain[-1]:.2f} samples/s", flush=True)
+        if args.unbuffered:
+            unbuf.append(via_torchrun(run_dir, unbuffered=True))
+        print(f"run {i}: ftbundle {ours[-1]:.2f}  torchrun {plain[-1]:.2f}"
+              + (f"  torchrun+PYTHONUNBUFFERED {unbuf[-1]:.2f}" if unbuf else "") + " samples/s", flush=True)
     shutil.rmtree(QUICKSTART.parent, ignore_errors=True)
     ratio = median(ours) / median(plain)
     md = ["## Overhead on training (issue 9)", "",
@@ -94,7 +104,9 @@ def main() -> None:
           "train_samples_per_second. Target: ratio at least 0.98.", "",
           table(["launcher", "median samples/s", "runs"],
                 [["ftbundle run", f"{median(ours):.2f}", ", ".join(f"{x:.2f}" for x in ours)],
-                 ["plain torchrun", f"{median(plain):.2f}", ", ".join(f"{x:.2f}" for x in plain)]]), "",
+                 ["plain torchrun", f"{median(plain):.2f}", ", ".join(f"{x:.2f}" for x in plain)]]
+                + ([["plain torchrun, PYTHONUNBUFFERED=1", f"{median(unbuf):.2f}", ", ".join(f"{x:.2f}" for x in unbuf)]]
+                   if unbuf else [])), "",
           f"ratio ftbundle / torchrun: **{ratio:.3f}**"]
     write_section("overhead", "\n".join(md))
 
