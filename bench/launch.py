@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, machine, measure, median, table, write_section
+from common import REPO, measure, median, table, write_section
 
 from tests.cluster import Cluster, ensure_image
 from tests.helpers import base_job, logins, write_job

@@ -12,7 +12,6 @@ import shlex
 import signal
 import sys
 import time
-from pathlib import Path
 
 from . import __version__
 from .errors import EXIT_USAGE, UserError

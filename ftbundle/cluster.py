@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -359,12 +358,3 @@ def _close_quietly(conn) -> None:
         conn.close()
     except Exception:
         pass
-
-
-def wait_all(procs: Iterable[Proc], timeout: float) -> bool:
-    """Wait for every proc to end within ``timeout`` seconds in all; True when they did."""
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        if proc.wait(max(0.0, deadline - time.monotonic())) is None:
-            return False
-    return True

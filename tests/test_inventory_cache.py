@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from ftbundle.inventory import _cache_dir, load_hosts

@@ -7,7 +7,6 @@ upper bounds (the benchmarks under bench/ measure them properly).
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
