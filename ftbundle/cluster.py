@@ -206,8 +206,6 @@ class Cluster:
         self.errors: dict[str, str] = {}  # host name -> why it could not be connected
         self._conns: dict[str, object] = {}
         self._lock = threading.Lock()
-        self.handshakes = 0  # SSH connections made (benchmarks and tests read it)
-        self.closed = False
 
     def __enter__(self) -> Cluster:
         return self
@@ -230,8 +228,6 @@ class Cluster:
 
         conn = connect(host, timeout=self.connect_timeout)
         try:
-            with self._lock:
-                self.handshakes += 1
             conn.open()
             conn.transport.set_keepalive(KEEPALIVE_S)
             # Small messages (a channel request, its EOF, a ping) go out at once: with Nagle's
@@ -245,29 +241,25 @@ class Cluster:
             return
         with self._lock:
             self.errors.pop(host.name, None)
-            old = self._conns.get(host.name)
             self._conns[host.name] = conn
-        if old is not None:
-            _close_quietly(old)
 
     def reconnect(self, host: Host) -> bool:
         """A fresh connection to a host whose transport died (after a partition heals or
         the host comes back); True when it is up."""
         if host.local:
             return True
-        with self._lock:
-            conn = self._conns.pop(host.name, None)
-        if conn is not None:
-            threading.Thread(target=_close_quietly, args=(conn,), daemon=True).start()
+        self.drop(host)
         self._connect(host)
         return self.alive(host)
 
-    def alive(self, host: Host) -> bool:
-        if host.local:
-            return True
+    def _transport(self, host: Host):
+        """The host's paramiko transport while it is up, else None."""
         conn = self._conns.get(host.name)
         transport = getattr(conn, "transport", None) if conn is not None else None
-        return transport is not None and transport.is_active()
+        return transport if transport is not None and transport.is_active() else None
+
+    def alive(self, host: Host) -> bool:
+        return host.local or self._transport(host) is not None
 
     def drop(self, host: Host) -> None:
         """Forget a host's connection without waiting for it (a lost host's transport may
@@ -278,7 +270,6 @@ class Cluster:
             threading.Thread(target=_close_quietly, args=(conn,), daemon=True).start()
 
     def close(self) -> None:
-        self.closed = True
         with self._lock:
             conns, self._conns = list(self._conns.values()), {}
         for conn in conns:
@@ -289,9 +280,8 @@ class Cluster:
         """Start ``argv`` on ``host``: a channel on its transport, or a local process."""
         if host.local:
             return LocalProc(argv)
-        conn = self._conns.get(host.name)
-        transport = getattr(conn, "transport", None) if conn is not None else None
-        if transport is None or not transport.is_active():
+        transport = self._transport(host)
+        if transport is None:
             raise HostUnreachable(self.errors.get(host.name) or f"no connection to {host.name}")
         try:
             chan = transport.open_session(timeout=timeout or self.connect_timeout)

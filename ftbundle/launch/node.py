@@ -92,7 +92,7 @@ def env_payload(env: dict[str, str]) -> bytes:
 
 @dataclass
 class Event:
-    kind: str  # pid | hb | msg | exit | lost | log-done
+    kind: str  # pid | hb | msg | exit | lost
     rank: int
     text: str = ""
     code: int | None = None
@@ -226,7 +226,6 @@ class NodeRunner:
         except (HostUnreachable, OSError, EOFError):
             pass
         splitter.close()
-        self._emit("log-done")
 
     def log_drained(self, timeout: float) -> bool:
         """Wait until rank 0's log has been read to its end (tail stops once the job is

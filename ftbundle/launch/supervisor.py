@@ -182,7 +182,7 @@ class Supervisor:
 
     def _handle(self, event: Event) -> None:
         st = self.status[event.rank]
-        if st.state in (State.EXITED, State.LOST) and event.kind not in ("log-done",):
+        if st.state in (State.EXITED, State.LOST):
             return  # a node that has ended says nothing more that matters
         if event.kind == "hb":
             st.last_heartbeat = event.at
@@ -201,25 +201,24 @@ class Supervisor:
             if event.code != 0:
                 self._fail_node(event.rank, _exit_reason(event.code), event.code, event.at)
         elif event.kind == "lost":
-            self._set(event.rank, State.LOST, reason=event.text)
-            self.runners[event.rank].drop()
             at = st.last_heartbeat if st.last_heartbeat is not None else event.at
-            self._fail_node(event.rank, event.text, LOST_EXIT_CODE, at)
+            self._lose(event.rank, event.text, at)
+
+    def _lose(self, rank: int, reason: str, at: float) -> None:
+        """A node given up on: LOST, its channels dropped, its failure dated ``at`` (its last
+        sign of life, which is what the root cause is decided by)."""
+        self._set(rank, State.LOST, reason=reason)
+        self.runners[rank].drop()
+        self._fail_node(rank, reason, LOST_EXIT_CODE, at)
 
     def _check_silence(self, limit: float) -> None:
         now = time.monotonic()
         for rank, st in enumerate(self.status):
             if st.state is State.STARTING and now - st.since > START_TIMEOUT_S:
-                self._set(rank, State.LOST, reason="never started")
-                self.runners[rank].drop()
-                self._fail_node(rank, f"its node program did not start within {START_TIMEOUT_S:.0f}s",
-                                LOST_EXIT_CODE, now)
+                self._lose(rank, f"its node program did not start within {START_TIMEOUT_S:.0f}s", now)
             elif st.state is State.RUNNING and now - st.last_heartbeat > limit:
-                silent = now - st.last_heartbeat
-                self._set(rank, State.LOST, reason=f"no heartbeat for {silent:.0f}s")
-                self.runners[rank].drop()
-                self._fail_node(rank, f"no heartbeat for {silent:.0f}s (host down or network cut?)",
-                                LOST_EXIT_CODE, st.last_heartbeat)
+                self._lose(rank, f"no heartbeat for {now - st.last_heartbeat:.0f}s (host down or network cut?)",
+                           st.last_heartbeat)
 
     # -- failure and teardown ---------------------------------------------------------
     def _fail(self) -> Outcome:
