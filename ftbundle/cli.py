@@ -7,17 +7,19 @@ anything is started anywhere.
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import shlex
 import signal
 import sys
+import threading
 import time
 
 from . import __version__
 from .errors import EXIT_USAGE, UserError
 from .inventory import Host, load_hosts, localhost_only
 from .job import Job, is_secret, load_job
-from .plan import Plan, make_plan
+from .plan import Layout, Plan, make_layout, make_plan
 
 
 def new_run_id(job_name: str) -> str:
@@ -35,52 +37,64 @@ def resolve_hosts(job: Job, inventory: str | None) -> list[Host]:
     return load_hosts(source, job.hosts)
 
 
-def build_plan(job_path: str, inventory: str | None) -> tuple[Job, Plan]:
-    """The job and its plan, from the files alone. With ``nproc_per_node: auto`` the plan is
-    provisional (one rank per host): good for probing the hosts (:func:`checked_plan`
-    resolves it from their GPUs), not for launching."""
+def load_layout(job_path: str, inventory: str | None) -> tuple[Job, Layout]:
+    """The job file and the inventory, read once: what runs where, before the hosts are asked."""
     job = load_job(job_path)
-    hosts = resolve_hosts(job, inventory)
-    return job, make_plan(job, hosts, new_run_id(job.name),
-                          nproc_per_node=1 if job.nproc_per_node == "auto" else None)
+    return job, make_layout(job, resolve_hosts(job, inventory), new_run_id(job.name))
 
 
-def replan(job: Job, plan: Plan, *, nproc_per_node: int | None, bf16_capable: bool | None) -> Plan:
-    """The same job on the same hosts (same run id), with what the hosts told us."""
-    return make_plan(job, [n.host for n in plan.nodes], plan.run_id, nproc_per_node=nproc_per_node,
-                     bf16_capable=bf16_capable)
+def needs_facts(layout: Layout) -> bool:
+    """The plan cannot be made from the files alone: ``auto`` ranks, or the docker runtime
+    with no image but the one site.yml recorded on the hosts."""
+    return layout.job.nproc_per_node == "auto" or (layout.docker and layout.image is None)
 
 
-def checked_plan(job: Job, plan: Plan, cluster, *, skip_check: bool = False) -> Plan:
-    """The plan to launch: the hosts checked first (unless the job says `check: false` or
-    ``skip_check``), with ``nproc_per_node: auto`` resolved from their GPUs and bf16 known
-    for the fp16 warning. A failed check is a UserError: nothing has been started anywhere."""
-    from .check import print_report, resolve_nproc, run_checks
+def checked_plan(layout: Layout, cluster, *, skip_check: bool = False):
+    """(the plan to launch, the sentinel cleanup to finish before launch or None).
 
+    The hosts are checked first unless the job says `check: false` or ``skip_check``;
+    their facts resolve ``auto``, the docker runtime's GPUs and image, bf16 and whether
+    output_dir is shared. A failed check is a UserError: nothing has been started anywhere."""
+    from .check import print_report, probe_hosts, remove_sentinels, run_checks, sentinel_hosts
+
+    job = layout.job
     check = job.check and not skip_check
-    if not check and job.nproc_per_node != "auto":
+    facts = None
+    cleanup = None
+    if check:
+        report, facts = run_checks(layout, cluster, keep_sentinels=True)
+        hosts = sentinel_hosts(layout, facts)
+        if not report.ok:
+            remove_sentinels(layout, cluster, facts.token, hosts)
+            print_report(report, sys.stderr)
+            raise UserError(f"{len(report.failures)} problem(s) found on the hosts before launch (see above); "
+                            "nothing was started. Fix them, or set 'check: false' in the job to skip the check",
+                            file=str(job.path), key="check")
+        cleanup = threading.Thread(target=remove_sentinels, args=(layout, cluster, facts.token, hosts),
+                                   daemon=True)
+        cleanup.start()
+        say(f"check passed: {len(layout.hosts)} host(s) alike and ready ({len(report.checks)} checks, "
+            f"{report.seconds:.1f}s)")
+        for warning in report.warnings:
+            say(f"warning: {warning}")
+    else:
         if cluster.errors:
             raise UserError("cannot reach every host, nothing was started: " + "; ".join(cluster.errors.values()),
                             file=str(job.inventory or job.path), key="hosts")
-        return plan
-    report = run_checks(job, plan, cluster, quiet=True)
-    if check and not report.ok:
-        print_report(report, sys.stderr)
-        raise UserError(f"{len(report.failures)} problem(s) found on the hosts before launch (see above); "
-                        "nothing was started. Fix them, or set 'check: false' in the job to skip the check",
-                        file=str(job.path), key="check")
-    nproc = resolve_nproc(report, job) if job.nproc_per_node == "auto" else None
-    if check:
-        say(f"check passed: {plan.nnodes} host(s) alike and ready ({len(report.checks)} checks, "
-            f"{report.seconds:.1f}s)")
-    return replan(job, plan, nproc_per_node=nproc, bf16_capable=report.bf16_capable)
+        if needs_facts(layout):
+            facts = probe_hosts(layout, cluster, full=False)
+            lost = [f"{f.host}: {f.error}" for f in facts.hosts if f.error]
+            if lost:
+                raise UserError("cannot ask every host, nothing was started: " + "; ".join(lost),
+                                file=str(job.inventory or job.path), key="hosts")
+    return make_plan(layout, facts), cleanup
 
 
-def open_cluster(plan: Plan):
-    """One connection to every host of the plan, opened at once."""
+def open_cluster(hosts, *, accept_new_host_keys: bool = False):
+    """One connection to every host, opened at once."""
     from .cluster import Cluster
 
-    return Cluster(n.host for n in plan.nodes).open()
+    return Cluster(hosts, accept_new_host_keys=accept_new_host_keys).open()
 
 
 def format_plan(plan: Plan) -> str:
@@ -103,30 +117,31 @@ def format_plan(plan: Plan) -> str:
         if node.env_file:
             lines.append(f"  env file {node.env_file} (if present)")
         for key, value in node.env.items():
-            lines.append(f"  {key}={'<redacted>' if is_secret(key) else value}")
-        lines.append(f"  {shlex.join(node.argv)}")
+            lines.append(f"  {key}={'<redacted>' if is_secret(key) else plan.redact(value)}")
+        lines.append(f"  {plan.redact(shlex.join(node.argv))}")
         lines.append(f"  log {node.log_path}")
     return "\n".join(lines)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    job, plan = build_plan(args.job, args.inventory)
+    job, layout = load_layout(args.job, args.inventory)
     if args.detach and job.restarts:
         raise UserError(f"restarts: {job.restarts} needs ftbundle to stay and supervise the run; --detach cannot "
                         "restart nodes. Drop --detach, or set restarts: 0 for a detached run",
                         file=str(job.path), key="restarts")
-    if args.dry_run and job.nproc_per_node != "auto":
-        print(format_plan(plan))
+    if args.dry_run and not needs_facts(layout):
+        print(format_plan(make_plan(layout)))
         return 0
-    with open_cluster(plan) as cluster:
-        if args.dry_run:  # starts nothing; `auto` is resolved by asking the hosts (read-only) for their GPUs
-            print(format_plan(checked_plan(job, plan, cluster, skip_check=True)))
+    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
+        if args.dry_run:  # starts nothing; the hosts are asked (read-only) what the plan needs
+            plan, _ = checked_plan(layout, cluster, skip_check=True)
+            print(format_plan(plan))
             return 0
-        plan = checked_plan(job, plan, cluster, skip_check=args.no_check)
-        return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job)
+        plan, cleanup = checked_plan(layout, cluster, skip_check=args.no_check)
+        return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, before_launch=cleanup)
 
 
-def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str) -> int:
+def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, before_launch=None) -> int:
     from .launch import launch, launch_detached, stage_run_dir
 
     say(f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
@@ -135,6 +150,8 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str) -
     for warning in plan.warnings:
         say(f"warning: {warning}")
     stage_run_dir(cluster, plan)
+    if before_launch is not None:  # the check's sentinels, removed while we staged
+        before_launch.join()
     if not detach:
         return launch(plan, cluster, restarts=job.restarts)
     code = launch_detached(plan, cluster)
@@ -148,25 +165,20 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str) -
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Every check on every host, the report on stdout; exit 2 when any fails. With
-    --net, the network is measured too (slow links are warnings; a measurement that
-    could not be made is a failure)."""
+    --net, the network is measured too, on the job's own plan (slow links are warnings; a
+    measurement that could not be made is a failure)."""
     from .check import print_report, run_checks
 
-    job, plan = build_plan(args.job, args.inventory)
-    with open_cluster(plan) as cluster:
-        report = run_checks(job, plan, cluster, quiet=True)
+    job, layout = load_layout(args.job, args.inventory)
+    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
+        report, facts = run_checks(layout, cluster)
         print_report(report)
         if not report.ok:
             return EXIT_USAGE
         if args.net:
-            from .netcheck import run_net_check
+            from .check.net import run_net_check
 
-            if job.nproc_per_node == "auto":
-                from .check import resolve_nproc
-
-                plan = replan(job, plan, nproc_per_node=resolve_nproc(report, job),
-                              bf16_capable=report.bf16_capable)
-            net = run_net_check(job, plan, cluster, min_gbps=args.min_gbps)
+            net = run_net_check(make_plan(layout, facts), cluster, min_gbps=args.min_gbps)
             if not net.ok:
                 return EXIT_USAGE
     return 0
@@ -176,12 +188,12 @@ def with_run(args: argparse.Namespace, action) -> int:
     """``action(ref, cluster)`` on the run named by ``--run`` (default: the job's latest)."""
     from .runs import find_run
 
-    job, plan = build_plan(args.job, args.inventory)
-    with open_cluster(plan) as cluster:
-        if plan.nodes[0].host.name in cluster.errors:
+    job, layout = load_layout(args.job, args.inventory)
+    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
+        if layout.hosts[0].name in cluster.errors:
             raise UserError(f"cannot read the run directory through rank 0's host: "
-                            f"{cluster.errors[plan.nodes[0].host.name]}", file=str(job.inventory or job.path))
-        ref = find_run(job.name, plan.shared_dir, [n.host for n in plan.nodes], args.run, cluster)
+                            f"{cluster.errors[layout.hosts[0].name]}", file=str(job.inventory or job.path))
+        ref = find_run(job.name, layout.shared_dir, list(layout.hosts), args.run, cluster)
         return action(ref, cluster)
 
 
@@ -217,10 +229,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="ftbundle", description="Launch multi-node fine-tuning on an Ansible inventory.")
     parser.add_argument("--version", action="version", version=f"ftbundle {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    hosts = argparse.ArgumentParser(add_help=False)  # how every subcommand reaches the hosts
+    hosts.add_argument("-i", "--inventory", help="Ansible inventory (overrides the job's 'inventory')")
+    hosts.add_argument("--vault-password-file", metavar="FILE",
+                       help="for vault-encrypted inventory vars (default: $ANSIBLE_VAULT_PASSWORD_FILE)")
+    hosts.add_argument("--accept-new-host-keys", action="store_true",
+                       help="trust hosts whose SSH key is not in known_hosts yet, and record it there "
+                            "(default: refused, as OpenSSH does)")
 
-    run = sub.add_parser("run", help="launch a job on every host of the inventory")
+    run = sub.add_parser("run", help="launch a job on every host of the inventory", parents=[hosts])
     run.add_argument("job", help="the job file (job.yaml)")
-    run.add_argument("-i", "--inventory", help="Ansible inventory (overrides the job's 'inventory')")
     run.add_argument("--dry-run", action="store_true", help="print each host's command and environment; start nothing")
     run.add_argument("--detach", action="store_true",
                      help="start the job and return; follow it later with status/logs/stop")
@@ -228,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="skip the pre-launch check of the hosts (as 'check: false' in the job)")
     run.set_defaults(func=cmd_run)
 
-    chk = sub.add_parser("check", help="check the hosts of a job are alike and ready; launch nothing")
+    chk = sub.add_parser("check", help="check the hosts of a job are alike and ready; launch nothing",
+                         parents=[hosts])
     chk.add_argument("job", help="the job file (job.yaml)")
-    chk.add_argument("-i", "--inventory", help="Ansible inventory (overrides the job's 'inventory')")
     chk.add_argument("--net", action="store_true",
                      help="also measure the network: iperf3 to rank 0 from every host, and an all-reduce")
     chk.add_argument("--min-gbps", type=float, default=10.0,
@@ -240,9 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, func, text in (("status", cmd_status, "state of every node of a run"),
                              ("logs", cmd_logs, "a node's log (rank 0's by default)"),
                              ("stop", cmd_stop, "stop every node of a run")):
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, help=text, parents=[hosts])
         p.add_argument("job", help="the job file the run was started from")
-        p.add_argument("-i", "--inventory", help="Ansible inventory (overrides the job's 'inventory')")
         p.add_argument("--run", help="run id (default: the job's latest run)")
         if name == "logs":
             p.add_argument("--rank", type=int, default=0, help="node rank (default 0)")
@@ -251,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(func=func)
 
     args = parser.parse_args(argv)
+    if getattr(args, "vault_password_file", None):
+        os.environ["ANSIBLE_VAULT_PASSWORD_FILE"] = os.path.abspath(args.vault_password_file)
     # a closed terminal (SIGHUP) or a kill (SIGTERM) stops the run as Ctrl-C does
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGHUP, _on_sigterm)

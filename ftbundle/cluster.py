@@ -200,9 +200,11 @@ class Cluster:
     :meth:`run`. ``close()`` (or the context manager) drops every connection.
     """
 
-    def __init__(self, hosts: Iterable[Host], *, connect_timeout: float = CONNECT_TIMEOUT_S):
+    def __init__(self, hosts: Iterable[Host], *, connect_timeout: float = CONNECT_TIMEOUT_S,
+                 accept_new_host_keys: bool = False):
         self.hosts = list(dict.fromkeys(hosts))
         self.connect_timeout = connect_timeout
+        self.accept_new_host_keys = accept_new_host_keys
         self.errors: dict[str, str] = {}  # host name -> why it could not be connected
         self._conns: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -226,7 +228,7 @@ class Cluster:
     def _connect(self, host: Host) -> None:
         from .ssh import connect
 
-        conn = connect(host, timeout=self.connect_timeout)
+        conn = connect(host, timeout=self.connect_timeout, accept_new_host_keys=self.accept_new_host_keys)
         try:
             conn.open()
             conn.transport.set_keepalive(KEEPALIVE_S)
@@ -340,7 +342,7 @@ def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
 
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+    return (text.splitlines()[0] if text else type(exc).__name__)[:400]
 
 
 def _close_quietly(conn) -> None:

@@ -35,7 +35,9 @@ class Host:
     key_file: str | None = None
     local: bool = False  # run with a local process, not over SSH
     known_hosts: str | None = None  # from ansible_ssh_common_args -o UserKnownHostsFile=
-    vars: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    proxy_jump: str | None = None  # from ansible_ssh_common_args -o ProxyJump= / -J: a bastion
+    # every host var, templated as Ansible does; hidden from repr (vault values live here)
+    vars: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def master_addr(self) -> str:
@@ -56,17 +58,21 @@ def _is_local(name: str, hostvars: dict[str, Any]) -> bool:
         return False
 
 
-def _known_hosts_from_args(hostvars: dict[str, Any]) -> str | None:
-    """Honour `-o UserKnownHostsFile=...` from the ssh args Ansible itself would use."""
+def _ssh_options(hostvars: dict[str, Any]) -> dict[str, str]:
+    """`-o Name=value` and `-J host` from the ssh args Ansible itself would use."""
+    options: dict[str, str] = {}
     for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
         words = shlex.split(str(hostvars.get(key) or ""))
         for i, word in enumerate(words):
-            option = word
+            option = word[2:] if word.startswith("-o") and len(word) > 2 else word
             if word == "-o" and i + 1 < len(words):
                 option = words[i + 1]
-            if option.startswith("UserKnownHostsFile="):
-                return option.split("=", 1)[1].split()[0]
-    return None
+            elif word == "-J" and i + 1 < len(words):
+                option = f"ProxyJump={words[i + 1]}"
+            name, sep, value = option.partition("=")
+            if sep and name[:1].isalpha():
+                options.setdefault(name.lower(), value.split()[0] if value.split() else value)
+    return options
 
 
 def localhost_only() -> list[Host]:
@@ -92,7 +98,7 @@ def load_hosts(inventory: str | Path, pattern: str = "all") -> list[Host]:
     return order_by_rank(hosts, inventory)
 
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def _cache_dir() -> Path:
@@ -159,16 +165,22 @@ def _cache_write(key: str, hosts: list[Host]) -> None:
 
 def _load_with_ansible(inventory: str, pattern: str) -> list[Host]:
     # Imported here: ansible is heavy and only needed when an inventory is used.
+    from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
     loader = DataLoader()
-    manager = InventoryManager(loader=loader, sources=[inventory])
-    if not manager.list_hosts("all"):
-        raise UserError("inventory has no hosts (or could not be parsed by Ansible)", file=inventory)
-    variables = VariableManager(loader=loader, inventory=manager)
-    matched = manager.get_hosts(pattern=pattern)
+    _vault_secrets(loader, inventory)
+    try:
+        manager = InventoryManager(loader=loader, sources=[inventory])
+        if not manager.list_hosts("all"):
+            raise UserError("inventory has no hosts (or could not be parsed by Ansible)", file=inventory)
+        variables = VariableManager(loader=loader, inventory=manager)
+        matched = manager.get_hosts(pattern=pattern)
+    except AnsibleError as exc:
+        raise UserError(f"Ansible cannot read the inventory: {exc.message}", file=inventory) from None
     if not matched:
         groups = sorted(g for g in manager.groups if g not in ("all", "ungrouped"))
         raise UserError(
@@ -180,14 +192,19 @@ def _load_with_ansible(inventory: str, pattern: str) -> list[Host]:
 
     hosts = []
     for ans_host in matched:
-        hv = variables.get_vars(host=ans_host, include_hostvars=False)
-        hv = {k: v for k, v in hv.items() if not k.startswith("ansible_facts")}
+        raw = variables.get_vars(host=ans_host, include_hostvars=False)
+        raw = {k: v for k, v in raw.items() if not k.startswith("ansible_facts")}
         name = ans_host.name
+        try:  # templated as ansible-playbook would: `ftb_address: "{{ ansible_host }}"`
+            hv = Templar(loader=loader, variables=raw).template(raw)
+        except AnsibleError as exc:
+            raise UserError(f"a host var of {name} cannot be templated: {exc.message}", file=inventory) from None
         port = hv.get("ansible_port") or hv.get("ansible_ssh_port") or 22
         try:
             port = int(port)
         except (TypeError, ValueError):
             raise UserError(f"ansible_port of {name} is not a number: {port!r}", file=inventory) from None
+        options = _ssh_options(hv)
         hosts.append(
             Host(
                 name=name,
@@ -196,11 +213,25 @@ def _load_with_ansible(inventory: str, pattern: str) -> list[Host]:
                 user=hv.get("ansible_user") or hv.get("ansible_ssh_user"),
                 key_file=hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file"),
                 local=_is_local(name, hv),
-                known_hosts=_known_hosts_from_args(hv),
+                known_hosts=options.get("userknownhostsfile"),
+                proxy_jump=options.get("proxyjump") if options.get("proxyjump", "none").lower() != "none" else None,
                 vars=_plain(dict(hv)),
             )
         )
     return hosts
+
+
+def _vault_secrets(loader, inventory: str) -> None:
+    """Vault-encrypted vars decrypt with the password file Ansible would use
+    (ANSIBLE_VAULT_PASSWORD_FILE, or `--vault-password-file`, which the CLI puts there)."""
+    path = os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE")
+    if not path:
+        return
+    from ansible.cli import CLI
+
+    if not os.path.exists(path):
+        raise UserError(f"vault password file not found: {path}", key="--vault-password-file")
+    CLI.setup_vault_secrets(loader, vault_ids=[], vault_password_files=[path])
 
 
 def _plain(value: Any) -> Any:

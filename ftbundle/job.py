@@ -66,14 +66,14 @@ class Train:
 class Job:
     name: str
     path: Path  # the job file
-    train: Train
+    train: Train = field(repr=False)  # a LlamaFactory config may hold credentials
     inventory: Path | None = None
     hosts: str = "all"
     nproc_per_node: int | str = 1  # int >= 1, or "auto"
     master_port: int = 29500
     shared_dir: str | None = None  # as written; relative paths only make sense for local-only jobs
     workdir: str | None = None  # as written; default: shared_dir (remote hosts) or the job's dir (local)
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
     runtime: Runtime = field(default_factory=Runtime)
     restarts: int = 0
     check: bool = True

@@ -1,21 +1,32 @@
-"""(job, hosts) -> Plan: what runs where. A pure function; no I/O.
+"""What runs where: (job, hosts) -> :class:`Layout` -> (with the hosts' facts) -> :class:`Plan`.
 
-Everything that touches a network, a process or a file consumes a :class:`Plan`;
-``--dry-run`` prints it and the run directory keeps a redacted copy (plan.json).
+Pure functions, no I/O. Data flows one way: the layout is everything the job file and the
+inventory decide; the probe (ftbundle/check) is asked about the layout; the plan is built
+once from the layout and the facts (``auto`` ranks, the docker runtime's GPUs and recorded
+image, bf16, whether output_dir is shared). Everything that touches a network, a process
+or a file consumes the plan; ``--dry-run`` prints it and the run directory keeps a redacted
+copy (plan.json).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from . import llamafactory, runtimes
 from .errors import UserError
 from .inventory import Host
-from .job import Job, check_pinned_image, is_secret
+from .job import MIN_SECRET_LEN, PINNED_IMAGE_RE, Job, check_pinned_image, is_secret
+
+if TYPE_CHECKING:
+    from .check.facts import ClusterFacts
+
+IMAGE_REF_FILE = "/etc/ftbundle/image.ref"  # written by site.yml (roles/training_image)
 
 # Set by ftbundle on every node; a job's `env:` may not override them.
 RESERVED_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE",
@@ -25,16 +36,27 @@ REDACTED = "<redacted>"
 
 @dataclass(frozen=True)
 class NodePlan:
+    """One node's launch. Its command line is ``wrapper + torchrun + program``: the docker
+    runtime's `docker run ... IMAGE` (or nothing), torchrun (or nothing for a per-node
+    command), then what trains. ``env`` is hidden from repr: it holds secrets."""
+
     rank: int
     host: Host
-    argv: tuple[str, ...]
-    env: dict[str, str]  # exported on the node before argv runs (after the env file)
+    program: tuple[str, ...]
+    env: dict[str, str] = field(repr=False)  # exported on the node before argv runs (after the env file)
     workdir: str
     log_path: str
     env_file: str | None  # sourced if present (host runtime); --env-file (docker)
+    wrapper: tuple[str, ...] = ()
+    torchrun: tuple[str, ...] = ()
+    per_node: bool = False  # a `command:` job: the program runs once per node, not under torchrun
     path_prepend: str | None = None  # the host interpreter's bin/ goes first on PATH
     container: str | None = None  # docker runtime: the container to remove on stop
     stream: bool = False  # rank 0: its output goes to the controller's terminal
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return (*self.wrapper, *(() if self.per_node else self.torchrun), *self.program)
 
     @property
     def stop_argv(self) -> tuple[str, ...] | None:
@@ -60,6 +82,7 @@ class Plan:
     warnings: tuple[str, ...] = ()  # the seeds' traps, shown before launch
     notes: tuple[str, ...] = ()  # facts worth seeing before launch (effective batch size)
     checkpoint_dir: str | None = None  # LlamaFactory's output_dir, absolute: where resumes come from
+    image: str | None = None  # docker runtime: the pinned image every node runs
 
     @property
     def world_size(self) -> int:
@@ -69,10 +92,31 @@ class Plan:
     def all_local(self) -> bool:
         return all(n.host.local for n in self.nodes)
 
+    def with_program(self, program: tuple[str, ...]) -> Plan:
+        """The same plan (hosts, ranks, interpreter or image, environment) running another
+        program under torchrun: how ``check --net`` runs its all-reduce bench."""
+        return dataclasses.replace(self, files={}, warnings=(), notes=(), nodes=tuple(
+            dataclasses.replace(n, program=program, per_node=False) for n in self.nodes))
+
+    @functools.cached_property
+    def secret_values(self) -> list[str]:
+        """Values of secret variables, longest first (long enough to mask safely)."""
+        return sorted({v for n in self.nodes for k, v in n.env.items() if is_secret(k) and len(v) >= MIN_SECRET_LEN},
+                      key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        for value in self.secret_values:
+            text = text.replace(value, REDACTED)
+        return text
+
     def to_dict(self, redact: bool = True) -> dict[str, Any]:
-        """The plan as data, secrets redacted: what plan.json and --dry-run show."""
+        """The plan as data, secrets redacted: what plan.json and --dry-run show. A secret's
+        value is masked wherever it appears, a command line included."""
         def env(values: dict[str, str]) -> dict[str, str]:
             return {k: (REDACTED if redact and is_secret(k) else v) for k, v in values.items()}
+
+        def argv(values) -> list[str]:
+            return [self.redact(a) for a in values] if redact else list(values)
 
         return {
             "job": self.job_name,
@@ -85,6 +129,7 @@ class Plan:
             "nproc_per_node": self.nproc_per_node,
             "world_size": self.world_size,
             "checkpoint_dir": self.checkpoint_dir,
+            "image": self.image,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "nodes": [
@@ -96,7 +141,7 @@ class Plan:
                     "user": n.host.user,
                     "local": n.host.local,
                     "workdir": n.workdir,
-                    "argv": list(n.argv),
+                    "argv": argv(n.argv),
                     "env": env(n.env),
                     "env_file": n.env_file,
                     "path_prepend": n.path_prepend,
@@ -134,26 +179,48 @@ class NodeFiles:
 ATTEMPT_FILE = "attempt"  # in the run directory: the number of the attempt now running
 
 
-def make_plan(job: Job, hosts: list[Host], run_id: str, *,
-              nproc_per_node: int | None = None, bf16_capable: bool | None = None) -> Plan:
-    """Decide every node's command line and environment.
+@dataclass(frozen=True)
+class Layout:
+    """Everything about a run that does not depend on the hosts' facts: where it runs, its
+    directories, its interpreter or image, what is staged. Built once from the job and the
+    hosts; the probe is asked about it, and :func:`make_plan` turns it and the facts into
+    the plan."""
 
-    ``hosts`` are in rank order. ``nproc_per_node`` is the resolved value when the job
-    says ``auto`` (the caller asks the hosts for their GPU count first); ``bf16_capable``
-    is what the hosts' GPUs support, when known.
-    """
+    job: Job = field(repr=False)
+    hosts: tuple[Host, ...]
+    run_id: str
+    run_dir: str
+    shared_dir: str
+    workdir: str
+    master_addr: str
+    python: str | None  # host runtime: the interpreter (resolved path, or a name on PATH)
+    image: str | None  # docker runtime: pinned by the job or the inventory; None: site.yml's record
+    checkpoint_dir: str | None  # LlamaFactory's output_dir, absolute
+    dataset_dir: str | None  # LlamaFactory: absolute dataset_dir with local files to compare
+    datasets: tuple[str, ...] = ()
+    files: dict[str, str] = field(default_factory=dict, repr=False)  # staged into run_dir
+    lf_config: dict[str, Any] | None = field(default=None, repr=False)  # as staged (no credentials)
+    lf_secrets: dict[str, str] = field(default_factory=dict, repr=False)  # config key -> value, via env
+
+    @property
+    def master_port(self) -> int:
+        return self.job.master_port
+
+    @property
+    def all_local(self) -> bool:
+        return all(h.local for h in self.hosts)
+
+    @property
+    def docker(self) -> bool:
+        return self.job.runtime.kind == "docker"
+
+
+def make_layout(job: Job, hosts: list[Host], run_id: str) -> Layout:
+    """What the job means on these hosts, before anything is known about them."""
     if not hosts:
         raise UserError("no hosts to run on", file=str(job.path), key="hosts")
     _check_distinct_addresses(hosts, job)
     all_local = all(h.local for h in hosts)
-
-    nproc = job.nproc_per_node
-    if nproc == "auto":
-        if nproc_per_node is None:
-            raise UserError("nproc_per_node: auto needs the hosts' GPU counts (run without --dry-run, "
-                            "or set a number)", file=str(job.path), key="nproc_per_node")
-        nproc = nproc_per_node
-    assert isinstance(nproc, int)
 
     shared_dir = _resolve_dir(job, "shared_dir", job.shared_dir or _inventory_shared_dir(hosts, job),
                               all_local, default=str(job.base_dir / ".ftbundle"))
@@ -167,77 +234,166 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
         raise UserError(f"{', '.join(clash)} is set by ftbundle for every node and cannot be overridden",
                         file=str(job.path), key=f"env.{clash[0]}")
 
-    python = job.runtime.python
-    if job.runtime.kind == "host" and "/" in python and not posixpath.isabs(python):
-        python = _resolve_dir(job, "runtime.python", python, all_local, default=python)
-
-    image = None
-    if job.runtime.kind == "docker":
-        image = _docker_image(job, hosts)
+    python = None
+    if job.runtime.kind == "host":
+        python = job.runtime.python
+        if "/" in python and not posixpath.isabs(python):
+            python = _resolve_dir(job, "runtime.python", python, all_local, default=python)
+    image = _docker_image(job, hosts) if job.runtime.kind == "docker" else None
 
     files: dict[str, str] = {}
-    warnings: list[str] = []
-    notes: list[str] = []
-    checkpoint_dir = None
+    checkpoint_dir = dataset_dir = None
+    datasets: tuple[str, ...] = ()
+    config = secrets_ = None
     if job.train.mode == "llamafactory":
-        output_dir = job.train.llamafactory.get("output_dir")
+        config, secrets_ = llamafactory.split_credentials(job.train.llamafactory)
+        output_dir = config.get("output_dir")
         if output_dir:
             checkpoint_dir = posixpath.normpath(posixpath.join(workdir, str(output_dir)))
-        prepared = llamafactory.prepare(job.train.llamafactory, workdir=workdir, shared_dir=shared_dir,
-                                        nnodes=len(hosts), nproc_per_node=nproc, bf16_capable=bf16_capable)
-        config = prepared.config
+        dataset_dir, datasets = llamafactory.local_datasets(config, workdir)
+        config = llamafactory.capped(config)
         if job.train.deepspeed_json is not None:
             files[runtimes.DEEPSPEED_CONFIG] = job.train.deepspeed_json
             config = {**config, "deepspeed": posixpath.join(run_dir, runtimes.DEEPSPEED_CONFIG)}
         files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(config, sort_keys=False)
         files[runtimes.LLAMAFACTORY_ENTRY] = runtimes.llamafactory_entry_source()
+
+    return Layout(job=job, hosts=tuple(hosts), run_id=run_id, run_dir=run_dir, shared_dir=shared_dir,
+                  workdir=workdir, master_addr=master_addr, python=python, image=image,
+                  checkpoint_dir=checkpoint_dir, dataset_dir=dataset_dir, datasets=datasets, files=files,
+                  lf_config=config, lf_secrets=secrets_ or {})
+
+
+def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
+    """Decide every node's command line and environment, from the layout and (when the
+    hosts were asked) their facts: ``nproc_per_node: auto`` from the GPUs the job will see,
+    the docker runtime's GPUs, InfiniBand devices and recorded image, bf16, and whether
+    output_dir is really on shared storage."""
+    job = layout.job
+    nproc = job.nproc_per_node
+    if nproc == "auto":
+        nproc = _auto_nproc(layout, facts)
+    assert isinstance(nproc, int)
+    image = layout.image or (_recorded_image(layout, facts) if layout.docker else None)
+    gpus = job.runtime.gpus
+    if layout.docker and gpus is None and facts is not None:
+        gpus = _docker_gpus(layout, facts, nproc)
+    infiniband = layout.docker and facts is not None and facts.infiniband
+
+    warnings: list[str] = []
+    notes: list[str] = []
+    if layout.lf_config is not None:
+        shared = facts.storage_shared("output_dir") if facts is not None else None
+        prepared = llamafactory.prepare(
+            job.train.llamafactory, workdir=layout.workdir, shared_dir=layout.shared_dir,
+            nnodes=len(layout.hosts), nproc_per_node=nproc, bf16_capable=facts.bf16 if facts else None,
+            output_shared=shared)
         warnings += prepared.warnings
-        notes.append(llamafactory.effective_batch_line(prepared.config, len(hosts), nproc,
+        notes.append(llamafactory.effective_batch_line(prepared.config, len(layout.hosts), nproc,
                                                        prepared.effective_batch))
 
+    lf_env = llamafactory.credential_env(layout.lf_secrets)
     nodes = []
-    for rank, host in enumerate(hosts):
+    for rank, host in enumerate(layout.hosts):
         env = {
-            "NNODES": str(len(hosts)),
+            "NNODES": str(len(layout.hosts)),
             "NODE_RANK": str(rank),
-            "MASTER_ADDR": master_addr,
+            "MASTER_ADDR": layout.master_addr,
             "MASTER_PORT": str(job.master_port),
             "NPROC_PER_NODE": str(nproc),
-            "FTB_RUN_ID": run_id,
-            "FTB_RUN_DIR": run_dir,
+            "FTB_RUN_ID": layout.run_id,
+            "FTB_RUN_DIR": layout.run_dir,
             "PYTHONUNBUFFERED": "1",
+            **lf_env,
             **job.env,
         }
-        torchrun = runtimes.torchrun_argv(
-            python, nnodes=len(hosts), nproc_per_node=nproc, node_rank=rank,
-            master_addr=master_addr, master_port=job.master_port,
-        )
-        argv = runtimes.train_argv(job.train.mode, torchrun, run_dir=run_dir, script=job.train.script,
-                                   args=job.train.args, command=job.train.command)
+        torchrun = tuple(runtimes.torchrun_argv(
+            layout.python or "python3", nnodes=len(layout.hosts), nproc_per_node=nproc, node_rank=rank,
+            master_addr=layout.master_addr, master_port=job.master_port,
+        ))
+        program = tuple(runtimes.program_argv(job.train.mode, run_dir=layout.run_dir, script=job.train.script,
+                                              args=job.train.args, command=job.train.command))
         container = None
         path_prepend = None
-        if job.runtime.kind == "docker":
-            container = runtimes.container_name(run_id, rank)
-            argv = runtimes.docker_argv(
-                argv, image=image, name=container, shared_dir=shared_dir, workdir=workdir,
-                env_names=list(env), env_file=job.runtime.env_file, gpus=job.runtime.gpus,
+        wrapper: tuple[str, ...] = ()
+        if layout.docker:
+            container = runtimes.container_name(layout.run_id, rank)
+            wrapper = tuple(runtimes.docker_prefix(
+                image=image, name=container, shared_dir=layout.shared_dir, workdir=layout.workdir,
+                env_names=list(env), env_file=job.runtime.env_file, gpus=gpus, infiniband=infiniband,
                 extra=job.runtime.docker_args,
-            )
-        elif "/" in python:
-            path_prepend = posixpath.dirname(python)
+            ))
+        elif layout.python and "/" in layout.python:
+            path_prepend = posixpath.dirname(layout.python)
         nodes.append(NodePlan(
-            rank=rank, host=host, argv=tuple(argv), env=env, workdir=workdir,
-            log_path=posixpath.join(run_dir, node_log_name(rank, host.name)),
+            rank=rank, host=host, wrapper=wrapper, torchrun=torchrun, per_node=job.train.mode == "command",
+            program=program, env=env, workdir=layout.workdir,
+            log_path=posixpath.join(layout.run_dir, node_log_name(rank, host.name)),
             env_file=job.runtime.env_file, path_prepend=path_prepend, container=container,
             stream=(rank == 0),
         ))
 
     return Plan(
-        job_name=job.name, run_id=run_id, run_dir=run_dir, shared_dir=shared_dir,
-        master_addr=master_addr, master_port=job.master_port, nnodes=len(hosts),
-        nproc_per_node=nproc, nodes=tuple(nodes), files=files, warnings=tuple(warnings),
-        notes=tuple(notes), checkpoint_dir=checkpoint_dir,
+        job_name=job.name, run_id=layout.run_id, run_dir=layout.run_dir, shared_dir=layout.shared_dir,
+        master_addr=layout.master_addr, master_port=job.master_port, nnodes=len(layout.hosts),
+        nproc_per_node=nproc, nodes=tuple(nodes), files=dict(layout.files), warnings=tuple(warnings),
+        notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image,
     )
+
+
+def _auto_nproc(layout: Layout, facts: ClusterFacts | None) -> int:
+    """``nproc_per_node: auto``: the GPUs every host's ranks will see (CUDA_VISIBLE_DEVICES
+    of the job, else of the host), the same number everywhere and more than none."""
+    job = layout.job
+    if facts is None:
+        raise UserError("nproc_per_node: auto needs the hosts' GPU counts (run without --no-check, "
+                        "or set a number)", file=str(job.path), key="nproc_per_node")
+    counts = {f.host: len(f.visible_gpus(job.env)) for f in facts.reached}
+    values = set(counts.values())
+    if len(values) != 1 or 0 in values:
+        shown = "; ".join(f"{c} GPU(s) on {h}" for h, c in counts.items()) or "no host answered"
+        raise UserError(f"is auto, but the hosts do not all have the same number of GPUs (> 0) visible to the "
+                        f"job: {shown}", file=str(job.path), key="nproc_per_node")
+    return values.pop()
+
+
+def _docker_gpus(layout: Layout, facts: ClusterFacts, nproc: int) -> str | None:
+    """`docker run --gpus` when the hosts have GPUs and the job did not say: all of them,
+    or the devices the job will use when it uses fewer (its CUDA_VISIBLE_DEVICES first)."""
+    reached = facts.reached
+    if not reached or not all(f.gpus for f in reached):
+        return None
+    chosen = [f.visible_gpus(layout.job.env)[:nproc] for f in reached]
+    if all(len(c) == len(f.gpus) for c, f in zip(chosen, reached)):
+        return "all"
+    indices = {",".join(g.index or str(f.gpus.index(g)) for g in c) for c, f in zip(chosen, reached)}
+    if len(indices) != 1:
+        return "all"  # hosts differ: the check reports it; nothing sensible to pin here
+    return f'"device={indices.pop()}"'
+
+
+def _recorded_image(layout: Layout, facts: ClusterFacts | None) -> str:
+    """The docker runtime without an image in the job or inventory: the reference site.yml
+    recorded on every host (/etc/ftbundle/image.ref), the same everywhere and pinned."""
+    job = layout.job
+    where = dict(file=str(job.path), key="runtime.image")
+    if facts is None:
+        raise UserError("runtime 'docker' has no image: set runtime.image (repo@sha256:...), pin ftb_image in "
+                        "the inventory, or let ftbundle read the digest site.yml recorded on the hosts "
+                        f"({IMAGE_REF_FILE}; not with --no-check)", **where)
+    refs = {f.host: f.image_ref for f in facts.reached}
+    values = set(refs.values())
+    if None in values or not values:
+        missing = ", ".join(h for h, r in refs.items() if r is None) or "every host"
+        raise UserError(f"runtime 'docker' has no image and site.yml recorded none on {missing} ({IMAGE_REF_FILE}); "
+                        "run site.yml, or set runtime.image to repo@sha256:...", **where)
+    if len(values) > 1:
+        shown = "; ".join(f"{r} on {h}" for h, r in refs.items())
+        raise UserError(f"the hosts recorded different images in {IMAGE_REF_FILE}: {shown}; rerun site.yml",
+                        **where)
+    image = values.pop()
+    check_pinned_image(image, lambda msg: UserError(f"{IMAGE_REF_FILE} on the hosts: {msg}", **where))
+    return image
 
 
 def _check_distinct_addresses(hosts: list[Host], job: Job) -> None:
@@ -290,16 +446,14 @@ def _master_addr(hosts: list[Host], job: Job) -> str:
     return rank0.master_addr
 
 
-def _docker_image(job: Job, hosts: list[Host]) -> str:
+def _docker_image(job: Job, hosts: list[Host]) -> str | None:
+    """runtime.image, else the inventory's ftb_image when it is pinned, else None: the digest
+    site.yml recorded on the hosts is used (a tagged ftb_image is what site.yml resolved)."""
     if job.runtime.image:
         return job.runtime.image
     values = {str(h.vars["ftb_image"]) for h in hosts if h.vars.get("ftb_image")}
-    if not values:
-        raise UserError("runtime 'docker' needs an image: set runtime.image, or ftb_image in the "
-                        "inventory (site.yml pins it by digest)", file=str(job.path), key="runtime.image")
     if len(values) > 1:
         raise UserError(f"hosts disagree on ftb_image: {sorted(values)}",
                         file=str(job.inventory or job.path), key="ftb_image")
-    image = values.pop()
-    check_pinned_image(image, lambda msg: UserError(msg, file=str(job.inventory or job.path), key="ftb_image"))
-    return image
+    image = values.pop() if values else None
+    return image if image and PINNED_IMAGE_RE.search(image) else None

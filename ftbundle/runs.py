@@ -64,7 +64,7 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
         if host is None:
             host = Host(entry["host"], entry["address"], entry["port"], entry["user"], local=entry["local"])
         nodes.append(NodePlan(
-            rank=entry["rank"], host=host, argv=tuple(entry["argv"]), env={}, workdir=entry["workdir"],
+            rank=entry["rank"], host=host, program=tuple(entry["argv"]), env={}, workdir=entry["workdir"],
             log_path=entry["log"], env_file=entry["env_file"], container=entry.get("container"),
             stream=entry["rank"] == 0,
         ))

@@ -35,13 +35,14 @@ def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, node_rank: i
     ]
 
 
-def train_argv(mode: str, torchrun: list[str], *, run_dir: str, script: str | None = None,
-               args: tuple[str, ...] = (), command: str | None = None) -> list[str]:
-    """What each node runs for the job's train mode."""
+def program_argv(mode: str, *, run_dir: str, script: str | None = None, args: tuple[str, ...] = (),
+                 command: str | None = None) -> list[str]:
+    """What each node runs for the job's train mode: under torchrun (LlamaFactory, a script),
+    or once per node on its own (a `command:`)."""
     if mode == "llamafactory":
-        return [*torchrun, posixpath.join(run_dir, LLAMAFACTORY_ENTRY), posixpath.join(run_dir, LLAMAFACTORY_CONFIG)]
+        return [posixpath.join(run_dir, LLAMAFACTORY_ENTRY), posixpath.join(run_dir, LLAMAFACTORY_CONFIG)]
     if mode == "script":
-        return [*torchrun, script, *args]
+        return [script, *args]
     if mode == "command":
         # Run once per node, like the seeds' per-node scripts; they read NNODES,
         # NODE_RANK, MASTER_ADDR, MASTER_PORT and NPROC_PER_NODE themselves.
@@ -53,11 +54,12 @@ def container_name(run_id: str, rank: int) -> str:
     return f"ftb-{run_id}-{rank}"
 
 
-def docker_argv(inner: list[str], *, image: str, name: str, shared_dir: str, workdir: str,
-                env_names: list[str], env_file: str | None, gpus: str | None,
-                extra: tuple[str, ...] = ()) -> list[str]:
-    """`docker run` for one node: host network and IPC (NCCL needs both), the shared
-    directory at the same path, the image by digest, and the environment passed by name
+def docker_prefix(*, image: str, name: str, shared_dir: str, workdir: str, env_names: list[str],
+                  env_file: str | None, gpus: str | None, infiniband: bool = False,
+                  extra: tuple[str, ...] = ()) -> list[str]:
+    """`docker run ... IMAGE` for one node (the command follows): host network and IPC (NCCL
+    needs both), the shared directory at the same path, the image by digest, the GPUs, the
+    InfiniBand devices with the locked memory RDMA needs, and the environment passed by name
     so values (secrets included) never appear on a command line."""
     argv = [
         "docker", "run", "--rm", "--init", "--name", name,
@@ -68,13 +70,19 @@ def docker_argv(inner: list[str], *, image: str, name: str, shared_dir: str, wor
         argv += ["-v", f"{workdir}:{workdir}"]
     argv += ["-w", workdir]
     if gpus:
-        argv += ["--gpus", gpus, "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+        argv += ["--gpus", gpus, "--ulimit", "stack=67108864"]
+    if gpus or infiniband:
+        argv += ["--ulimit", "memlock=-1"]
+    if infiniband:
+        argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK"]
     if env_file:
         argv += ["--env-file", env_file]
     for env_name in env_names:
+        if gpus and gpus != "all" and env_name == "CUDA_VISIBLE_DEVICES":
+            continue  # the chosen devices are renumbered 0..n-1 inside the container
         argv += ["-e", env_name]
     argv += list(extra)
-    argv += [image, *inner]
+    argv.append(image)
     return argv
 
 

@@ -1,24 +1,59 @@
-"""Fabric connections built from inventory hosts (one place that knows SSH options)."""
+"""Fabric connections built from inventory hosts: the one place that knows SSH options.
+
+Host keys are checked as OpenSSH checks them: the user's ~/.ssh/known_hosts, the system's
+/etc/ssh/ssh_known_hosts (which site.yml's ssh_mesh role manages) and the file the
+inventory names with `-o UserKnownHostsFile=` are loaded; a host whose key is in none of
+them is refused with a message that says how to accept it. Only `--accept-new-host-keys`
+trusts a new key, and it is then recorded (in the inventory's known_hosts file, else the
+user's) and said on stderr: never added silently. A changed key is always refused.
+
+A bastion (`-o ProxyJump=[user@]host[:port]` or `-J ...` in ansible_ssh_common_args) becomes
+Fabric's gateway: the connection to the host is tunnelled through one to the bastion.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
 
 from .inventory import Host
 
 CONNECT_TIMEOUT = 10
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+_record_lock = threading.Lock()
 
 
-def connect(host: Host, *, timeout: int = CONNECT_TIMEOUT):
-    """A Fabric Connection to ``host`` using the inventory's user, port and key.
+class UnknownHostKey(Exception):
+    """The host's key is in no known_hosts file (and new keys are not accepted)."""
 
-    Host keys: known_hosts files are loaded (the user's, and the one named by the
-    inventory's `-o UserKnownHostsFile=`). When the inventory names a known_hosts file
-    the connection is strict (unknown or changed keys are refused), as `ssh` would be
-    with that option; otherwise Fabric's default of accepting new keys applies.
-    """
+
+def _policy(host: Host, accept_new: bool):
+    from paramiko.client import MissingHostKeyPolicy
+
+    class Policy(MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key):
+            if not accept_new:
+                raise UnknownHostKey(
+                    f"host key of {hostname} ({key.get_name()}) is not in known_hosts: refused, as OpenSSH "
+                    "refuses it. Check it, then run again with --accept-new-host-keys to trust and record it "
+                    f"(or add it yourself: ssh-keyscan -p {host.port} {host.address} >> ~/.ssh/known_hosts)")
+            path = os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts")
+            with _record_lock:
+                os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+                with open(path, "a") as f:
+                    f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            print(f"ftbundle: accepted the new host key of {hostname} ({key.get_name()} "
+                  f"{key.fingerprint if hasattr(key, 'fingerprint') else ''}) and recorded it in {path}",
+                  file=sys.stderr, flush=True)
+
+    return Policy()
+
+
+def connect(host: Host, *, timeout: int = CONNECT_TIMEOUT, accept_new_host_keys: bool = False):
+    """A Fabric Connection to ``host`` using the inventory's user, port, key, known_hosts
+    and bastion. Nothing is opened yet."""
     from fabric import Config, Connection
-    from paramiko.client import RejectPolicy
 
     connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout}
     if host.key_file:
@@ -28,12 +63,24 @@ def connect(host: Host, *, timeout: int = CONNECT_TIMEOUT):
     # Never forward our own stdin (a terminal, a pipe) to a remote command unless a caller
     # hands one over explicitly: Invoke's default reads sys.stdin.
     config = Config(overrides={"run": {"in_stream": False}})
-    conn = Connection(host=host.address, user=host.user, port=host.port, config=config,
+    gateway = None
+    if host.proxy_jump:
+        gateway = connect(bastion(host), timeout=timeout, accept_new_host_keys=accept_new_host_keys)
+    conn = Connection(host=host.address, user=host.user, port=host.port, config=config, gateway=gateway,
                       connect_timeout=timeout, connect_kwargs=connect_kwargs)
-    user_known = os.path.expanduser("~/.ssh/known_hosts")
-    if os.path.exists(user_known):
-        conn.client.load_host_keys(user_known)
-    if host.known_hosts:
-        conn.client.load_host_keys(os.path.expanduser(host.known_hosts))
-        conn.client.set_missing_host_key_policy(RejectPolicy())
+    for path in (os.path.expanduser("~/.ssh/known_hosts"), SYSTEM_KNOWN_HOSTS,
+                 os.path.expanduser(host.known_hosts) if host.known_hosts else None):
+        if path and os.path.exists(path):
+            conn.client.load_host_keys(path)
+    conn.client.set_missing_host_key_policy(_policy(host, accept_new_host_keys))
     return conn
+
+
+def bastion(host: Host) -> Host:
+    """The ProxyJump host as a Host: `[user@]name[:port]`, with the target's key and
+    known_hosts (Ansible users set them once for both)."""
+    spec = host.proxy_jump.split(",")[0]
+    user, _, rest = spec.rpartition("@")
+    name, _, port = rest.partition(":")
+    return Host(name=name, address=name, port=int(port) if port.isdigit() else 22, user=user or host.user,
+                key_file=host.key_file, known_hosts=host.known_hosts)

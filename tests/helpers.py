@@ -13,6 +13,14 @@ REPO = Path(__file__).resolve().parents[1]
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 
+def plan_of(job, hosts, run_id: str = "r1", facts=None):
+    """The plan of a job on hosts, as `ftbundle run` makes it: layout first, then the plan
+    from the layout and the hosts' facts (None: not asked)."""
+    from ftbundle.plan import make_layout, make_plan
+
+    return make_plan(make_layout(job, list(hosts), run_id), facts)
+
+
 def write_job(path: Path, job: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(job, sort_keys=False))

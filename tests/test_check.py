@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ftbundle.check import run_checks
-from ftbundle.cli import open_cluster
-from ftbundle.cli import build_plan
-from ftbundle.netcheck import run_net_check
+from ftbundle.check import print_report, run_checks
+from ftbundle.check.net import run_net_check
+from ftbundle.cli import load_layout, open_cluster
+from ftbundle.plan import make_plan
 from tests.helpers import base_job, ftbundle, write_job
 
 DATA_INFO = json.dumps({"support": {"file_name": "support.json"}})
@@ -36,10 +36,12 @@ def check(cluster, tmp_path, train: dict | None = None, **extra):
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
     job_path = write_job(tmp_path / "job.yaml", base_job(
         "chk", cluster.shared_dir, inventory, train or {"command": "true"}, **extra))
-    job, plan = build_plan(str(job_path), None)
+    _, layout = load_layout(str(job_path), None)
     out = io.StringIO()
-    with open_cluster(plan) as cluster:
-        report = run_checks(job, plan, cluster, out=out)
+    with open_cluster(layout.hosts) as cluster:
+        report, facts = run_checks(layout, cluster)
+    print_report(report, out)
+    report.facts = facts
     return report, out.getvalue()
 
 
@@ -72,7 +74,8 @@ def test_sane_cluster_passes_and_lists_every_host(cluster3, tmp_path):
     report, text = check(cluster3, tmp_path, lf_train())
     assert report.ok, text
     assert report.failures == []
-    assert report.gpu_counts == {"node0": 0, "node1": 0, "node2": 0} and report.bf16_capable is None
+    assert {f.host: len(f.gpus) for f in report.facts.hosts} == {"node0": 0, "node1": 0, "node2": 0}
+    assert report.facts.bf16 is None and report.facts.storage_shared("output_dir") is True
     lines = text.splitlines()
     import torch
     import transformers
@@ -84,7 +87,8 @@ def test_sane_cluster_passes_and_lists_every_host(cluster3, tmp_path):
     assert "            sees node0, node1, node2: node0, node1, node2" in lines
     assert "            free on node0 (rank 0), reachable from: node1, node2" in lines
     assert "            eth0: node1, node2" in lines  # the interface that routes to rank 0
-    assert lines[-1].startswith("all 10 checks passed")
+    assert any(line.startswith(f"output_dir {cluster3.shared_dir}/out") for line in lines), text
+    assert lines[-1].startswith("all 11 checks passed")
     assert report.seconds < 10, text
     assert leftovers(cluster3) == {}
     print(f"check on 3 hosts: {report.seconds:.1f}s")
@@ -268,30 +272,31 @@ def local_job(tmp_path: Path, **extra) -> Path:
 @pytest.mark.timeout(60)
 def test_local_only_plan_checks_without_ssh(tmp_path, capsys):
     (tmp_path / ".shared").mkdir()
-    job, plan = build_plan(str(local_job(tmp_path, train=lf_train())), None)
-    with open_cluster(plan) as cluster:
-        report = run_checks(job, plan, cluster)  # to stdout as it is now
+    _, layout = load_layout(str(local_job(tmp_path, train=lf_train())), None)
+    with open_cluster(layout.hosts) as cluster:
+        report, _ = run_checks(layout, cluster)
+    print_report(report)
     text = capsys.readouterr().out
     assert report.ok, text
     names = [c.name for c in report.checks]
     assert names == ["system", "versions", "gpus", "dirs", "datasets", "master_port"]
     assert "free on localhost (rank 0): localhost" in text and "local only" in text
     assert report.seconds < 5
-    with open_cluster(plan) as cluster:
-        assert run_checks(job, plan, cluster, quiet=True).ok and capsys.readouterr().out == ""
+    with open_cluster(layout.hosts) as cluster:
+        assert run_checks(layout, cluster)[0].ok and capsys.readouterr().out == ""
 
 
 @pytest.mark.timeout(120)
 def test_local_net_check_runs_the_allreduce_bench(tmp_path):
     (tmp_path / ".shared").mkdir()
-    job, plan = build_plan(str(local_job(tmp_path, train={"command": "true"})), None)
+    _, layout = load_layout(str(local_job(tmp_path, train={"command": "true"})), None)
     out = io.StringIO()
-    with open_cluster(plan) as cluster:
-        report = run_net_check(job, plan, cluster, out=out, size_mib=1, iters=3)
+    with open_cluster(layout.hosts) as cluster:
+        report = run_net_check(make_plan(layout), cluster, out=out, size_mib=1, iters=3)
     text = out.getvalue()
     assert report.ok, text
     assert report.throughput_gbps == {} and "one host: no link between hosts to measure" in text
-    assert report.bench["world"] == "2" and report.bench["backend"] == "gloo" and report.busbw_gbps > 0
+    assert report.bench["world"] == 2 and report.bench["backend"] == "gloo" and report.busbw_gbps > 0
     assert list((tmp_path / ".shared").iterdir()) == []  # the bench's run directory is gone
 
 

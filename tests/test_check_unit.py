@@ -1,34 +1,47 @@
-"""`ftbundle check`'s pure parts: grouping, parsers, the probe script, the checks, the report.
+"""`ftbundle check`'s parts without hosts: the probe run for real on this machine, the facts
+parsed from it, the rules, the report, and the pure parts of `--net`.
 
 The nvidia-smi samples in tests/data/nvidia-smi/ are format samples written in the exact
-format of `nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap
---format=csv,noheader,nounits`; they were not captured in this repository's CI (no GPU
-there). The probe script is run for real with bash against local files.
+format nvidia-smi prints for the probe's queries; they were not captured in this
+repository's CI (no GPU there). tests/assets/nvidia-smi-replay replays them, so the probe's
+whole GPU path runs, hung driver included.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from ftbundle import check as C
-from ftbundle import netcheck as N
+from ftbundle.check import net as N
+from ftbundle.check import probe_source, probe_spec
+from ftbundle.check import rules as R
+from ftbundle.check.facts import (ClusterFacts, Gpu, HostFacts, Route, Storage, bf16_capable, describe_gpus,
+                                  parse_compute_apps, parse_facts, parse_nvidia_smi, visible)
+from ftbundle.check.report import CheckReport, format_report
 from ftbundle.errors import UserError
 from ftbundle.inventory import Host
 from ftbundle.job import parse_job
-from ftbundle.plan import make_plan
-from ftbundle.cluster import Result
+from ftbundle.plan import make_layout, make_plan
 
 SMI = Path(__file__).resolve().parent / "data" / "nvidia-smi"
+REPLAY = Path(__file__).resolve().parent / "assets" / "nvidia-smi-replay"
 
 
-def smi(name: str) -> list[C.Gpu]:
-    return C.parse_nvidia_smi((SMI / name).read_text())
+def smi(name: str) -> list[Gpu]:
+    from ftbundle.check.facts import add_gpu_ids
+
+    gpus = parse_nvidia_smi((SMI / name).read_text())
+    ids = SMI / name.replace(".csv", ".ids.csv")
+    return add_gpu_ids(gpus, ids.read_text()) if ids.exists() else gpus
 
 
 def job_of(tmp_path: Path, **extra):
@@ -40,11 +53,15 @@ def hosts(n: int) -> list[Host]:
     return [Host(f"node{i}", f"10.0.0.{10 + i}") for i in range(n)]
 
 
-def facts(host: str, rank: int = 0, **kw) -> C.HostFacts:
+def layout_of(tmp_path, n=2, **extra):
+    return make_layout(job_of(tmp_path, **extra), hosts(n), "r1")
+
+
+def facts(host: str, rank: int = 0, **kw) -> HostFacts:
     kw.setdefault("versions", {"python": "3.11.7", "torch": "2.14.1", "transformers": "5.6.0",
                                "llamafactory": "0.9.5"})
     kw.setdefault("hostname", host)
-    return C.HostFacts(host, rank, **kw)
+    return HostFacts(host, rank, **kw)
 
 
 # ---------------------------------------------------------------------------------------
@@ -52,11 +69,11 @@ def facts(host: str, rank: int = 0, **kw) -> C.HostFacts:
 
 
 def test_group_by_value_puts_the_majority_first_and_keeps_rank_order():
-    groups = C.group_by_value({"node0": "a", "node1": "b", "node2": "b", "node3": "c", "node4": "b"})
+    groups = R.group_by_value({"node0": "a", "node1": "b", "node2": "b", "node3": "c", "node4": "b"})
     assert groups == [("b", ["node1", "node2", "node4"]), ("a", ["node0"]), ("c", ["node3"])]
-    assert C.group_by_value({"n0": "x", "n1": "x"}) == [("x", ["n0", "n1"])]
-    assert C.group_by_value({}) == []
-    assert C.describe_groups(groups[:2]) == "b on node1, node2, node4; a on node0"
+    assert R.group_by_value({"n0": "x", "n1": "x"}) == [("x", ["n0", "n1"])]
+    assert R.group_by_value({}) == []
+    assert R.describe_groups(groups[:2]) == "b on node1, node2, node4; a on node0"
 
 
 # ---------------------------------------------------------------------------------------
@@ -66,64 +83,71 @@ def test_group_by_value_puts_the_majority_first_and_keeps_rank_order():
 def test_parse_nvidia_smi_h100_box():
     gpus = smi("h100-x8.csv")
     assert len(gpus) == 8
-    assert gpus[0] == C.Gpu("NVIDIA H100 80GB HBM3", "550.54.15", 81559, "9.0")
-    assert C.bf16_capable(gpus) is True
-    assert C.describe_gpus(gpus) == "8x NVIDIA H100 80GB HBM3 (81559 MiB, compute 9.0, driver 550.54.15)"
+    assert gpus[0].kind == ("NVIDIA H100 80GB HBM3", "550.54.15", 81559, "9.0")
+    assert gpus[3].index == "3" and gpus[3].uuid.startswith("GPU-5c1e8a23") and gpus[0].memory_used_mib == 1
+    assert bf16_capable(gpus) is True
+    assert describe_gpus(gpus) == "8x NVIDIA H100 80GB HBM3 (81559 MiB, compute 9.0, driver 550.54.15)"
 
 
 def test_parse_nvidia_smi_v100_box_is_not_bf16_capable():
     gpus = smi("v100-x8.csv")
     assert len(gpus) == 8 and gpus[0].compute_cap_tuple == (7, 0)
-    assert C.bf16_capable(gpus) is False
-    assert C.bf16_capable(smi("a100-x4.csv")) is True  # 8.0 is the threshold
+    assert bf16_capable(gpus) is False
+    assert bf16_capable(smi("a100-x4.csv")) is True  # 8.0 is the threshold
 
 
 def test_parse_nvidia_smi_old_driver_without_compute_cap():
     gpus = smi("t4-x2-no-compute-cap.csv")
-    assert gpus == [C.Gpu("Tesla T4", "470.82.01", 15109, None)] * 2
-    assert C.bf16_capable(gpus) is False  # unknown is not capable
+    assert gpus == [Gpu("Tesla T4", "470.82.01", 15109, None)] * 2
+    assert bf16_capable(gpus) is False  # unknown is not capable
 
 
 def test_parse_nvidia_smi_mixed_host_and_odd_values():
     gpus = smi("mixed-h100-a100.csv")
-    assert C.describe_gpus(gpus).startswith("2x NVIDIA H100 80GB HBM3 (")
-    assert " + 1x NVIDIA A100-SXM4-80GB (81920 MiB, compute 8.0" in C.describe_gpus(gpus)
-    assert C.bf16_capable(gpus) is True
-    assert C.bf16_capable([]) is False
-    odd = C.parse_nvidia_smi("Some GPU, Rev 2, 535.1, [N/A], [N/A]\n\n")
-    assert odd == [C.Gpu("Some GPU, Rev 2", "535.1", None, None)]
+    assert describe_gpus(gpus).startswith("2x NVIDIA H100 80GB HBM3 (")
+    assert " + 1x NVIDIA A100-SXM4-80GB (81920 MiB, compute 8.0" in describe_gpus(gpus)
+    assert bf16_capable(gpus) is True
+    assert bf16_capable([]) is False
+    odd = parse_nvidia_smi("Some GPU, Rev 2, 535.1, [N/A], [N/A]\n\n")
+    assert odd == [Gpu("Some GPU, Rev 2", "535.1", None, None)]
     with pytest.raises(ValueError):
-        C.parse_nvidia_smi("No devices were found")
+        parse_nvidia_smi("No devices were found")
+
+
+def test_cuda_visible_devices_by_index_uuid_and_cut_at_the_first_unknown():
+    gpus = smi("h100-x8.csv")
+    assert visible(gpus, None) == gpus
+    assert [g.index for g in visible(gpus, "0,2")] == ["0", "2"]
+    assert [g.index for g in visible(gpus, f"{gpus[5].uuid},1")] == ["5", "1"]
+    assert [g.index for g in visible(gpus, "GPU-5c1e8a27")] == ["7"]  # a unique prefix, as CUDA takes it
+    assert [g.index for g in visible(gpus, "3,9,4")] == ["3"]  # CUDA stops at an unknown device
+    assert visible(gpus, "") == [] and visible(gpus, "-1") == []
+
+
+def test_compute_apps():
+    [app] = parse_compute_apps((SMI / "a100-x4.apps.csv").read_text())
+    assert app.pid == "48213" and app.used_memory_mib == 30712 and app.gpu_uuid.endswith("a4b1")
+    assert parse_compute_apps("") == []
 
 
 # ---------------------------------------------------------------------------------------
-# probe output
+# the probe, run for real on this machine (python3 - SPEC)
 
 
-def test_parse_route_remote_local_and_missing():
-    assert C.parse_route("10.0.0.10 dev eth0 src 10.0.0.11 uid 0 \\    cache ") == C.Route("eth0", "10.0.0.11", False)
-    assert C.parse_route("local 10.0.0.10 dev lo src 10.0.0.10 uid 0 \\    cache <local> ").local
-    bad = C.parse_route("RTNETLINK answers: Network is unreachable")
-    assert bad.dev is None and "unreachable" in bad.error
+def run_probe(spec: dict, env: dict | None = None, timeout: float = 60) -> dict:
+    proc = subprocess.run([sys.executable, "-", json.dumps(spec)], input=probe_source(), capture_output=True,
+                          timeout=timeout, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.decode().strip().splitlines()[-1])
 
 
-def test_parse_sections():
-    text = "junk\n@@ftb a\n\none\ntwo\n\n@@ftb b\n@@ftb end\n"
-    assert C.parse_sections(text) == {"a": "one\ntwo", "b": "", "end": ""}
-
-
-def spec(tmp_path: Path, **kw) -> C.ProbeSpec:
-    kw.setdefault("python", sys.executable)
-    kw.setdefault("dataset_dir", None)
-    kw.setdefault("image", None)
-    return C.ProbeSpec(host="localhost", rank=0, master_addr="127.0.0.1",
-                       workdir=str(tmp_path), shared_dir=str(tmp_path), sentinel_dir=None,
-                       env_file=None, **kw)
-
-
-def run_probe(s: C.ProbeSpec) -> C.HostFacts:
-    proc = subprocess.run(["bash", "-c", C.probe_script(s)], capture_output=True, text=True, timeout=60, check=False)
-    return C.parse_probe(s, Result(proc.returncode, proc.stdout, proc.stderr))
+def local_spec(tmp_path: Path, **kw) -> dict:
+    spec = {"rank": 0, "master_addr": "127.0.0.1", "workdir": str(tmp_path), "env_file": None, "docker": False,
+            "python": sys.executable, "packages": ["torch", "transformers", "llamafactory"], "token": None,
+            "expect": [0], "storage": [{"name": "shared_dir", "path": str(tmp_path / "nope"), "create": False}],
+            "sentinel_wait_s": 1}
+    spec.update(kw)
+    return spec
 
 
 def write_datasets(d: Path, info: dict, files: dict[str, str]) -> None:
@@ -134,180 +158,331 @@ def write_datasets(d: Path, info: dict, files: dict[str, str]) -> None:
         (d / name).write_text(text)
 
 
-def test_probe_script_reports_this_machine(tmp_path):
+def test_probe_reports_this_machine(tmp_path):
     env_file = tmp_path / "nccl.env"
-    env_file.write_text("NCCL_SOCKET_IFNAME=lo\n")
-    f = run_probe(C.ProbeSpec(host="localhost", rank=0, python=sys.executable, image=None,
-                              master_addr="127.0.0.1", workdir=str(tmp_path), shared_dir=str(tmp_path / "nope"),
-                              sentinel_dir=str(tmp_path / "s"), env_file=str(env_file), dataset_dir=None))
-    assert f.error is None
-    assert f.hostname == socket.gethostname()
+    env_file.write_text("NCCL_SOCKET_IFNAME=lo\nCUDA_VISIBLE_DEVICES=0,1\n")
+    f = parse_facts("localhost", 0, run_probe(local_spec(tmp_path, env_file=str(env_file))))
+    assert f.hostname == socket.gethostname() and f.problems == []
     assert f.versions["python"] == sys.version.split()[0]
     assert set(f.versions) == {"python", "torch", "transformers", "llamafactory"}
     assert f.route.dev == "lo" and f.route.local
     assert "lo" in f.links
-    assert f.workdir_ok and not f.shared_dir_ok
-    assert f.sentinel_ok is False  # no shared_dir: no sentinel (and nothing created)
-    assert not (tmp_path / "nope").exists() and not (tmp_path / "s").exists()
-    assert f.ifname_env == {"NCCL_SOCKET_IFNAME": "lo"}
+    assert f.workdir_ok and not f.shared.exists and f.shared.written is None
+    assert not (tmp_path / "nope").exists()  # nothing created where it was not asked
+    assert f.env == {"NCCL_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "0,1"}  # as the job will see it
     assert f.gpus == [] and f.gpu_error is None  # no nvidia-smi here
 
 
-def test_probe_script_hashes_datasets_and_names_what_is_missing(tmp_path):
+def test_probe_values_are_data_never_shell(tmp_path):
+    """Paths holding quotes, $(...) and backticks are used as they are: nothing runs."""
+    odd = tmp_path / "a'b \"c\" $(touch PWNED) `touch PWNED2`"
+    odd.mkdir()
+    env_file = odd / "nccl.env"
+    env_file.write_text("GLOO_SOCKET_IFNAME=lo\n")
+    f = parse_facts("localhost", 0, run_probe(local_spec(
+        odd, env_file=str(env_file), storage=[{"name": "shared_dir", "path": str(odd / "s $(id)"), "create": True}])))
+    assert f.workdir_ok and f.shared.created and (odd / "s $(id)").is_dir()
+    assert f.env == {"GLOO_SOCKET_IFNAME": "lo"}
+    assert not list(tmp_path.rglob("PWNED*")) and not Path("PWNED").exists()
+
+
+def test_probe_hashes_datasets_and_names_what_is_missing(tmp_path):
+    import hashlib
+
     d = tmp_path / "data"
     write_datasets(d, {"a": {"file_name": "a.json"}, "b": {"file_name": "gone.json"},
                        "dir": {"file_name": "parts"}, "hub": {"hf_hub_url": "org/ds"}},
                    {"a.json": "[1]", "parts/x.json": "[2]", "parts/y.json": "[3]"})
-    f = run_probe(spec(tmp_path, dataset_dir=str(d), datasets=("a", "b", "dir", "hub", "nope")))
-    by_name = {e["dataset"]: e for e in f.datasets}
-    import hashlib
+    spec = local_spec(tmp_path, datasets={"dir": str(d), "names": ["a", "b", "dir", "hub", "nope"]})
+    by_name = {e["dataset"]: e for e in run_probe(spec)["datasets"]}
     assert by_name["a"]["sha256"] == hashlib.sha256(b"[1]").hexdigest()
     assert by_name["b"] == {"dataset": "b", "file": str(d / "gone.json"), "error": "missing"}
     assert len(by_name["dir"]["sha256"]) == 64
     assert by_name["hub"] == {"dataset": "hub", "remote": "hf_hub_url"}
     assert by_name["nope"]["error"] == "not defined"
-
     (d / "parts" / "y.json").write_text("[4]")  # a directory's hash follows its files
-    assert {e["dataset"]: e for e in run_probe(spec(tmp_path, dataset_dir=str(d), datasets=("dir",))).datasets}[
-        "dir"]["sha256"] != by_name["dir"]["sha256"]
-
-    f = run_probe(spec(tmp_path, dataset_dir=str(tmp_path / "elsewhere"), datasets=("a",)))
-    assert f.datasets == [{"file": str(tmp_path / "elsewhere" / "dataset_info.json"), "error": "missing"}]
+    spec["datasets"]["names"] = ["dir"]
+    assert run_probe(spec)["datasets"][0]["sha256"] != by_name["dir"]["sha256"]
+    spec["datasets"] = {"dir": str(tmp_path / "elsewhere"), "names": ["a"]}
+    assert run_probe(spec)["datasets"] == [{"file": str(tmp_path / "elsewhere" / "dataset_info.json"),
+                                            "error": "missing"}]
 
 
 def test_probe_with_a_missing_interpreter_is_a_runtime_error(tmp_path):
-    f = run_probe(spec(tmp_path, python="/nonexistent/bin/python"))
+    f = parse_facts("h", 0, run_probe(local_spec(tmp_path, python="/nonexistent/bin/python")))
     assert f.versions is None and "/nonexistent/bin/python" in f.runtime_error
 
 
-def test_probe_reads_the_image_id_and_nvidia_smi(tmp_path):
-    image = "reg/train@sha256:" + "a" * 64
-    s = spec(tmp_path, python=None, image=image)
-    smi_text = (SMI / "h100-x8.csv").read_text()
-    body = f"@@ftb image\nsha256:{'b' * 64}\n@@ftb gpus\n{smi_text}@@ftb workdir\nok\n@@ftb end\n"
-    f = C.parse_probe(s, Result(0, body, ""))
-    assert f.image_id == "sha256:" + "b" * 64 and f.runtime_error is None
-    assert len(f.gpus) == 8 and f.gpu_error is None
-    missing = C.parse_probe(s, Result(0, "@@ftb image\nERROR: Error: No such image: x\n"
-                                         "@@ftb gpus\nERROR: NVIDIA-SMI has failed because it couldn't "
-                                         "communicate with the NVIDIA driver.\n@@ftb end\n", ""))
-    assert missing.runtime_error.startswith(f"image {image} not on host (ERROR: Error: No such image")
-    assert missing.gpu_error.startswith("NVIDIA-SMI has failed")
+def smi_env(tmp_path: Path, sample: str) -> dict:
+    """PATH with the replaying stand-in as nvidia-smi, fed ``sample``."""
+    bin_dir, data = tmp_path / "bin", tmp_path / "smi"
+    bin_dir.mkdir(exist_ok=True)
+    shutil.copy(REPLAY, bin_dir / "nvidia-smi")
+    if data.exists():
+        shutil.rmtree(data)
+    shutil.copytree(SMI, data)
+    (data / "sample").write_text(sample)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FTB_SMI_DIR": str(data)}
 
 
-def test_probe_cut_short_is_the_hosts_failure(tmp_path):
-    s = spec(tmp_path)
-    f = C.parse_probe(s, Result(137, "@@ftb hostname\nnode0\n", "Killed"))
-    assert f.error == "probe did not finish: Killed"
+def test_probe_reads_gpus_their_ids_and_busy_processes_through_nvidia_smi(tmp_path):
+    f = parse_facts("h", 0, run_probe(local_spec(tmp_path), env=smi_env(tmp_path, "a100-x4")))
+    assert len(f.gpus) == 4 and f.gpu_error is None and f.gpus[1].uuid.endswith("a4b1")
+    assert [a.pid for a in f.compute_apps] == ["48213"]
+    old = parse_facts("h", 0, run_probe(local_spec(tmp_path), env=smi_env(tmp_path, "t4-x2-no-compute-cap")))
+    assert len(old.gpus) == 2 and old.gpus[0].compute_cap is None  # asked again without compute_cap
+
+
+def test_probe_reports_a_hung_driver_as_such_within_its_timeout(tmp_path):
+    started = time.monotonic()
+    f = parse_facts("h", 0, run_probe(local_spec(tmp_path, nvidia_smi_timeout_s=1), env=smi_env(tmp_path, "hang")))
+    assert time.monotonic() - started < 10
+    assert f.gpu_hung and "did not answer within 1s" in f.gpu_error
+    check = R.check_gpus([f], layout_of(tmp_path, nproc_per_node=1), 1)
+    assert check.failure == "nvidia-smi failed" and check.details[0].startswith("h: GPU driver hung: ")
+
+
+def test_probe_storage_round_sees_every_sentinel_and_rank0_creates_a_fresh_dir(tmp_path):
+    """Two probes at once, as two hosts: rank 0 creates the missing directory, rank 1 waits
+    for it, both write a sentinel and see each other's."""
+    fresh = tmp_path / "shared" / "ftbundle"
+    (tmp_path / "shared").mkdir()
+    out = {}
+
+    def probe(rank):
+        out[rank] = parse_facts(f"n{rank}", rank, run_probe(local_spec(
+            tmp_path, rank=rank, token="t1", expect=[0, 1], sentinel_wait_s=5,
+            storage=[{"name": "shared_dir", "path": str(fresh), "create": rank == 0, "wait": rank != 0}])))
+
+    threads = [threading.Thread(target=probe, args=(r,)) for r in (1, 0)]
+    for t in threads:
+        t.start()
+        time.sleep(0.3)  # rank 1 starts first and must wait for rank 0's mkdir
+    for t in threads:
+        t.join()
+    assert out[0].shared.created and out[1].shared.exists and not out[1].shared.created
+    assert out[0].shared.seen == (0, 1) and out[1].shared.seen == (0, 1)
+    assert ClusterFacts([out[0], out[1]], token="t1").storage_shared("shared_dir") is True
+    run_probe({"mode": "clean", "token": "t1", "paths": [str(fresh)]})
+    assert list(fresh.iterdir()) == []
+
+
+def test_probe_output_dir_sentinel_goes_under_its_nearest_existing_parent(tmp_path):
+    spec = local_spec(tmp_path, token="t2", storage=[
+        {"name": "output_dir", "path": str(tmp_path / "saves" / "run1"), "nearest": True}])
+    f = parse_facts("h", 0, run_probe(spec))
+    s = f.storage["output_dir"]
+    assert not s.exists and s.where == str(tmp_path) and s.written and s.seen == (0,)
+    assert (tmp_path / ".ftb-check-t2" / "rank-0").exists()
+    run_probe({"mode": "clean", "token": "t2", "paths": [str(tmp_path / "saves" / "run1")]})
+    assert not (tmp_path / ".ftb-check-t2").exists() and not (tmp_path / "saves").exists()
+
+
+def test_probe_port_free_busy_and_connect(tmp_path):
+    s = socket.socket()
+    s.bind(("", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        busy = run_probe(local_spec(tmp_path, port={"role": "listen", "port": port, "peers": 0}))["port"]
+        assert busy["busy"]
+        reach = run_probe(local_spec(tmp_path, port={"role": "connect", "addr": "127.0.0.1", "port": port,
+                                                      "connect_s": 1}))["port"]
+        assert reach == {"role": "connect", "reachable": True}
+    finally:
+        s.close()
+    free = run_probe(local_spec(tmp_path, port={"role": "listen", "port": port, "peers": 0}))["port"]
+    assert free == {"role": "listen", "accepted": []}
 
 
 # ---------------------------------------------------------------------------------------
-# what the probe is asked, from the plan
+# what the probe is asked, from the layout
 
 
-def test_probe_spec_from_a_llamafactory_plan(tmp_path):
-    job = job_of(tmp_path, workdir="/work", runtime={"python": "/opt/venv/bin/python"},
-                 train={"llamafactory": {"dataset": "alpaca, support", "eval_dataset": "support",
-                                         "dataset_dir": "data", "output_dir": "/shared/out"}})
-    plan = make_plan(job, hosts(2), "r1")
-    s = C.probe_spec(job, plan, plan.nodes[1], "/shared/.ftb-check-x")
-    assert s.python == "/opt/venv/bin/python"
-    assert s.dataset_dir == "/work/data" and s.datasets == ("alpaca", "support")
-    assert s.master_addr == "10.0.0.10" and s.workdir == "/work" and s.rank == 1
-    script = C.probe_script(s)
-    assert "/shared/.ftb-check-x/rank-1" in script and "/opt/venv/bin/python" in script
-
-    default_dir = make_plan(job_of(tmp_path, train={"llamafactory": {"dataset": "x"}}), hosts(2), "r2")
-    assert C.llamafactory_datasets(default_dir, "/shared") == ("/shared/data", ("x",))
-    online = make_plan(job_of(tmp_path, train={"llamafactory": {"dataset": "x", "dataset_dir": "ONLINE"}}),
-                       hosts(1), "r3")
-    assert C.llamafactory_datasets(online, "/shared") == (None, ())
-    assert C.llamafactory_datasets(make_plan(job_of(tmp_path), hosts(1), "r4"), "/shared") == (None, ())
+def test_probe_spec_from_a_llamafactory_layout(tmp_path):
+    layout = make_layout(job_of(tmp_path, workdir="/work", runtime={"python": "/opt/venv/bin/python"},
+                                train={"llamafactory": {"dataset": "alpaca, support", "eval_dataset": "support",
+                                                        "dataset_dir": "data", "output_dir": "/shared/out"}}),
+                         hosts(2), "r1")
+    s = probe_spec(layout, 1, token="tok", expect=[0, 1], port_peers=1)
+    assert s["python"] == "/opt/venv/bin/python" and s["rank"] == 1
+    assert s["datasets"] == {"dir": "/work/data", "names": ["alpaca", "support"]}
+    assert s["master_addr"] == "10.0.0.10" and s["workdir"] == "/work"
+    assert s["storage"] == [{"name": "shared_dir", "path": "/shared", "create": False, "wait": True},
+                            {"name": "output_dir", "path": "/shared/out", "nearest": True}]
+    assert s["port"] == {"role": "connect", "addr": "10.0.0.10", "port": 29500, "connect_s": 6}
+    rank0 = probe_spec(layout, 0, token="tok", expect=[0, 1], port_peers=1)
+    assert rank0["storage"][0]["create"] and rank0["port"]["role"] == "listen"
+    online = make_layout(job_of(tmp_path, train={"llamafactory": {"dataset": "x", "dataset_dir": "ONLINE"}}),
+                         hosts(1), "r3")
+    assert "datasets" not in probe_spec(online, 0, token=None, expect=[0], port_peers=None)
 
 
 def test_probe_spec_docker_runtime_asks_for_the_image(tmp_path):
     image = "reg/train@sha256:" + "a" * 64
-    job = job_of(tmp_path, runtime={"kind": "docker", "image": image})
-    plan = make_plan(job, hosts(2), "r1")
-    s = C.probe_spec(job, plan, plan.nodes[0], None)
-    assert s.image == image and s.python is None and s.helper_python == "python3"
-    assert "docker image inspect" in C.probe_script(s)
-    bare = job_of(tmp_path)
-    bare_plan = make_plan(bare, hosts(1), "r")
-    assert C.probe_spec(bare, bare_plan, bare_plan.nodes[0], None).python == "python3"
+    layout = make_layout(job_of(tmp_path, runtime={"kind": "docker", "image": image}), hosts(2), "r1")
+    s = probe_spec(layout, 0, token=None, expect=[0], port_peers=None)
+    assert s["docker"] and s["image"] == image and s["python"] is None
+    assert s["image_ref_file"] == "/etc/ftbundle/image.ref"
+
+
+def test_facts_from_json_image_and_errors():
+    image = "reg/train@sha256:" + "a" * 64
+    f = parse_facts("n0", 0, {"image": image, "image_id": "sha256:" + "b" * 64, "image_ref": image,
+                              "gpus": (SMI / "h100-x8.csv").read_text(), "gpu_ids": (SMI / "h100-x8.ids.csv").read_text(),
+                              "errors": ["gpus: boom"]})
+    assert f.image_id == "sha256:" + "b" * 64 and f.image_ref == image and len(f.gpus) == 8
+    assert f.problems == ["gpus: boom"]
+    assert R.check_probe([f]).warnings == ["n0: gpus: boom"]
 
 
 # ---------------------------------------------------------------------------------------
-# the checks
+# the plan's decisions from the facts
+
+
+def cluster_of(*per_host: HostFacts) -> ClusterFacts:
+    return ClusterFacts(list(per_host))
+
+
+def test_auto_nproc_from_the_gpus_the_job_sees(tmp_path):
+    h100 = smi("h100-x8.csv")
+    auto = layout_of(tmp_path, nproc_per_node="auto")
+    assert make_plan(auto, cluster_of(facts("node0", gpus=h100), facts("node1", 1, gpus=h100))).nproc_per_node == 8
+    # the host's own CUDA_VISIBLE_DEVICES (its env file) counts ...
+    limited = cluster_of(facts("node0", gpus=h100, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}),
+                         facts("node1", 1, gpus=h100, env={"CUDA_VISIBLE_DEVICES": "4,5,6,7"}))
+    assert make_plan(auto, limited).nproc_per_node == 4
+    # ... and the job's wins over it
+    job_env = layout_of(tmp_path, nproc_per_node="auto", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert make_plan(job_env, limited).nproc_per_node == 2
+    with pytest.raises(UserError, match="8 GPU\\(s\\) on node0; 4 GPU\\(s\\) on node1"):
+        make_plan(auto, cluster_of(facts("node0", gpus=h100), facts("node1", 1, gpus=smi("a100-x4.csv"))))
+    with pytest.raises(UserError, match="needs the hosts' GPU counts"):
+        make_plan(auto)
+
+
+def test_docker_runtime_gets_the_gpus_and_infiniband_by_default(tmp_path):
+    image = "reg/train@sha256:" + "a" * 64
+    h100 = smi("h100-x8.csv")
+    eight = layout_of(tmp_path, nproc_per_node=8, runtime={"kind": "docker", "image": image})
+    argv = make_plan(eight, cluster_of(facts("node0", gpus=h100), facts("node1", 1, gpus=h100))).nodes[1].argv
+    assert argv[argv.index("--gpus") + 1] == "all" and "--device" not in argv
+    four = layout_of(tmp_path, nproc_per_node=4, runtime={"kind": "docker", "image": image},
+                     env={"CUDA_VISIBLE_DEVICES": "2,3,4,5"})
+    ib = ("mlx5_0", "rdma_cm", "uverbs0")
+    plan = make_plan(four, cluster_of(facts("node0", gpus=h100, infiniband=ib), facts("node1", 1, gpus=h100,
+                                                                                    infiniband=ib)))
+    argv = plan.nodes[0].argv
+    assert argv[argv.index("--gpus") + 1] == '"device=2,3,4,5"'
+    assert ["-e", "CUDA_VISIBLE_DEVICES"] not in [argv[i:i + 2] for i in range(len(argv))]  # renumbered inside
+    assert argv[argv.index("--device") + 1] == "/dev/infiniband" and "IPC_LOCK" in argv
+    assert argv[argv.index("--ulimit") + 1] in ("memlock=-1", "stack=67108864")
+    cpu = make_plan(layout_of(tmp_path, runtime={"kind": "docker", "image": image}),
+                    cluster_of(facts("node0"), facts("node1", 1))).nodes[0].argv
+    assert "--gpus" not in cpu
+    explicit = layout_of(tmp_path, nproc_per_node=8, runtime={"kind": "docker", "image": image, "gpus": "none"})
+    assert make_plan(explicit, cluster_of(facts("node0", gpus=h100))).nodes[0].argv.count("none") == 1
+
+
+def test_output_dir_warning_follows_the_storage_facts_not_the_path(tmp_path):
+    """output_dir /shared/saves with shared_dir /shared/ftbundle: the old path test called it
+    not shared; the sentinels say it is."""
+    layout = make_layout(job_of(tmp_path, shared_dir="/shared/ftbundle",
+                                train={"llamafactory": {"output_dir": "/shared/saves", "save_total_limit": 1}}),
+                         hosts(2), "r1")
+    seen = {"output_dir": Storage("/shared/saves", written=True, seen=(0, 1), where="/shared")}
+    shared = cluster_of(facts("node0", storage=seen), facts("node1", 1, storage=seen))
+    assert not [w for w in make_plan(layout, shared).warnings if "output_dir" in w]
+    alone = cluster_of(facts("node0", storage={"output_dir": Storage("/shared/saves", written=True, seen=(0,))}),
+                       facts("node1", 1, storage={"output_dir": Storage("/shared/saves", written=True, seen=(1,))}))
+    [warning] = [w for w in make_plan(layout, alone).warnings if "output_dir" in w]
+    assert warning.startswith("output_dir /shared/saves is not on storage every host shares")
+    check = R.check_storage(alone.hosts, "output_dir", "/shared/saves", fail=False)
+    assert check.ok and any("node0 does not see the sentinel of node1" in w for w in check.warnings)
+
+
+# ---------------------------------------------------------------------------------------
+# the rules
 
 
 def test_versions_that_differ_fail_naming_the_host():
     other = {"python": "3.11.7", "torch": "2.13.0", "transformers": "5.6.0", "llamafactory": "0.9.5"}
     fs = [facts("node0"), facts("node1", 1), facts("node2", 2, versions=other)]
-    c = C.check_runtime(fs, docker=False)
+    c = R.check_runtime(fs, docker=False)
     assert c.failure == "versions differ"
     assert c.groups[-1] == ("python=3.11.7 torch=2.13.0 transformers=5.6.0 llamafactory=0.9.5", ["node2"])
     assert "torch=2.13.0 transformers=5.6.0 llamafactory=0.9.5 on node2" in c.messages()[0]
-    assert C.check_runtime(fs[:2], docker=False).ok
-    broken = C.check_runtime([facts("node0"), facts("node1", 1, versions=None, runtime_error="python: not found")],
+    assert R.check_runtime(fs[:2], docker=False).ok
+    broken = R.check_runtime([facts("node0"), facts("node1", 1, versions=None, runtime_error="python: not found")],
                              docker=False)
     assert broken.failure == "versions unavailable" and broken.details == ["node1: python: not found"]
 
 
-def test_image_ids_compared_for_docker():
-    fs = [facts("node0", image_id="sha256:aa"), facts("node1", 1, image_id="sha256:bb")]
-    c = C.check_runtime(fs, docker=True)
-    assert c.failure == "image differ" and c.groups == [("sha256:aa", ["node0"]), ("sha256:bb", ["node1"])]
+def test_image_digest_and_ids_compared_for_docker():
+    ref = "reg/t@sha256:" + "a" * 64
+    fs = [facts("node0", image=ref, image_id="sha256:aa"), facts("node1", 1, image=ref, image_id="sha256:bb")]
+    c = R.check_runtime(fs, docker=True)
+    assert c.failure == "image differ"
+    assert c.groups == [(f"{ref} (ID sha256:aa)", ["node0"]), (f"{ref} (ID sha256:bb)", ["node1"])]
 
 
-def test_gpus_must_match_nproc_per_node(tmp_path):
+def test_gpus_must_fit_nproc_per_node(tmp_path):
     h100, v100 = smi("h100-x8.csv"), smi("v100-x8.csv")
-    eight = job_of(tmp_path, nproc_per_node=8)
-    assert C.check_gpus([facts("node0", gpus=h100), facts("node1", 1, gpus=h100)], eight, 8).ok
-    four = C.check_gpus([facts("node0", gpus=h100)], job_of(tmp_path, nproc_per_node=4), 4)
-    assert four.failure == "GPUs do not fit nproc_per_node"
-    assert four.details == ["nproc_per_node is 4 but node0 has 8 GPU(s)"]
-    visible = job_of(tmp_path, nproc_per_node=4, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
-    assert C.check_gpus([facts("node0", gpus=h100)], visible, 4).ok
-    mixed = C.check_gpus([facts("node0", gpus=h100), facts("node1", 1, gpus=v100)], eight, 8)
+    eight = layout_of(tmp_path, nproc_per_node=8)
+    assert R.check_gpus([facts("node0", gpus=h100), facts("node1", 1, gpus=h100)], eight, 8).ok
+    four = R.check_gpus([facts("node0", gpus=h100)], layout_of(tmp_path, nproc_per_node=4), 4)
+    assert four.ok and "node0 has 8 GPUs; 4 rank(s) use the first 4" in four.notes
+    too_few = R.check_gpus([facts("node0", gpus=smi("a100-x4.csv"))], eight, 8)
+    assert too_few.failure == "GPUs do not fit nproc_per_node"
+    assert too_few.details == ["nproc_per_node is 8 but node0 has 4 GPU(s)"]
+    visible_job = layout_of(tmp_path, nproc_per_node=8, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert R.check_gpus([facts("node0", gpus=h100)], visible_job, 8).details == [
+        "nproc_per_node is 8 but node0 has 4 GPU(s) visible (CUDA_VISIBLE_DEVICES)"]
+    mixed = R.check_gpus([facts("node0", gpus=h100), facts("node1", 1, gpus=v100)], eight, 8)
     assert mixed.failure == "GPUs differ" and mixed.groups[1][1] == ["node1"]
-    missing = C.check_gpus([facts("node0", gpus=h100), facts("node1", 1, gpus=[])], eight, 8)
+    missing = R.check_gpus([facts("node0", gpus=h100), facts("node1", 1, gpus=[])], eight, 8)
     assert missing.failure == "GPUs differ"
     assert "nproc_per_node is 8 but node1 has 0 GPU(s)" in missing.details
-    broken = C.check_gpus([facts("node0", gpu_error="NVIDIA-SMI has failed")], eight, 8)
+    broken = R.check_gpus([facts("node0", gpu_error="NVIDIA-SMI has failed")], eight, 8)
     assert broken.failure == "nvidia-smi failed" and "node0" in broken.details[0]
-    cpu = C.check_gpus([facts("node0"), facts("node1", 1)], job_of(tmp_path, nproc_per_node=2), 2)
+    cpu = R.check_gpus([facts("node0"), facts("node1", 1)], layout_of(tmp_path, nproc_per_node=2), 2)
     assert cpu.ok and cpu.groups == [("none", ["node0", "node1"])] and "CPU" in cpu.notes[0]
 
 
+def test_busy_gpus_are_warned_about_with_their_pids(tmp_path):
+    a100 = smi("a100-x4.csv")
+    apps = parse_compute_apps((SMI / "a100-x4.apps.csv").read_text())
+    c = R.check_gpus([facts("node0", gpus=a100, compute_apps=apps), facts("node1", 1, gpus=a100)],
+                     layout_of(tmp_path, nproc_per_node=4), 4)
+    assert c.ok and c.warnings == ["node0: GPUs in use by pid 48213 (/opt/venv/bin/python3, 30712 MiB) "
+                                   "(a previous run still alive? another job?)"]
+    # a job that leaves GPU 1 out is not warned about it
+    spare = layout_of(tmp_path, nproc_per_node=2, env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert R.check_gpus([facts("node0", gpus=a100, compute_apps=apps)], spare, 2).warnings == []
+
+
 def test_gpus_auto(tmp_path):
-    auto = job_of(tmp_path, nproc_per_node="auto")
+    auto = layout_of(tmp_path, nproc_per_node="auto")
     h100 = smi("h100-x8.csv")
-    assert C.check_gpus([facts("node0", gpus=h100), facts("node1", 1, gpus=h100)], auto, 1).ok
-    assert not C.check_gpus([facts("node0")], auto, 1).ok
-    report = C.CheckReport([], gpu_counts={"node0": 8, "node1": 8}, bf16_capable=True)
-    assert C.resolve_nproc(report, auto) == 8
-    with pytest.raises(UserError, match="8 GPU\\(s\\) on node0; 4 GPU\\(s\\) on node1"):
-        C.resolve_nproc(C.CheckReport([], gpu_counts={"node0": 8, "node1": 4}, bf16_capable=True), auto)
-    with pytest.raises(UserError):
-        C.resolve_nproc(C.CheckReport([], gpu_counts={"node0": 0}, bf16_capable=None), auto)
+    assert R.check_gpus([facts("node0", gpus=h100), facts("node1", 1, gpus=h100)], auto, None).ok
+    assert not R.check_gpus([facts("node0")], auto, None).ok
 
 
 def test_bf16_of_hosts():
-    assert C.bf16_of([facts("a"), facts("b")]) is None
-    assert C.bf16_of([facts("a", gpus=smi("h100-x8.csv")), facts("b", gpus=smi("a100-x4.csv"))]) is True
-    assert C.bf16_of([facts("a", gpus=smi("h100-x8.csv")), facts("b", gpus=smi("v100-x8.csv"))]) is False
+    assert cluster_of(facts("a"), facts("b")).bf16 is None
+    assert cluster_of(facts("a", gpus=smi("h100-x8.csv")), facts("b", gpus=smi("a100-x4.csv"))).bf16 is True
+    assert cluster_of(facts("a", gpus=smi("h100-x8.csv")), facts("b", gpus=smi("v100-x8.csv"))).bf16 is False
 
 
 def test_duplicate_hostnames_fail():
-    c = C.check_hostnames([facts("node0", hostname="gpu1"), facts("node1", 1, hostname="gpu1"),
+    c = R.check_hostnames([facts("node0", hostname="gpu1"), facts("node1", 1, hostname="gpu1"),
                            facts("node2", 2, hostname="gpu2")])
     assert c.failure == "hosts are the same machine" and c.details == ["node0, node1 all have hostname gpu1"]
 
 
 def test_datasets_differing_or_missing_name_host_file_and_dataset():
     ok = {"dataset": "support", "file": "/w/data/support.json", "sha256": "a" * 64}
-    c = C.check_datasets([facts("node0", datasets=[ok]), facts("node1", 1, datasets=[ok]),
+    c = R.check_datasets([facts("node0", datasets=[ok]), facts("node1", 1, datasets=[ok]),
                           facts("node2", 2, datasets=[dict(ok, sha256="b" * 64)]),
                           facts("node3", 3, datasets=[{"dataset": "support", "file": "/w/data/support.json",
                                                         "error": "missing"}]),
@@ -318,77 +493,68 @@ def test_datasets_differing_or_missing_name_host_file_and_dataset():
     differs = [d for d in c.details if "differs" in d]
     assert differs == [(f"dataset 'support' file /w/data/support.json differs: "
                         f"{'a' * 16} on node0, node1; {'b' * 16} on node2")]
-    assert C.check_datasets([facts("node0"), facts("node1", 1)]) is None
-    assert C.check_datasets([facts("node0", datasets=[ok]), facts("node1", 1, datasets=[ok])]).ok
+    assert R.check_datasets([facts("node0"), facts("node1", 1)]) is None
+    assert R.check_datasets([facts("node0", datasets=[ok]), facts("node1", 1, datasets=[ok])]).ok
 
 
 def test_route_and_socket_interface(tmp_path):
-    job = job_of(tmp_path, env={"GLOO_SOCKET_IFNAME": "eth0"})
-    plan = make_plan(job, hosts(3), "r")
-    fs = [facts("node0", route=C.Route("lo", "10.0.0.10", True), links=("lo", "eth0")),
-          facts("node1", 1, route=C.Route("eth0", "10.0.0.11", False), links=("lo", "eth0")),
-          facts("node2", 2, route=C.Route("ib0", "10.0.0.12", False), links=("lo", "ib0"))]
-    c = C.check_route(fs, job, plan)
+    layout = layout_of(tmp_path, 3, env={"GLOO_SOCKET_IFNAME": "eth0"})
+    fs = [facts("node0", route=Route("lo", "10.0.0.10", True), links=("lo", "eth0")),
+          facts("node1", 1, route=Route("eth0", "10.0.0.11", False), links=("lo", "eth0")),
+          facts("node2", 2, route=Route("ib0", "10.0.0.12", False), links=("lo", "ib0"))]
+    c = R.check_route(fs, layout)
     assert c.failure == "interfaces wrong"
     assert c.details == ["GLOO_SOCKET_IFNAME=eth0 matches no interface on node2 (it has lo, ib0)"]
-    fs[2] = facts("node2", 2, route=C.Route("ib0", None, False), links=("lo", "eth0", "ib0"))
-    c = C.check_route(fs, job, plan)
+    fs[2] = facts("node2", 2, route=Route("ib0", None, False), links=("lo", "eth0", "ib0"))
+    c = R.check_route(fs, layout)
     assert c.ok and c.notes == ["node2 routes to rank 0 through ib0, not GLOO_SOCKET_IFNAME=eth0"]
-    fs[1] = facts("node1", 1, route=C.Route(None, None, False, "Network is unreachable"))
-    assert "no route from node1 to 10.0.0.10: Network is unreachable" in C.check_route(fs, job, plan).details
+    fs[1] = facts("node1", 1, route=Route(None, None, False, "Network is unreachable"))
+    assert "no route from node1 to 10.0.0.10: Network is unreachable" in R.check_route(fs, layout).details
     # the env file's value counts when the job does not set one
-    nccl = facts("node1", 1, route=C.Route("eth0", None, False), links=("lo", "eth0"),
-                 ifname_env={"NCCL_SOCKET_IFNAME": "^docker,lo"})
-    assert C.check_route([nccl], job_of(tmp_path), plan).ok
-    assert C._ifname_matches("=eth0", "eth0") and not C._ifname_matches("=eth", "eth0")
-    assert C._ifname_matches("eth,ib", "ib0") and not C._ifname_matches("^eth", "eth1")
+    nccl = facts("node1", 1, route=Route("eth0", None, False), links=("lo", "eth0"),
+                 env={"NCCL_SOCKET_IFNAME": "^docker,lo"})
+    assert R.check_route([nccl], layout_of(tmp_path, 3)).ok
+    assert R._ifname_matches("=eth0", "eth0") and not R._ifname_matches("=eth", "eth0")
+    assert R._ifname_matches("eth,ib", "ib0") and not R._ifname_matches("^eth", "eth1")
 
 
 def test_shared_dir_not_shared_names_the_host():
-    writers = {"rank-0": "node0", "rank-1": "node1", "rank-2": "node2"}
-    seen_all = "rank-0\nrank-1\nrank-2"
-    c = C.check_shared({"node0": "rank-0\nrank-1", "node1": "rank-0\nrank-1", "node2": "rank-2"}, writers, "/s")
+    def host(name, rank, seen):
+        return facts(name, rank, storage={"shared_dir": Storage("/s", exists=True, written=True, seen=seen, where="/s")})
+
+    fs = [host("node0", 0, (0, 1)), host("node1", 1, (0, 1)), host("node2", 2, (2,))]
+    c = R.check_storage(fs, "shared_dir", "/s", fail=True)
     assert c.failure == "shared_dir /s is not shared by all hosts"
     assert c.groups == [("sees node0, node1", ["node0", "node1"]), ("sees node2", ["node2"])]
     assert "node2 does not see the sentinel of node0, node1 in /s" in c.details
-    assert C.check_shared({h: seen_all for h in writers.values()}, writers, "/s").ok
+    assert R.check_storage([host(f"node{r}", r, (0, 1, 2)) for r in range(3)], "shared_dir", "/s", fail=True).ok
 
 
-def test_master_port_busy_or_unreachable():
-    busy = C.check_port("node0", 29500, "busy Address already in use\nLISTEN 0 128 *:29500 *:* "
-                        'users:(("python",pid=7,fd=3))\n', {"node1": "reachable"}, remote=True)
+def test_master_port_busy_or_unreachable(tmp_path):
+    layout = layout_of(tmp_path, 3)
+    holders = ['LISTEN 0 128 *:29500 *:* users:(("python",pid=7,fd=3))']
+    busy = R.check_port([facts("node0", port={"role": "listen", "busy": "Address already in use",
+                                               "holders": holders}), facts("node1", 1)], layout)
     assert busy.failure == "master port 29500 in use on node0 (rank 0)"
     assert busy.details == [("port 29500 is already in use on node0 (rank 0): Address already in use; "
                              "held by: python (pid 7) (a previous run still alive? another job?)")]
-    ok = C.check_port("node0", 29500, "listening\naccepted 10.0.0.11\n", {"node1": "reachable"}, remote=True)
+    listening = {"role": "listen", "accepted": ["10.0.0.11"]}
+    ok = R.check_port([facts("node0", port=listening), facts("node1", 1, port={"role": "connect", "reachable": True})],
+                      layout)
     assert ok.ok and ok.groups == [("free on node0 (rank 0), reachable from", ["node1"])]
-    cut = C.check_port("node0", 29500, "listening\naccepted\n", {"node1": "reachable", "node2": "unreachable"}, True)
+    cut = R.check_port([facts("node0", port=listening), facts("node1", 1, port={"role": "connect", "reachable": True}),
+                        facts("node2", 2, port={"role": "connect", "reachable": False, "error": "timed out"})], layout)
     assert cut.failure == "master port 29500 on node0 not reachable" and "node2 cannot connect" in cut.details[0]
-    local = C.check_port("localhost", 29500, "listening\naccepted\n", {}, remote=False)
+    local = R.check_port([facts("localhost", port=listening)], make_layout(job_of(tmp_path, shared_dir=".s"),
+                         [Host("localhost", "127.0.0.1", local=True)], "r"))
     assert local.ok and "local only" in local.notes[0]
-
-
-def test_listener_really_detects_a_busy_port():
-    def listen(port: int) -> str:
-        script = C.listen_script(sys.executable, port, 0)
-        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=False).stdout
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen()
-    port = s.getsockname()[1]
-    try:
-        assert listen(port).startswith("busy")
-    finally:
-        s.close()
-    assert listen(port).splitlines()[:2] == ["listening", "accepted"]
 
 
 def test_report_format_groups_hosts_and_fails_once():
     fs = [facts("node0"), facts("node1", 1), facts("node2", 2, versions={"python": "3.11.7", "torch": "2.13.0"})]
-    report = C.CheckReport([C.check_ssh(fs), C.check_runtime(fs, docker=False)], gpu_counts={}, bf16_capable=None,
-                           seconds=1.25, title="ftbundle check: job j")
-    lines = C.format_report(report)
+    report = CheckReport([R.check_ssh(fs), R.check_runtime(fs, docker=False)], seconds=1.25,
+                         title="ftbundle check: job j")
+    lines = format_report(report)
     assert lines == [
         "ftbundle check: job j",
         "ssh         reachable: node0, node1, node2",
@@ -400,8 +566,25 @@ def test_report_format_groups_hosts_and_fails_once():
     assert not report.ok and report.failures == [
         ("versions differ: python=3.11.7 torch=2.14.1 transformers=5.6.0 llamafactory=0.9.5 on node0, node1; "
          "python=3.11.7 torch=2.13.0 on node2")]
-    down = C.check_ssh([facts("node0"), C.HostFacts("node1", 1, error="No route to host")])
+    down = R.check_ssh([facts("node0"), HostFacts("node1", 1, error="No route to host")])
     assert down.messages() == ["ssh: node1 (rank 1): No route to host"]
+
+
+def test_report_is_a_table_on_a_terminal():
+    import io
+
+    from ftbundle.check.report import print_report
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    fs = [facts("node0"), facts("node1", 1, versions={"python": "3.11.7", "torch": "[odd]"})]
+    out = Tty()
+    print_report(CheckReport([R.check_runtime(fs, docker=False)], title="t"), out)
+    text = out.getvalue()
+    assert "┃" in text or "│" in text  # a table, not plain lines
+    assert "torch=[odd]" in text and "FAIL" not in text.split("versions differ")[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -430,30 +613,29 @@ def test_parse_iperf3_json():
         N.parse_iperf3_json("bash: iperf3: command not found\n")
 
 
-def test_parse_bench_line_and_slow_warnings():
-    out = ("[node0 r0] noise\n[node0 r0] ftb-allreduce backend=gloo world=4 size_mib=16 iters=10 "
-           "time_ms=36.7 algbw_gbps=3.66 busbw_gbps=5.49\n")
-    line = N.parse_bench_line(out)
-    assert line["backend"] == "gloo" and line["busbw_gbps"] == "5.49" and line["world"] == "4"
-    assert N.parse_bench_line("nothing\n") is None
+def test_slow_warnings():
     warnings = N.slow_warnings({"node1": 18.5, "node2": 0.9}, "node0", 5.49, 10)
     assert len(warnings) == 2 and warnings[0].startswith("node2 -> node0: 0.90 Gbit/s is under 10 Gbit/s")
     assert "bus bandwidth 5.49" in warnings[1]
     assert N.slow_warnings({"node1": 18.5}, "node0", None, 10) == []
 
 
-def test_bench_plan_is_the_job_with_the_bench_as_script(tmp_path):
-    job = job_of(tmp_path, nproc_per_node=2, master_port=29600, env={"GLOO_SOCKET_IFNAME": "eth0"},
-                 runtime={"python": "/opt/venv/bin/python"},
-                 train={"llamafactory": {"dataset": "x", "output_dir": "/shared/o"}})
-    plan = make_plan(job, hosts(2), "r1")
-    bench = N.bench_plan(job, plan, "j-netcheck-1", size_mib=4, iters=3)
-    assert bench.run_dir == "/shared/runs/j-netcheck-1" and bench.files == {}
+def test_bench_plan_is_the_jobs_own_plan_running_the_bench(tmp_path):
+    layout = layout_of(tmp_path, nproc_per_node=2, master_port=29600, env={"GLOO_SOCKET_IFNAME": "eth0"},
+                       runtime={"python": "/opt/venv/bin/python"},
+                       train={"llamafactory": {"dataset": "x", "output_dir": "/shared/o"}})
+    plan = make_plan(layout)
+    bench = N.bench_plan(plan, size_mib=4, iters=3)
+    assert bench.run_dir.startswith("/shared/runs/j-netcheck-") and bench.files == {}
     node = bench.nodes[1]
     assert node.argv[:4] == ("timeout", "-k", "5", str(N.BENCH_LIMIT_S))
     assert node.argv[4:7] == ("/opt/venv/bin/python", "-m", "torch.distributed.run")
-    assert "/shared/runs/j-netcheck-1/ftb_allreduce_bench.py" in node.argv
-    assert node.argv[-6:] == ("--size-mib", "4", "--iters", "3", "--timeout", "60")
+    assert f"{bench.run_dir}/ftb_allreduce_bench.py" in node.argv
+    assert node.argv[-8:] == ("--size-mib", "4", "--iters", "3", "--timeout", "60", "--out",
+                              f"{bench.run_dir}/allreduce.json")
     assert node.env["GLOO_SOCKET_IFNAME"] == "eth0" and node.env["MASTER_PORT"] == "29600"
+    assert node.env["FTB_RUN_DIR"] == bench.run_dir and node.log_path.startswith(bench.run_dir)
     assert bench.nproc_per_node == 2 and bench.master_addr == "10.0.0.10"
     assert "ftb-allreduce" in N.bench_source()
+    per_node = make_plan(layout_of(tmp_path, train={"command": "echo hi"}))
+    assert N.bench_plan(per_node).nodes[0].argv[4:7] == ("python3", "-m", "torch.distributed.run")

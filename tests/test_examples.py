@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ftbundle.cli import build_plan, main
+from ftbundle.cli import load_layout, main
+from ftbundle.plan import make_plan
+
+
+def build_plan(path, inventory):
+    job, layout = load_layout(path, inventory)
+    return job, make_plan(layout)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p.parent.name for p in (REPO / "examples").glob("*/job.yaml"))

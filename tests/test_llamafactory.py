@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ftbundle.check import bf16_capable, parse_nvidia_smi
+from ftbundle.check.facts import ClusterFacts, HostFacts, bf16_capable, parse_nvidia_smi
 from ftbundle.cli import main
 from ftbundle.errors import UserError
 from ftbundle.inventory import load_hosts
 from ftbundle.job import load_job
-from ftbundle.plan import make_plan
+from tests.helpers import plan_of
 from ftbundle.runtimes import LLAMAFACTORY_CONFIG
 
 DATA = Path(__file__).parent / "data" / "nvidia-smi"
@@ -29,14 +29,17 @@ GOOD = {"stage": "sft", "do_train": True, "finetuning_type": "lora", "dataset": 
         "gradient_accumulation_steps": 2, "bf16": True}
 
 
-def plan(tmp_path, config: dict, *, bf16=None, nproc=8):
+def plan(tmp_path, config: dict, *, gpus=None, nproc=8):
+    """The plan on 4 hosts; ``gpus``: what each host's probe found (None: hosts not asked)."""
     (tmp_path / "hosts.yml").write_text(INVENTORY)
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "job.yaml").write_text(
         f"name: lf\ninventory: hosts.yml\nhosts: trainers\nnproc_per_node: {nproc}\n"
         "shared_dir: /shared\ntrain: {llamafactory: train.yaml}\n")
     job = load_job(tmp_path / "job.yaml")
-    return make_plan(job, load_hosts(tmp_path / "hosts.yml", "trainers"), "r1", bf16_capable=bf16)
+    hosts = load_hosts(tmp_path / "hosts.yml", "trainers")
+    facts = None if gpus is None else ClusterFacts([HostFacts(h.name, r, gpus=gpus) for r, h in enumerate(hosts)])
+    return plan_of(job, hosts, "r1", facts)
 
 
 def staged(p) -> dict:
@@ -44,7 +47,7 @@ def staged(p) -> dict:
 
 
 def test_a_sound_config_has_no_warning_and_says_its_effective_batch(tmp_path):
-    p = plan(tmp_path, GOOD, bf16=True)
+    p = plan(tmp_path, GOOD)
     assert p.warnings == ()
     assert p.notes == ("effective batch size 256 = 4 per device x 2 accumulation x 8 rank(s) per node "
                        "x 4 node(s)",)
@@ -85,7 +88,7 @@ def test_fp16_on_a_bf16_capable_gpu(tmp_path, sample, capable):
     gpus = parse_nvidia_smi((DATA / sample).read_text())
     assert bf16_capable(gpus) is capable
     config = {**GOOD, "bf16": False, "fp16": True}
-    warnings = plan(tmp_path, config, bf16=bf16_capable(gpus)).warnings
+    warnings = plan(tmp_path, config, gpus=gpus, nproc=len(gpus)).warnings
     if capable:
         assert warnings == ("fp16 on a bf16-capable GPU: bf16 needs no loss scaling and overflows less; "
                             "set bf16: true, fp16: false",)

@@ -10,7 +10,7 @@ import yaml
 from ftbundle.errors import UserError
 from ftbundle.inventory import Host, load_hosts, localhost_only
 from ftbundle.job import load_job
-from ftbundle.plan import make_plan
+from tests.helpers import plan_of as make_plan
 
 INVENTORY = """
 all:
@@ -178,14 +178,32 @@ train: {{script: train.py}}
     assert plan.nodes[1].stop_argv == ("docker", "rm", "-f", "ftb-r1-1")
 
 
-def test_docker_image_from_inventory_must_be_pinned(tmp_path, inventory):
+def test_docker_image_from_inventory_or_from_what_site_yml_recorded(tmp_path, inventory):
+    """A pinned ftb_image is used as it is; a tagged one is what site.yml resolved and
+    recorded on every host (/etc/ftbundle/image.ref): the plan takes that digest from the
+    hosts' facts, refuses without them, and refuses a record that differs between hosts."""
+    from ftbundle.check.facts import ClusterFacts, HostFacts
+
+    job = "name: j\nhosts: trainers\nruntime: {kind: docker}\ntrain: {script: t.py}\n"
     inventory.write_text(INVENTORY.replace("ftb_shared_dir: /shared", "ftb_shared_dir: /shared\n        ftb_image: reg/train:v1"))
-    with pytest.raises(UserError, match="not pinned by digest") as info:
-        plan_for(tmp_path, inventory, "name: j\nhosts: trainers\nruntime: {kind: docker}\ntrain: {script: t.py}\n")
-    assert info.value.key == "ftb_image"
+    with pytest.raises(UserError, match="site.yml recorded on the hosts") as info:
+        plan_for(tmp_path, inventory, job)
+    assert info.value.key == "runtime.image"
+    recorded = "reg/train@sha256:" + "c" * 64
+    hosts = load_hosts(inventory, "trainers")
+    facts = ClusterFacts([HostFacts(h.name, r, image_ref=recorded) for r, h in enumerate(hosts)])
+    plan = make_plan(load_job(job_file(tmp_path, job)), hosts, "r1", facts)
+    assert plan.image == recorded and all(recorded in n.argv for n in plan.nodes)
+    facts.hosts[2].image_ref = "reg/train@sha256:" + "d" * 64
+    with pytest.raises(UserError, match="recorded different images"):
+        make_plan(load_job(job_file(tmp_path, job)), hosts, "r1", facts)
+    for f in facts.hosts:
+        f.image_ref = "reg/train:v1"
+    with pytest.raises(UserError, match="not pinned by digest"):
+        make_plan(load_job(job_file(tmp_path, job)), hosts, "r1", facts)
     pinned = "reg/train@sha256:" + "b" * 64
     inventory.write_text(INVENTORY.replace("ftb_shared_dir: /shared", f"ftb_shared_dir: /shared\n        ftb_image: '{pinned}'"))
-    plan = plan_for(tmp_path, inventory, "name: j\nhosts: trainers\nruntime: {kind: docker}\ntrain: {script: t.py}\n")
+    plan = plan_for(tmp_path, inventory, job)
     assert pinned in plan.nodes[0].argv
 
 
@@ -294,3 +312,41 @@ def test_secret_values_never_reach_the_terminal(tmp_path, capfd):
     log = (run_dir / "node-0-localhost.a1.log").read_text()
     assert log == "token is <redacted>\n"
     assert (run_dir / "node-0.a1.exit").read_text().strip() == "5"  # the job's code, not the filter's
+
+
+def test_reprs_and_the_plan_file_hide_secret_values_wherever_they_appear(tmp_path, inventory, capsys):
+    """repr() of a node, a host and a job shows no env or vars; a train.args or train.command
+    value equal to a secret is masked in plan.json and --dry-run (not only the env entry)."""
+    from ftbundle.cli import main
+
+    inventory.write_text(INVENTORY.replace("ftb_shared_dir: /shared", "ftb_shared_dir: /shared\n        db_password: vault-me-9"))
+    body = ("name: j\nhosts: trainers\nnproc_per_node: 1\nenv: {HF_TOKEN: hf_abcdef123456, X_TOKEN: only-env-777}\n"
+            "train: {script: train.py, args: [--token, hf_abcdef123456, --hub=hf_abcdef123456]}\n")
+    plan = plan_for(tmp_path, inventory, body)
+    node = plan.nodes[0]
+    for obj in (node, node.host, load_job(job_file(tmp_path, body))):
+        assert "only-env-777" not in repr(obj) and "vault-me-9" not in repr(obj)
+    assert "hf_abcdef123456" in node.argv  # the job still gets its arguments
+    text = json.dumps(plan.to_dict())
+    assert "hf_abcdef123456" not in text and "--hub=<redacted>" in text
+    assert main(["run", str(job_file(tmp_path, body)), "-i", str(inventory), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "hf_abcdef123456" not in out and "--token <redacted> --hub=<redacted>" in out, out
+    command = plan_for(tmp_path, inventory, "name: j\nhosts: trainers\nenv: {API_KEY: sk-live-000111}\n"
+                                            "train: {command: 'curl -H sk-live-000111 x'}\n")
+    assert "sk-live-000111" not in json.dumps(command.to_dict())
+
+
+def test_llamafactory_credentials_travel_in_the_environment_not_the_staged_config(tmp_path, inventory):
+    body = ("name: j\nhosts: trainers\ntrain:\n  llamafactory: {dataset: x, output_dir: /shared/o, "
+            "hf_hub_token: hf_zzz111222, swanlab_api_key: sw-key-333, tokenized_path: /shared/tok, "
+            "max_new_tokens: 5}\n")
+    plan = plan_for(tmp_path, inventory, body)
+    staged = yaml.safe_load(plan.files["llamafactory.yaml"])
+    assert "hf_hub_token" not in staged and "swanlab_api_key" not in staged
+    assert staged["tokenized_path"] == "/shared/tok" and staged["max_new_tokens"] == 5  # not credentials
+    env = plan.nodes[1].env
+    assert env["FTB_LF_HF_HUB_TOKEN"] == "hf_zzz111222" and env["FTB_LF_SWANLAB_API_KEY"] == "sw-key-333"
+    assert env["FTB_LF_FROM_ENV"] == "hf_hub_token swanlab_api_key"
+    text = json.dumps(plan.to_dict())
+    assert "hf_zzz111222" not in text and "sw-key-333" not in text

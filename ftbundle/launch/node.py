@@ -108,7 +108,7 @@ class LineSplitter:
         self._pending = ""
         self._emit = emit  # a finished line
         self._progress = progress  # the latest state of a line still being redrawn
-        self._last_progress = 0.0
+        self._last_progress: float | None = None  # (not 0: monotonic time starts at boot)
 
     def feed(self, data: bytes) -> None:
         text = self._pending + self._decode(data)
@@ -121,7 +121,7 @@ class LineSplitter:
             done, _, rest = rest.rpartition("\r")
             latest = next((s for s in reversed(done.split("\r")) if s.strip()), "")
             now = time.monotonic()
-            if latest and now - self._last_progress >= PROGRESS_EVERY_S:
+            if latest and (self._last_progress is None or now - self._last_progress >= PROGRESS_EVERY_S):
                 self._last_progress = now
                 self._progress(latest)
         if len(rest) > LINE_MAX:

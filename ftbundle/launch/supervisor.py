@@ -34,8 +34,7 @@ from typing import TextIO
 
 from ..cluster import Cluster, HostUnreachable, first_line, parallel
 from ..inventory import Host
-from ..job import MIN_SECRET_LEN, is_secret
-from ..plan import ATTEMPT_FILE, REDACTED, NodeFiles, Plan
+from ..plan import ATTEMPT_FILE, NodeFiles, Plan
 from .display import Display
 from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv
 
@@ -83,22 +82,6 @@ class Outcome:
     lost: tuple[int, ...] = ()  # ranks that could not be confirmed stopped
 
 
-def secret_values(plan: Plan) -> list[str]:
-    return sorted({v for n in plan.nodes for k, v in n.env.items() if is_secret(k) and len(v) >= MIN_SECRET_LEN},
-                  key=len, reverse=True)
-
-
-def redactor(plan: Plan):
-    values = secret_values(plan)
-
-    def redact(line: str) -> str:
-        for value in values:
-            line = line.replace(value, REDACTED)
-        return line
-
-    return redact
-
-
 class Supervisor:
     """One attempt of a run on an open cluster."""
 
@@ -110,7 +93,7 @@ class Supervisor:
         self.out = out or sys.stdout  # looked up now, not at import: callers may swap sys.stdout
         self.err = err or sys.stderr
         self.lost_after = lost_after
-        self.redact = redactor(plan)
+        self.redact = plan.redact
         self.events: queue.Queue[Event] = queue.Queue()
         rank0 = NodeFiles.of(plan.run_dir, plan.run_id, 0, plan.nodes[0].host.name, attempt)
         self.display = Display(self.out, redact=self.redact, log_hint=rank0.log)

@@ -23,6 +23,7 @@ parser.add_argument("--iters", type=int, default=10)
 parser.add_argument("--warmup", type=int, default=2)
 parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto")
 parser.add_argument("--timeout", type=float, default=60, help="process group timeout, seconds")
+parser.add_argument("--out", help="rank 0 also writes its result here, as JSON (for the controller)")
 args = parser.parse_args()
 
 backend = args.backend
@@ -65,6 +66,13 @@ dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
 per_iter = elapsed.item() / max(1, args.iters)
 algbw = numel * 4 / per_iter  # bytes per second
 busbw = algbw * 2 * (world - 1) / world
+if rank == 0 and args.out:
+    import json
+    with open(args.out + ".tmp", "w") as f:
+        json.dump({"backend": backend, "world": world, "size_mib": args.size_mib, "iters": args.iters,
+                   "time_ms": per_iter * 1e3, "algbw_gbps": algbw * 8 / 1e9, "busbw_gbps": busbw * 8 / 1e9}, f)
+    import os
+    os.replace(args.out + ".tmp", args.out)
 if rank == 0:
     print(f"ftb-allreduce backend={backend} world={world} size_mib={args.size_mib:g} iters={args.iters} "
           f"time_ms={per_iter * 1e3:.3f} algbw_gbps={algbw * 8 / 1e9:.3f} busbw_gbps={busbw * 8 / 1e9:.3f}",

@@ -8,8 +8,13 @@ LlamaFactory itself. It runs `llamafactory.launcher` unchanged, after one fix:
   ("don't know how to restore data location ... cpu:0"), so every CPU resume dies
   in `_load_optimizer_and_scheduler`. A deserializer for `cpu:N` locations fixes it;
   GPU runs never reach it.
+
+Credentials (hf_hub_token, ...) are never in the staged config, which lives on shared
+storage: ftbundle sends them in the environment (FTB_LF_<KEY>, listed by FTB_LF_FROM_ENV),
+and they are put back into the config here, in memory.
 """
 
+import os
 import runpy
 import sys
 
@@ -24,6 +29,20 @@ def _restore_cpu_n(obj, location):
 
 torch.serialization.register_package(11, lambda obj: None, _restore_cpu_n)
 
+def _credentials():
+    keys = os.environ.get("FTB_LF_FROM_ENV", "").split()
+    return {key: os.environ["FTB_LF_" + key.upper()] for key in keys if "FTB_LF_" + key.upper() in os.environ}
+
+
 if __name__ == "__main__":
-    sys.argv = ["llamafactory.launcher", *sys.argv[1:]]
-    runpy.run_module("llamafactory.launcher", run_name="__main__", alter_sys=True)
+    credentials = _credentials()
+    if credentials:
+        import yaml
+        from llamafactory.train.tuner import run_exp
+
+        with open(sys.argv[1]) as f:
+            config = yaml.safe_load(f) or {}
+        run_exp(args={**config, **credentials})
+    else:
+        sys.argv = ["llamafactory.launcher", *sys.argv[1:]]
+        runpy.run_module("llamafactory.launcher", run_name="__main__", alter_sys=True)

@@ -5,10 +5,11 @@ Two measurements, both bounded in time and leaving nothing behind:
 * iperf3 between rank 0 and every other host, one at a time (so they do not share rank
   0's link): a one-shot server on rank 0 (`iperf3 -s -1`, port master_port + 1) and a
   2-second test from the other host. The number is what the host's TCP path can carry.
-* a short all-reduce across all ranks, launched by ftbundle itself (the same plan,
-  interpreter, image and environment as the job, its script replaced by
-  shims/allreduce_bench.py): NCCL on GPUs, gloo on the CPU. Its bus bandwidth is what
-  the collective the training runs actually gets.
+* a short all-reduce across all ranks, launched by ftbundle itself on the job's own plan
+  (hosts, ranks, interpreter or image, environment; :meth:`Plan.with_program` swaps the
+  training for shims/allreduce_bench.py): NCCL on GPUs, gloo on the CPU. Rank 0 writes its
+  result as JSON into the run directory, where the controller reads it. Its bus bandwidth
+  is what the collective the training runs actually gets.
 
 Hosts under ``min_gbps`` get a warning naming them (multi-node training wants 10 Gbit/s
 or more between nodes); a measurement that could not be made is an error.
@@ -20,18 +21,15 @@ import dataclasses
 import io
 import json
 import posixpath
-import re
-import secrets
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TextIO
 
-from .job import Job, Train
-from .plan import Plan, make_plan
-from .cluster import Cluster, Result, first_line
+from ..cluster import Cluster, Result, first_line
+from ..plan import Plan
+from . import probe_python, probe_source
 
 DEFAULT_MIN_GBPS = 10.0
 IPERF_SECONDS = 2
@@ -41,7 +39,7 @@ BENCH_SCRIPT = "ftb_allreduce_bench.py"
 BENCH_SIZE_MIB = 16
 BENCH_ITERS = 10
 BENCH_LIMIT_S = 180  # each node's torchrun is killed after this long (start-up included)
-BENCH_LINE = re.compile(r"ftb-allreduce (.*)$")
+BENCH_RESULT = "allreduce.json"  # rank 0's result, in the bench's run directory
 
 
 @dataclass
@@ -50,7 +48,7 @@ class NetReport:
     rank0: str = ""
     busbw_gbps: float | None = None
     algbw_gbps: float | None = None
-    bench: dict[str, str] = field(default_factory=dict)  # the bench's whole line, parsed
+    bench: dict = field(default_factory=dict)  # rank 0's result (allreduce.json)
     warnings: list[str] = field(default_factory=list)  # slow hosts, slow collective
     errors: list[str] = field(default_factory=list)  # measurements that could not be made
     seconds: float = 0.0
@@ -80,15 +78,6 @@ def parse_iperf3_json(text: str) -> float:
         raise ValueError("iperf3 output has no end.sum_received.bits_per_second") from None
 
 
-def parse_bench_line(output: str) -> dict[str, str] | None:
-    """The `ftb-allreduce key=value ...` line rank 0 printed, as a dict; None if absent."""
-    for line in reversed(output.splitlines()):
-        match = BENCH_LINE.search(line)
-        if match:
-            return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
-    return None
-
-
 def slow_warnings(throughput: dict[str, float], rank0: str, busbw: float | None, min_gbps: float) -> list[str]:
     """A warning per host under the threshold, and one for the collective."""
     warnings = [f"{host} -> {rank0}: {gbps:.2f} Gbit/s is under {min_gbps:g} Gbit/s; multi-node training "
@@ -99,113 +88,107 @@ def slow_warnings(throughput: dict[str, float], rank0: str, busbw: float | None,
     return warnings
 
 
-def iperf_client_script(addr: str, port: int) -> str:
-    """Retry until the one-shot server on rank 0 is up, then one JSON result. (With -J,
-    iperf3 3.12 exits 0 even when it could not connect: the JSON's "error" says so.)"""
-    q = shlex.quote
-    return (f"command -v iperf3 >/dev/null 2>&1 || {{ echo NO-IPERF3; exit 0; }}\n"
-            f"end=$((SECONDS + {IPERF_CONNECT_S}))\n"
-            f"while :; do\n"
-            f"  out=$(timeout {IPERF_SECONDS + 10} iperf3 -c {q(addr)} -p {port} -t {IPERF_SECONDS} -J 2>&1)\n"
-            f"  case \"$out\" in *sum_received*) printf '%s\\n' \"$out\"; exit 0 ;; esac\n"
-            f"  [ $SECONDS -ge $end ] && {{ printf '%s\\n' \"$out\"; exit 0; }}\n"
-            f"  sleep 0.3\n"
-            f"done\n")
-
-
-def iperf_server_script(port: int) -> str:
-    """One client, then exit; `timeout` ends it if the client never comes."""
-    return (f"command -v iperf3 >/dev/null 2>&1 || {{ echo NO-IPERF3; exit 0; }}\n"
-            f"timeout -k 2 {IPERF_SERVER_S} iperf3 -s -1 -p {port} >/dev/null 2>&1; echo done\n")
-
-
 def bench_source() -> str:
     return resources.files("ftbundle.shims").joinpath("allreduce_bench.py").read_text()
 
 
-def bench_plan(job: Job, plan: Plan, run_id: str, *, size_mib: float = BENCH_SIZE_MIB,
-               iters: int = BENCH_ITERS) -> Plan:
-    """The job's plan with its training replaced by the all-reduce bench: same hosts,
-    ranks, interpreter or image, environment and master port; every node bounded by
+def bench_plan(plan: Plan, *, size_mib: float = BENCH_SIZE_MIB, iters: int = BENCH_ITERS) -> Plan:
+    """The job's plan running the all-reduce bench: same hosts, ranks, interpreter or image,
+    environment and master port, in a run directory of its own; every node bounded by
     `timeout` so a hung collective cannot outlive the check."""
+    run_id = f"{plan.job_name}-netcheck-{time.strftime('%Y%m%d-%H%M%S')}-{plan.run_id[-4:]}"
     run_dir = posixpath.join(plan.shared_dir, "runs", run_id)
-    script = posixpath.join(run_dir, BENCH_SCRIPT)
-    train = Train("script", script=script,
-                  args=("--size-mib", f"{size_mib:g}", "--iters", str(iters), "--timeout", "60"))
-    derived = dataclasses.replace(job, train=train, restarts=0)
-    bench = make_plan(derived, [n.host for n in plan.nodes], run_id, nproc_per_node=plan.nproc_per_node)
-    nodes = tuple(dataclasses.replace(n, argv=("timeout", "-k", "5", str(BENCH_LIMIT_S), *n.argv))
-                  for n in bench.nodes)
-    return dataclasses.replace(bench, nodes=nodes, files={}, warnings=(), notes=())
+    program = (posixpath.join(run_dir, BENCH_SCRIPT), "--size-mib", f"{size_mib:g}", "--iters", str(iters),
+               "--timeout", "60", "--out", posixpath.join(run_dir, BENCH_RESULT))
+    bench = plan.with_program(program)
+    nodes = tuple(dataclasses.replace(
+        n, wrapper=("timeout", "-k", "5", str(BENCH_LIMIT_S), *n.wrapper),
+        env={**n.env, "FTB_RUN_ID": run_id, "FTB_RUN_DIR": run_dir},
+        log_path=posixpath.join(run_dir, posixpath.basename(n.log_path))) for n in bench.nodes)
+    return dataclasses.replace(bench, run_id=run_id, run_dir=run_dir, nodes=nodes)
 
 
 # ---------------------------------------------------------------------------------------
 # I/O
 
 
+def _probe(host, spec: dict) -> list[str]:
+    return [probe_python(host), "-", json.dumps(spec)]
+
+
+def _answer(result) -> dict:
+    if not isinstance(result, Result):
+        return {"error": first_line(result)}
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": (result.stderr.strip().splitlines() or [f"exit {result.code}"])[-1]}
+
+
 def measure_iperf(plan: Plan, cluster: Cluster, report: NetReport) -> None:
-    """rank 0 <- each other host, one at a time."""
+    """rank 0 <- each other host, one at a time (the probe's iperf modes: argv, no shell)."""
     rank0 = plan.nodes[0]
     port = plan.master_port + 1
+    server = {"mode": "iperf-server", "port": port, "server_s": IPERF_SERVER_S}
+    client = {"mode": "iperf-client", "addr": plan.master_addr, "port": port, "seconds": IPERF_SECONDS,
+              "connect_s": IPERF_CONNECT_S}
     for node in plan.nodes[1:]:
-        served, client = [
-            r.stdout if isinstance(r, Result) else f"ERROR {first_line(r)}"
-            for r in cluster.run_all([(rank0.host, ["bash", "-c", iperf_server_script(port)]),
-                                      (node.host, ["bash", "-c", iperf_client_script(plan.master_addr, port)])],
-                                     timeout=IPERF_SERVER_S + IPERF_CONNECT_S + IPERF_SECONDS + 20)]
-        if "NO-IPERF3" in served:
+        served, measured = [_answer(r) for r in cluster.run_all(
+            [(rank0.host, _probe(rank0.host, server)), (node.host, _probe(node.host, client))],
+            stdin=probe_source(), timeout=IPERF_SERVER_S + IPERF_CONNECT_S + IPERF_SECONDS + 20)]
+        if served.get("missing"):
             report.errors.append(f"iperf3 is not installed on {rank0.host.name} (rank 0): "
                                  "throughput not measured (apt-get install iperf3)")
             return
-        if "NO-IPERF3" in client:
+        if measured.get("missing"):
             report.errors.append(f"iperf3 is not installed on {node.host.name}: its throughput was not measured")
             continue
         try:
-            report.throughput_gbps[node.host.name] = parse_iperf3_json(client) / 1e9
+            report.throughput_gbps[node.host.name] = parse_iperf3_json(measured.get("json") or
+                                                                      measured.get("error", "")) / 1e9
         except ValueError as exc:
             report.errors.append(f"iperf3 {node.host.name} -> {rank0.host.name}:{port} failed: {exc}")
 
 
-def measure_allreduce(job: Job, plan: Plan, cluster: Cluster, report: NetReport, *, size_mib: float,
-                      iters: int) -> None:
-    """Launch the bench with the launcher's own Supervisor; read rank 0's line."""
-    from .launch import Supervisor, stage_files, stage_run_dir
+def measure_allreduce(plan: Plan, cluster: Cluster, report: NetReport, *, size_mib: float, iters: int) -> None:
+    """Launch the bench with the launcher's own Supervisor; read rank 0's result file."""
+    from ..launch import Supervisor, read_tail, stage_files, stage_run_dir
 
-    run_id = f"{job.name}-netcheck-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    bench = bench_plan(job, plan, run_id, size_mib=size_mib, iters=iters)
-    out, err = io.StringIO(), io.StringIO()
+    bench = bench_plan(plan, size_mib=size_mib, iters=iters)
+    rank0 = bench.nodes[0].host
     try:
         stage_run_dir(cluster, bench)
-        stage_files(cluster, bench.nodes[0].host, bench.run_dir, {BENCH_SCRIPT: bench_source()})
-        outcome = Supervisor(bench, cluster, out=out, err=err).run()
-        line = parse_bench_line(out.getvalue())
-        if outcome.exit_code != 0 or line is None:
-            tail = [x for x in (err.getvalue() + out.getvalue()).splitlines() if x.strip()][-8:]
+        stage_files(cluster, rank0, bench.run_dir, {BENCH_SCRIPT: bench_source()})
+        outcome = Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run()
+        result = cluster.run(rank0, ["cat", "--", posixpath.join(bench.run_dir, BENCH_RESULT)], timeout=15)
+        if outcome.exit_code != 0 or not result.ok:
+            first = outcome.failure.rank if outcome.failure else 0
+            tail = read_tail(bench, cluster, first, bench.nodes[first].log_path, 8) or []
             report.errors.append(f"all-reduce bench failed (exit {outcome.exit_code}):\n    "
-                                 + "\n    ".join(tail))
+                                 + "\n    ".join(line for line in tail if line.strip()))
             return
-        report.bench = line
-        report.busbw_gbps = float(line["busbw_gbps"])
-        report.algbw_gbps = float(line["algbw_gbps"])
+        data = json.loads(result.stdout)
+        report.bench = data
+        report.busbw_gbps = float(data["busbw_gbps"])
+        report.algbw_gbps = float(data["algbw_gbps"])
     finally:
         try:
             runs = posixpath.dirname(bench.run_dir)  # removed too if the bench made it
-            cluster.run(bench.nodes[0].host, ["bash", "-c", 'rm -rf -- "$1"; rmdir -- "$2" 2>/dev/null; true',
-                                              "ftb", bench.run_dir, runs], timeout=30)
+            cluster.run(rank0, ["bash", "-c", 'rm -rf -- "$1"; rmdir -- "$2" 2>/dev/null; true',
+                                "ftb", bench.run_dir, runs], timeout=30)
         except Exception:
             pass
 
 
-def run_net_check(job: Job, plan: Plan, cluster: Cluster, min_gbps: float = DEFAULT_MIN_GBPS,
-                  out: TextIO | None = None,
+def run_net_check(plan: Plan, cluster: Cluster, min_gbps: float = DEFAULT_MIN_GBPS, out: TextIO | None = None,
                   *, quiet: bool = False, size_mib: float = BENCH_SIZE_MIB, iters: int = BENCH_ITERS) -> NetReport:
     """Measure, print the report to ``out`` (default: stdout) unless ``quiet``, return it."""
     started = time.monotonic()
     report = NetReport(rank0=plan.nodes[0].host.name)
     if len(plan.nodes) > 1:
         measure_iperf(plan, cluster, report)
-    measure_allreduce(job, plan, cluster, report, size_mib=size_mib, iters=iters)
-    crosses = report.bench.get("world", "1") != "1"  # world size 1: bus bandwidth is 0 by definition
+    measure_allreduce(plan, cluster, report, size_mib=size_mib, iters=iters)
+    crosses = report.bench.get("world", 1) != 1  # world size 1: bus bandwidth is 0 by definition
     report.warnings = slow_warnings(report.throughput_gbps, report.rank0,
                                     report.busbw_gbps if crosses else None, min_gbps)
     report.seconds = time.monotonic() - started
@@ -223,11 +206,11 @@ def format_net_report(report: NetReport, plan: Plan, min_gbps: float) -> list[st
         lines.append(f"iperf3      {host} -> {report.rank0}: {gbps:.2f} Gbit/s")
     if report.busbw_gbps is not None:
         b = report.bench
-        lines.append(f"all-reduce  {b.get('backend')} world {b.get('world')}, {b.get('size_mib')} MiB x "
+        lines.append(f"all-reduce  {b.get('backend')} world {b.get('world')}, {float(b.get('size_mib', 0)):g} MiB x "
                      f"{b.get('iters')}: {float(b.get('time_ms', 0)):.2f} ms each, "
                      f"bus bandwidth {report.busbw_gbps:.2f} Gbit/s ({report.busbw_gbps / 8:.2f} GB/s), "
                      f"algorithm bandwidth {report.algbw_gbps:.2f} Gbit/s")
-        if b.get("world") == "1":
+        if b.get("world") == 1:
             lines.append("            (world size 1: nothing crosses a link; bus bandwidth is 0 by definition)")
     lines += [f"warning: {w}" for w in report.warnings]
     lines += [f"error: {e}" for e in report.errors]

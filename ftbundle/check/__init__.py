@@ -1,0 +1,191 @@
+"""Preflight: are the hosts of a run alike and ready? Nothing is launched.
+
+probe -> facts -> rules -> report, in one round over the run's one connection per host:
+
+- :func:`probe_spec` (pure) says what one host is asked, as JSON;
+- :func:`probe_hosts` sends the probe (ftbundle/remote/probe.py) to every host at once on
+  stdin to its own python3, with the spec as its argument; each answers one JSON object.
+  In that single round rank 0 creates a missing shared_dir, every host writes a sentinel
+  and waits (bounded) to see everyone else's, and rank 0 holds the master port open while
+  the others connect to it;
+- :mod:`.facts` parses the answers; :mod:`.rules` turns facts and the layout into
+  findings, grouped by value (the odd host out is plain to see); :mod:`.report` prints
+  them; :mod:`.net` measures the network (``check --net``) on the same plan.
+
+The facts also feed the plan (``auto`` ranks, GPUs, the recorded image, bf16, whether
+output_dir is shared): see :func:`ftbundle.plan.make_plan`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import cache
+from importlib import resources
+
+from ..cluster import Cluster, first_line, parallel
+from ..inventory import Host
+from ..plan import IMAGE_REF_FILE, Layout
+from .facts import ClusterFacts, HostFacts, parse_facts
+from .report import CheckReport, format_report, print_report
+from .rules import Check, evaluate
+
+__all__ = ["Check", "CheckReport", "ClusterFacts", "HostFacts", "format_report", "print_report",
+           "probe_hosts", "probe_spec", "remove_sentinels", "run_checks"]
+
+PACKAGES = ("torch", "transformers", "llamafactory")
+PROBE_TIMEOUT_S = 150  # the probe hashes the dataset files; large ones take a while
+PROBE_DEADLINE_S = 120  # the probe answers with what it has by then
+LISTEN_S = 8  # how long rank 0's listener waits for every other host
+CONNECT_S = 6  # how long the other hosts keep trying to reach it
+SENTINEL_WAIT_S = 5  # how long a host waits to see every other host's sentinel
+NVIDIA_SMI_TIMEOUT_S = 10
+
+
+@cache
+def probe_source() -> bytes:
+    """The probe program's text (ftbundle/remote/probe.py, shipped in the package)."""
+    return resources.files("ftbundle.remote").joinpath("probe.py").read_bytes()
+
+
+def probe_python(host: Host) -> str:
+    """The interpreter the probe runs under: Ansible's for that host (the inventory's
+    ``ansible_python_interpreter``), else python3; this one for this machine."""
+    if host.local:
+        return sys.executable
+    value = str(host.vars.get("ansible_python_interpreter") or "")
+    return value if value and not value.startswith("auto") and "{{" not in value else "python3"
+
+
+def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int],
+               port_peers: int | None) -> dict:
+    """What host ``rank`` is asked (pure). ``token``: the sentinel name (None: no storage
+    sentinels, a light probe); ``expect``: the ranks whose sentinels each host waits for;
+    ``port_peers``: how many hosts rank 0 waits for on the master port (None: no port test)."""
+    job = layout.job
+    spec: dict = {
+        "rank": rank,
+        "master_addr": layout.master_addr,
+        "workdir": layout.workdir,
+        "env_file": job.runtime.env_file,
+        "docker": layout.docker,
+        "image": layout.image,
+        "image_ref_file": IMAGE_REF_FILE,
+        "python": layout.python,
+        "packages": list(PACKAGES),
+        "nvidia_smi_timeout_s": NVIDIA_SMI_TIMEOUT_S,
+        "deadline_s": PROBE_DEADLINE_S,
+        "sentinel_wait_s": SENTINEL_WAIT_S,
+        "token": token,
+        "expect": expect,
+        "storage": [{"name": "shared_dir", "path": layout.shared_dir, "create": rank == 0, "wait": rank != 0}],
+    }
+    if token and layout.checkpoint_dir:
+        spec["storage"].append({"name": "output_dir", "path": layout.checkpoint_dir, "nearest": True})
+    if port_peers is not None:
+        spec["port"] = ({"role": "listen", "port": layout.master_port, "peers": port_peers, "listen_s": LISTEN_S}
+                        if rank == 0 else
+                        {"role": "connect", "addr": layout.master_addr, "port": layout.master_port,
+                         "connect_s": CONNECT_S})
+    if layout.dataset_dir:
+        spec["datasets"] = {"dir": layout.dataset_dir, "names": list(layout.datasets)}
+    return spec
+
+
+def sentinel_token(layout: Layout) -> str | None:
+    """The name of this check's sentinels; None where there is nothing to prove shared (one
+    host, or this machine alone)."""
+    return secrets.token_hex(4) if len(layout.hosts) > 1 and not layout.all_local else None
+
+
+def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: str | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> ClusterFacts:
+    """Every host's facts, asked at once. ``full``: also the master port, and the storage
+    sentinels named ``token`` (the check); otherwise only what the plan needs (``--no-check``
+    with ``auto``)."""
+    reachable = [rank for rank, h in enumerate(layout.hosts) if h.name not in cluster.errors]
+    token = token if full else None
+    sentinels = token is not None
+    port_peers = len(reachable) - 1 if full and 0 in reachable else None
+    done = [0]
+    lock = threading.Lock()
+
+    def ask(rank: int) -> HostFacts:
+        host = layout.hosts[rank]
+        try:
+            if host.name in cluster.errors:
+                return HostFacts(host.name, rank, error=cluster.errors[host.name])
+            spec = probe_spec(layout, rank, token=token, expect=reachable if sentinels else [rank],
+                              port_peers=port_peers)
+            try:
+                result = cluster.run(host, [probe_python(host), "-", json.dumps(spec)], stdin=probe_source(),
+                                     timeout=PROBE_TIMEOUT_S)
+            except Exception as exc:  # connection dropped, timed out: this host's failure
+                return HostFacts(host.name, rank, error=f"probe failed: {first_line(exc)}")
+            try:
+                data = json.loads(result.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                said = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [f"exit {result.code}"]
+                return HostFacts(host.name, rank, error=f"probe did not finish: {said[0][:300]}")
+            return parse_facts(host.name, rank, data)
+        finally:
+            if on_progress is not None:
+                with lock:
+                    done[0] += 1
+                    on_progress(done[0], len(layout.hosts))
+
+    return ClusterFacts(parallel(ask, range(len(layout.hosts))), token=token)
+
+
+def remove_sentinels(layout: Layout, cluster: Cluster, token: str | None, hosts: list[Host],
+                     timeout: float = 30) -> None:
+    """The check's sentinel directories go, on ``hosts`` (the `clean` mode of the probe:
+    under each storage path, or its nearest existing parent, as the probe wrote them)."""
+    if not token:
+        return
+    paths = [layout.shared_dir] + ([layout.checkpoint_dir] if layout.checkpoint_dir else [])
+    spec = json.dumps({"mode": "clean", "token": token, "paths": paths})
+    jobs = [(h, [probe_python(h), "-", spec]) for h in hosts if cluster.alive(h) and h.name not in cluster.errors]
+    if jobs:
+        cluster.run_all(jobs, timeout=timeout, stdin=probe_source())
+
+
+def sentinel_hosts(layout: Layout, facts: ClusterFacts) -> list[Host]:
+    """Where the sentinels are: rank 0's host alone when every host shares the storage,
+    else every host that was reached."""
+    if not facts.token:
+        return []
+    shared = all(facts.storage_shared(name) is not False for name in ("shared_dir", "output_dir"))
+    reached = {f.host for f in facts.reached}
+    hosts = [h for h in layout.hosts if h.name in reached]
+    return hosts[:1] if shared else hosts
+
+
+def run_checks(layout: Layout, cluster: Cluster, *, nproc_per_node: int | None = None,
+               on_progress: Callable[[int, int], None] | None = None,
+               keep_sentinels: bool = False) -> tuple[CheckReport, ClusterFacts]:
+    """Ask every host whether they are alike and ready: (the report, the facts). Starts
+    nothing; leaves nothing behind but the shared directory it created (and, with
+    ``keep_sentinels``, the sentinels for the caller to remove, e.g. while it stages)."""
+    started = time.monotonic()
+    token = sentinel_token(layout)
+    try:
+        facts = probe_hosts(layout, cluster, full=True, token=token, on_progress=on_progress)
+    except KeyboardInterrupt:  # a moment for the sentinels, not more: Ctrl-C must be quick
+        remove_sentinels(layout, cluster, token, list(layout.hosts), timeout=1)
+        raise
+    if not keep_sentinels:
+        remove_sentinels(layout, cluster, facts.token, sentinel_hosts(layout, facts))
+    nproc = nproc_per_node if nproc_per_node is not None else (
+        layout.job.nproc_per_node if isinstance(layout.job.nproc_per_node, int) else None)
+    report = CheckReport(
+        checks=evaluate(layout, facts, nproc),
+        seconds=time.monotonic() - started,
+        title=(f"ftbundle check: job {layout.job.name}, {len(layout.hosts)} host(s) x "
+               f"{layout.job.nproc_per_node} rank(s), master {layout.master_addr}:{layout.master_port}"),
+    )
+    return report, facts

@@ -1,0 +1,368 @@
+"""Rules: pure functions from the hosts' facts and the layout to findings.
+
+Each rule follows the StackHPC pattern: one value per host, hosts grouped by value, and one
+failure, showing the grouping, when the value is wrong or there is more than one group. The
+odd host out is then plain to see. Nothing here does I/O; :func:`evaluate` runs them all.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+
+from ..plan import Layout
+from .facts import ClusterFacts, HostFacts, describe_gpus
+
+IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def group_by_value(values: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """[(value, hosts)], the largest group first (ties: the group seen first), hosts in
+    the order given (rank order). The odd ones out come last."""
+    groups: dict[str, list[str]] = {}
+    for host, value in values.items():
+        groups.setdefault(value, []).append(host)
+    order = list(groups)
+    return sorted(groups.items(), key=lambda item: (-len(item[1]), order.index(item[0])))
+
+
+def describe_groups(groups: list[tuple[str, list[str]]]) -> str:
+    """`value on a, b; other on c`: a grouping on one line, for failure messages."""
+    return "; ".join(f"{value} on {', '.join(hosts)}" for value, hosts in groups)
+
+
+@dataclass
+class Check:
+    """One line (or block) of the report: hosts grouped by value, and why it failed."""
+
+    name: str
+    groups: list[tuple[str, list[str]]]
+    failure: str | None = None  # e.g. "versions differ"
+    details: list[str] = field(default_factory=list)  # failure lines that name hosts
+    notes: list[str] = field(default_factory=list)  # worth saying, not a failure
+    warnings: list[str] = field(default_factory=list)  # worth acting on, not a failure
+    label: str = ""  # the name as shown, with its subject ("route to 10.0.0.1")
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def messages(self) -> list[str]:
+        """One self-contained line per failure, for CheckReport.failures."""
+        if self.ok:
+            return []
+        if self.details:
+            return [f"{self.name}: {d}" for d in self.details]
+        return [f"{self.failure}: {describe_groups(self.groups)}"]
+
+
+def _grouped(name: str, values: dict[str, str], failure: str | None = None) -> Check:
+    """A check that fails with `failure` when the hosts do not all agree."""
+    groups = group_by_value(values)
+    return Check(name, groups, failure if failure and len(groups) > 1 else None)
+
+
+def check_ssh(facts: list[HostFacts]) -> Check:
+    values = {f.host: ("unreachable" if f.error else "reachable") for f in facts}
+    check = Check("ssh", group_by_value(values))
+    bad = [f for f in facts if f.error]
+    if bad:
+        check.failure = "hosts not reachable"
+        check.details = [f"{f.host} (rank {f.rank}): {f.error}" for f in bad]
+    return check
+
+
+def check_hostnames(facts: list[HostFacts]) -> Check:
+    """Two inventory entries that are one machine (two addresses of one host) would run
+    two nodes' ranks on the same GPUs."""
+    values = {f.host: f.hostname for f in facts}
+    groups = group_by_value(values)
+    check = Check("hostname", [(f"{len(groups)} distinct", list(values))])
+    twins = [(name, hosts) for name, hosts in groups if len(hosts) > 1]
+    if twins:
+        check.failure = "hosts are the same machine"
+        check.details = [f"{', '.join(hosts)} all have hostname {name}" for name, hosts in twins]
+    return check
+
+
+def check_system(facts: list[HostFacts]) -> Check:
+    return _grouped("system", {f.host: f.kernel for f in facts})  # shown, never fails
+
+
+def check_runtime(facts: list[HostFacts], docker: bool) -> Check:
+    """Same interpreter and packages (host runtime), or the same image, by digest and ID,
+    on every host (docker)."""
+    name = "image" if docker else "versions"
+    values = {}
+    for f in facts:
+        if f.runtime_error:
+            values[f.host] = f"ERROR {f.runtime_error}"
+        elif docker:
+            values[f.host] = f"{f.image} (ID {f.image_id})"
+        else:
+            values[f.host] = " ".join(f"{k}={v}" for k, v in (f.versions or {}).items())
+    check = _grouped(name, values, f"{name} differ")
+    broken = [f for f in facts if f.runtime_error]
+    if broken:
+        check.failure = f"{name} unavailable"
+        check.details = [f"{f.host}: {f.runtime_error}" for f in broken]
+    return check
+
+
+def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | None) -> Check:
+    """Same GPUs everywhere, as many visible to the job as ranks per node (``auto``: the same
+    number, > 0), nvidia-smi answering, and no other process on them."""
+    job = layout.job
+    values = {f.host: (f"ERROR {f.gpu_error}" if f.gpu_error else describe_gpus(f.gpus)) for f in facts}
+    check = Check("gpus", group_by_value(values))
+    errors = [f for f in facts if f.gpu_error]
+    if errors:
+        check.failure = "nvidia-smi failed"
+        check.details = [f"{f.host}: {'GPU driver hung: ' if f.gpu_hung else 'nvidia-smi failed: '}{f.gpu_error}"
+                         for f in errors]
+    elif len(check.groups) > 1:
+        check.failure = "GPUs differ"
+    counts = {f.host: len(f.visible_gpus(job.env)) for f in facts if not f.gpu_error}
+    limited = {f.host: f.visible_gpus(job.env) != f.gpus for f in facts if not f.gpu_error}
+    fit = []
+    if job.nproc_per_node == "auto":
+        if counts and not any(counts.values()):
+            fit.append("nproc_per_node is auto but no host has a GPU; set the number of ranks per host")
+        elif len(set(counts.values())) > 1:
+            fit.append("nproc_per_node is auto but the hosts see different numbers of GPUs: "
+                       + describe_groups(group_by_value({h: f"{c} GPU(s)" for h, c in counts.items()})))
+    elif any(f.gpus for f in facts):
+        for host, count in counts.items():
+            if count < (nproc_per_node or 0):
+                fit.append(f"nproc_per_node is {nproc_per_node} but {host} has {count} GPU(s)"
+                           + (" visible (CUDA_VISIBLE_DEVICES)" if limited[host] else ""))
+            elif count > (nproc_per_node or 0) and not limited[host]:
+                check.notes.append(f"{host} has {count} GPUs; {nproc_per_node} rank(s) use the first "
+                                   f"{nproc_per_node}")
+    else:
+        check.notes.append(f"no GPUs: {nproc_per_node} CPU rank(s) per host")
+    if fit:
+        if check.failure == "GPUs differ":
+            check.details.append(f"GPUs differ: {describe_groups(check.groups)}")
+        check.failure = check.failure or "GPUs do not fit nproc_per_node"
+        check.details += fit
+    for f in facts:
+        uuids = {g.uuid for g in f.visible_gpus(job.env)}
+        busy = [a for a in f.compute_apps if a.gpu_uuid in uuids or not uuids]
+        if busy:
+            check.warnings.append(f"{f.host}: GPUs in use by " + ", ".join(
+                f"pid {a.pid} ({a.name}, {a.used_memory_mib if a.used_memory_mib is not None else '?'} MiB)"
+                for a in busy) + " (a previous run still alive? another job?)")
+        elif any((g.memory_used_mib or 0) > 1024 for g in f.visible_gpus(job.env)):
+            used = ", ".join(f"GPU {g.index}: {g.memory_used_mib} MiB" for g in f.visible_gpus(job.env)
+                             if (g.memory_used_mib or 0) > 1024)
+            check.warnings.append(f"{f.host}: GPU memory already in use ({used}) by no process nvidia-smi can "
+                                  "see (another container?)")
+    return check
+
+
+def check_dirs(facts: list[HostFacts], layout: Layout) -> Check:
+    """workdir and shared_dir on every host. Rank 0 creates a missing shared_dir; a host
+    that does not see it then has a parent that is not the same storage, and is told so."""
+    workdir, shared_dir = layout.workdir, layout.shared_dir
+    label = f"workdir {workdir}" + (f", shared_dir {shared_dir}" if shared_dir != workdir else "")
+    check = Check("dirs", [("present", [f.host for f in facts])], label=label)
+    parent = posixpath.dirname(shared_dir.rstrip("/")) or "/"
+    created_on = next((f.host for f in facts if f.shared.created), None)
+    if created_on:
+        check.notes.append(f"created {shared_dir} on {created_on} (rank 0)")
+    for f in facts:
+        if not f.workdir_ok and workdir != shared_dir:
+            check.details.append(f"workdir {workdir} does not exist on {f.host}")
+        s = f.shared
+        if s.exists:
+            continue
+        if not s.parent_exists:
+            check.details.append(f"{parent}, the parent of shared_dir {shared_dir}, does not exist on "
+                                 f"{f.host} (shared storage not mounted there?)")
+        elif created_on and created_on != f.host:
+            check.details.append(f"shared_dir {shared_dir} was just created on {created_on} (rank 0), but "
+                                 f"{f.host} does not see it: {parent} on {f.host} is not the same storage "
+                                 f"as on {created_on}")
+        else:
+            check.details.append(f"shared_dir {shared_dir} does not exist on {f.host} and could not be created "
+                                 "there" + (f" ({s.error})" if s.error else ""))
+    if check.details:
+        check.failure = "directories missing"
+        bad = {f.host for f in facts if not f.shared.exists or (not f.workdir_ok and workdir != shared_dir)}
+        check.groups = group_by_value({f.host: "missing" if f.host in bad else "present" for f in facts})
+    return check
+
+
+def check_storage(facts: list[HostFacts], name: str, path: str, *, fail: bool) -> Check | None:
+    """Every host sees every other host's sentinel under ``path``: that, not a path, proves
+    the storage shared. ``fail``: a failure (shared_dir) or a warning (output_dir)."""
+    asked = [f for f in facts if name in f.storage and f.storage[name].written is not None]
+    if len(asked) < 2:
+        return None
+    writers = {f.rank: f.host for f in asked if f.storage[name].written}
+    values = {f.host: f"sees {', '.join(writers[r] for r in f.storage[name].seen if r in writers) or 'no sentinel'}"
+              for f in asked}
+    check = Check(name, group_by_value(values), label=f"{name} {path}")
+    problems = []
+    for f in asked:
+        s = f.storage[name]
+        if not s.written:
+            problems.append(f"cannot write to {s.where or path} on {f.host}" + (f" ({s.error})" if s.error else ""))
+            continue
+        missing = [host for rank, host in writers.items() if rank not in s.seen]
+        if missing:
+            problems.append(f"{f.host} does not see the sentinel of {', '.join(missing)} in {s.where}")
+    wheres = {f.storage[name].where for f in asked if f.storage[name].where}
+    if problems:
+        what = f"{name} {path} is not shared by all hosts"
+        if len(wheres) > 1:
+            problems.append(f"{path} (or its nearest existing parent) differs between hosts: {', '.join(sorted(wheres))}")
+        if fail:
+            check.failure = what
+            check.details = problems
+        else:
+            check.warnings += [what + ": checkpoints written there are lost with the node, and other nodes "
+                               "cannot resume from them"] + problems
+    return check
+
+
+def check_datasets(facts: list[HostFacts]) -> Check | None:
+    """The same bytes of every dataset file on every host; a missing dataset_info.json,
+    an unknown dataset or a missing file names the host, the file and the dataset."""
+    if not any(f.datasets for f in facts):
+        return None
+    check = Check("datasets", [])
+    per_file: dict[tuple[str, str], dict[str, str]] = {}
+    for f in facts:
+        for entry in f.datasets:
+            if "remote" in entry:
+                note = f"dataset {entry['dataset']!r} is not a local file ({entry['remote']}): not compared"
+                if note not in check.notes:
+                    check.notes.append(note)
+                continue
+            if "error" in entry:
+                what = f"dataset {entry['dataset']!r}" if "dataset" in entry else "the datasets"
+                check.details.append(f"{f.host}: {entry['file']} {entry['error']} (needed for {what})")
+                if "dataset" in entry:
+                    per_file.setdefault((entry["dataset"], entry["file"]), {})[f.host] = entry["error"]
+                continue
+            per_file.setdefault((entry["dataset"], entry["file"]), {})[f.host] = entry["sha256"][:16]
+    for (dataset, path), hashes in per_file.items():
+        groups = group_by_value(hashes)
+        present = group_by_value({h: v for h, v in hashes.items() if len(v) == 16})
+        if len(present) > 1:
+            check.details.append(f"dataset {dataset!r} file {path} differs: {describe_groups(present)}")
+        check.groups += [(f"{dataset} {path} " + (f"sha256 {value}" if len(value) == 16 else value), hosts)
+                         for value, hosts in groups]
+    if check.details:
+        check.failure = "dataset files differ or are missing"
+    return check
+
+
+def _ifname_matches(spec: str, dev: str) -> bool:
+    """NCCL_SOCKET_IFNAME syntax: comma-separated prefixes, `=` exact, `^` excludes."""
+    exclude = spec.startswith("^")
+    spec = spec.lstrip("^")
+    exact = spec.startswith("=")
+    names = [n for n in spec.lstrip("=").split(",") if n]
+    hit = any(dev == n if exact else dev.startswith(n) for n in names)
+    return not hit if exclude else hit
+
+
+def check_route(facts: list[HostFacts], layout: Layout) -> Check:
+    """The interface each host reaches rank 0 through, and whether the socket interface
+    named for NCCL/gloo exists there (gloo stops with "Unable to find address" if not)."""
+    values = {}
+    for f in facts:
+        r = f.route
+        if r is None or r.dev is None:
+            values[f.host] = f"ERROR {r.error if r else 'no route'}"
+        elif r.local:
+            values[f.host] = f"{r.dev} (rank 0 itself)"
+        else:
+            values[f.host] = r.dev
+    check = Check("route", group_by_value(values), label=f"route to {layout.master_addr}")
+    for f in facts:
+        if f.route is None or f.route.dev is None:
+            check.details.append(f"no route from {f.host} to {layout.master_addr}: "
+                                 f"{f.route.error if f.route else 'no answer'}")
+        for var in IFNAME_VARS:
+            spec = layout.job.env.get(var) or f.env.get(var)
+            if not spec:
+                continue
+            if f.links and not any(_ifname_matches(spec, link) for link in f.links):
+                check.details.append(f"{var}={spec} matches no interface on {f.host} "
+                                     f"(it has {', '.join(f.links)})")
+            elif f.route and f.route.dev and not f.route.local and not _ifname_matches(spec, f.route.dev):
+                check.notes.append(f"{f.host} routes to rank 0 through {f.route.dev}, not {var}={spec}")
+    if check.details:
+        check.failure = "interfaces wrong"
+    return check
+
+
+def check_port(facts: list[HostFacts], layout: Layout) -> Check | None:
+    """The master port free on rank 0 (it could bind it) and reachable from every other host."""
+    rank0 = facts[0]
+    port = layout.master_port
+    if rank0.rank != 0 or not rank0.port:
+        return None
+    answer = rank0.port
+    label = f"master_port {port}"
+    if answer.get("busy"):
+        holders = re.findall(r'\("([^"]+)",pid=(\d+)', " ".join(answer.get("holders") or []))
+        holder = ", ".join(f"{name} (pid {pid})" for name, pid in dict.fromkeys(holders))
+        return Check("master_port", [(f"{port} in use", [rank0.host])], label=label,
+                     failure=f"master port {port} in use on {rank0.host} (rank 0)",
+                     details=[f"port {port} is already in use on {rank0.host} (rank 0): {answer['busy']}"
+                              + (f"; held by: {holder}" if holder else "")
+                              + " (a previous run still alive? another job?)"])
+    others = {f.host: f.port or {} for f in facts[1:]}
+    values = {h: ("reachable from" if p.get("reachable") else f"not reachable ({p.get('error') or 'no answer'})")
+              for h, p in others.items()}
+    groups = [(f"free on {rank0.host} (rank 0)", [rank0.host])] if not others else [
+        (f"free on {rank0.host} (rank 0), {value}", hosts) for value, hosts in group_by_value(values)]
+    check = Check("master_port", groups, label=label)
+    bad = [h for h, v in values.items() if v != "reachable from"]
+    if bad:
+        check.failure = f"master port {port} on {rank0.host} not reachable"
+        check.details = [f"{h} cannot connect to {rank0.host} port {port} (firewall? wrong ftb_master_addr?)"
+                         for h in bad]
+    if layout.all_local:
+        check.notes.append("local only: reachability from other hosts not tested")
+    return check
+
+
+def check_probe(facts: list[HostFacts]) -> Check | None:
+    """Facts a host's probe could not get (a bug or an odd host): shown, never hidden."""
+    bad = [f for f in facts if f.problems]
+    if not bad:
+        return None
+    check = Check("probe", [("incomplete", [f.host for f in bad])])
+    check.warnings = [f"{f.host}: {p}" for f in bad for p in f.problems]
+    return check
+
+
+def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) -> list[Check]:
+    """Every rule on every host's facts."""
+    hosts = facts.hosts
+    remote = not layout.all_local
+    checks = [check_ssh(hosts)] if remote else []
+    reached = facts.reached
+    if not reached:
+        return checks
+    if len(reached) > 1:
+        checks.append(check_hostnames(reached))
+    checks.append(check_system(reached))
+    checks.append(check_runtime(reached, docker=layout.docker))
+    checks.append(check_gpus(reached, layout, nproc_per_node))
+    checks.append(check_dirs(reached, layout))
+    optional = [check_datasets(reached)]
+    if remote:
+        checks.append(check_route(reached, layout))
+        optional.append(check_storage(reached, "shared_dir", layout.shared_dir, fail=True))
+        if layout.checkpoint_dir:
+            optional.append(check_storage(reached, "output_dir", layout.checkpoint_dir, fail=False))
+    optional += [check_port(reached, layout), check_probe(reached)]
+    return checks + [c for c in optional if c is not None]

@@ -1,0 +1,461 @@
+"""ftbundle's probe: what `ftbundle check` (and `run`, before launching) asks every host.
+
+Shipped as this file's text on stdin to the host's own interpreter: `python3 - SPEC_JSON`.
+Standard library only (it runs under whatever python3 the host has, Ansible's managed-node
+requirement). Every value arrives in the JSON spec, an argument, and every program it runs
+gets its values as argv elements: nothing is ever pasted into shell text. It prints one
+JSON object on stdout and exits 0; a fact it could not get is an error string inside it.
+
+All facts are gathered at once, on threads, so the probe takes as long as its slowest
+question, not their sum:
+
+- system: hostname, kernel, network links, the route to rank 0;
+- runtime: the job interpreter's package versions, or the image ID (docker runtime; the
+  image named in the spec, else the one site.yml recorded in /etc/ftbundle/image.ref);
+- GPUs: nvidia-smi's GPU list, their indices/UUIDs/memory in use and compute processes,
+  each under a timeout (a hung driver is a fact, not a lost host); /dev/infiniband;
+- the environment the job will see (the host's NCCL env file sourced as the node
+  program sources it): CUDA_VISIBLE_DEVICES, NCCL/GLOO socket interfaces;
+- directories, and storage: for each path the spec names (shared_dir, output_dir), a
+  sentinel written under it (or under its nearest existing parent) and the sentinels of
+  every other host waited for: seeing all of them, not a path, proves the storage shared;
+- the master port: rank 0 binds it (the "is it free" test) and accepts the others, who
+  connect to it, all within this one round;
+- the dataset files' sha256 (LlamaFactory's dataset_info.json rules).
+"""
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+VERSIONS_PY = r"""
+import importlib.metadata as md, importlib.util, json, os, re, sys
+def version(name):
+    try:
+        found = md.version(name)
+    except md.PackageNotFoundError:
+        return "absent"
+    try:
+        spec = importlib.util.find_spec(name)
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+            return re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", f.read(), re.M).group(1)
+    except Exception:
+        return found
+print(json.dumps({"python": sys.version.split()[0], **{n: version(n) for n in sys.argv[1:]}}))
+"""
+
+# the variables whose values the job will see, read after the env file is sourced
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for v; do printf "%s=%s\\0" "$v" "${!v-}"; done'
+GPU_QUERY = "name,driver_version,memory.total"
+GPU_IDS_QUERY = "index,uuid,memory.used"
+APPS_QUERY = "pid,process_name,gpu_uuid,used_memory"
+
+
+def run(argv, timeout, env=None):
+    """(returncode, stdout, stderr, timed_out); returncode None when not runnable or timed
+    out. A command that times out is killed and not waited for: a process stuck in the
+    kernel (a hung GPU driver) cannot be reaped, and must not hang the probe with it."""
+    try:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        return None, "", exc.strerror or str(exc), False
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err, False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, 9)
+        except OSError:
+            pass
+        return None, "", "", True
+
+
+def last_line(text, default):
+    lines = [x for x in (text or "").strip().splitlines() if x.strip()]
+    return lines[-1].strip()[:300] if lines else default
+
+
+# -- the facts -------------------------------------------------------------------------
+
+def system(spec, out):
+    out["hostname"] = socket.gethostname()
+    out["kernel"] = f"{platform.system()} {platform.release()}"
+    try:
+        out["links"] = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        out["links"] = []
+    out["infiniband"] = sorted(os.listdir("/dev/infiniband")) if os.path.isdir("/dev/infiniband") else []
+    addr = spec.get("master_addr")
+    if not addr:
+        return
+    try:
+        resolved = socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0]
+    except OSError:
+        out["route"] = {"error": f"cannot resolve {addr}"}
+        return
+    code, text, err, _ = run(["ip", "-o", "route", "get", resolved], 5)
+    words = (text or "").split()
+    if code != 0 or "dev" not in words:
+        out["route"] = {"error": last_line(err or text, "no route")}
+        return
+    route = {"dev": words[words.index("dev") + 1], "local": text.lstrip().startswith("local ")}
+    if "src" in words:
+        route["src"] = words[words.index("src") + 1]
+    out["route"] = route
+
+
+def versions(spec, out):
+    python = spec["python"]
+    code, text, err, timed_out = run([python, "-c", VERSIONS_PY, *spec.get("packages", [])], 60)
+    if code == 0:
+        try:
+            out["versions"] = json.loads(text.strip().splitlines()[-1])
+            return
+        except (ValueError, IndexError):
+            pass
+    if timed_out:
+        out["runtime_error"] = f"{python} did not answer within 60s"
+    elif code is None:
+        out["runtime_error"] = f"{python}: {err or 'not found'}"
+    else:
+        out["runtime_error"] = f"{python}: {last_line(err or text, f'exit {code}')}"
+
+
+def image(spec, out):
+    ref = spec.get("image")
+    ref_file = spec.get("image_ref_file")
+    if ref_file:
+        try:
+            with open(ref_file) as f:
+                out["image_ref"] = f.read().strip() or None
+        except OSError:
+            out["image_ref"] = None
+    if not spec.get("docker"):
+        return
+    ref = ref or out.get("image_ref")
+    if not ref:
+        out["runtime_error"] = f"no image given and none recorded in {ref_file}"
+        return
+    out["image"] = ref
+    code, text, err, timed_out = run(["docker", "image", "inspect", "-f", "{{.Id}}", ref], 30)
+    if code == 0 and text.strip().startswith("sha256:"):
+        out["image_id"] = text.strip().splitlines()[0]
+    elif timed_out:
+        out["runtime_error"] = "docker did not answer within 30s"
+    else:
+        out["runtime_error"] = f"image {ref} not on host ({last_line(err or text, 'docker failed')})"
+
+
+def gpus(spec, out):
+    limit = spec.get("nvidia_smi_timeout_s", 10)
+    if not have("nvidia-smi"):
+        out["gpus"] = None  # no driver tools: no GPUs
+        return
+    base = ["nvidia-smi", "--format=csv,noheader,nounits"]
+    code, text, err, timed_out = run(base + [f"--query-gpu={GPU_QUERY},compute_cap"], limit)
+    if code not in (0, None) and not timed_out:  # drivers before 510 lack compute_cap
+        code, text, err, timed_out = run(base + [f"--query-gpu={GPU_QUERY}"], limit)
+    if timed_out:
+        out["gpu_error"] = f"nvidia-smi did not answer within {limit}s (hung driver or GPU?)"
+        out["gpu_hung"] = True
+        return
+    if code != 0:
+        out["gpu_error"] = last_line(text or err, f"nvidia-smi exit {code}")
+        return
+    out["gpus"] = text
+    code, text, _, timed_out = run(base + [f"--query-gpu={GPU_IDS_QUERY}"], limit)
+    if code == 0:
+        out["gpu_ids"] = text
+    code, text, _, timed_out = run(base + [f"--query-compute-apps={APPS_QUERY}"], limit)
+    if code == 0:
+        out["compute_apps"] = text
+
+
+def env_view(spec, out):
+    """What the job will see: the login environment, then the env file as the node
+    program sources it (`set -a; . FILE`)."""
+    env_file = spec.get("env_file") or "/dev/null"
+    code, text, _, _ = run(["bash", "-c", ENV_VIEW_SH, "ftb", env_file, *ENV_NAMES], 10)
+    view = {}
+    for pair in (text or "").split("\0"):
+        name, sep, value = pair.partition("=")
+        if sep and value:
+            view[name] = value
+    out["env"] = view
+
+
+def dirs(spec, out):
+    workdir = spec.get("workdir")
+    out["workdir_ok"] = bool(workdir) and os.path.isdir(workdir)
+
+
+def storage(spec, out, started):
+    """For each path: write our sentinel, then wait (bounded) for everyone else's."""
+    token, rank, expect = spec.get("token"), spec["rank"], spec.get("expect", [])
+    wait_s = spec.get("sentinel_wait_s", 5)
+    results = {}
+    pending = []
+    for item in spec.get("storage", []):
+        path, res = item["path"], {"path": item["path"]}
+        results[item["name"]] = res
+        if item.get("create"):
+            if not os.path.isdir(path):
+                try:
+                    os.makedirs(path)
+                    res["created"] = True
+                except OSError as exc:
+                    res["create_error"] = exc.strerror
+        else:  # another host may be creating it right now (rank 0, a fresh shared_dir)
+            deadline = started + (wait_s if item.get("wait") else 0)
+            while not os.path.isdir(path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        res["exists"] = os.path.isdir(path)
+        parent = os.path.dirname(path.rstrip("/")) or "/"
+        res["parent_exists"] = os.path.isdir(parent)
+        where = path if res["exists"] else nearest_existing(path) if item.get("nearest") else None
+        if where is None or not token:
+            continue
+        sdir = os.path.join(where, f".ftb-check-{token}")
+        res["where"] = where
+        try:
+            os.makedirs(sdir, exist_ok=True)
+            with open(os.path.join(sdir, f"rank-{rank}"), "w") as f:
+                f.write(socket.gethostname() + "\n")
+            res["written"] = True
+            pending.append((res, sdir))
+        except OSError as exc:
+            res["written"] = False
+            res["write_error"] = exc.strerror
+    deadline = time.monotonic() + wait_s
+    for res, sdir in pending:
+        while True:
+            seen = [r for r in expect if sees(os.path.join(sdir, f"rank-{r}"))]
+            if len(seen) == len(expect) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        res["seen"] = seen
+    out["storage"] = results
+
+
+def sees(path):
+    """open(), not stat(): NFS revalidates a file on open (close-to-open consistency)."""
+    try:
+        with open(path):
+            return True
+    except OSError:
+        return False
+
+
+def nearest_existing(path):
+    path = os.path.normpath(path)
+    while not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+    return path
+
+
+def port(spec, out):
+    p = spec.get("port")
+    if not p:
+        return
+    if p["role"] == "listen":
+        out["port"] = listen(p["port"], p["peers"], p.get("listen_s", 8))
+    else:
+        out["port"] = connect(p["addr"], p["port"], p.get("connect_s", 6))
+
+
+def listen(port_number, want, wait):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore does
+    try:
+        s.bind(("", port_number))
+    except OSError as exc:
+        s.close()
+        code, text, _, _ = run(["ss", "-Htlnp", f"( sport = :{port_number} )"], 5)
+        return {"role": "listen", "busy": exc.strerror, "holders": (text or "").strip().splitlines()[:3]}
+    s.listen(64)
+    peers, end = [], time.monotonic() + wait
+    while len(peers) < want and time.monotonic() < end:
+        s.settimeout(max(0.05, end - time.monotonic()))
+        try:
+            conn, addr = s.accept()
+        except socket.timeout:
+            break
+        peers.append(addr[0])
+        conn.close()
+    s.close()
+    return {"role": "listen", "accepted": peers}
+
+
+def connect(addr, port_number, wait):
+    end, last = time.monotonic() + wait, "no answer"
+    while True:
+        try:
+            with socket.create_connection((addr, port_number), timeout=2):
+                return {"role": "connect", "reachable": True}
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+        if time.monotonic() >= end:
+            return {"role": "connect", "reachable": False, "error": last}
+        time.sleep(0.05)
+
+
+def datasets(spec, out):
+    """LlamaFactory's own rules (data/parser.py): dataset_info.json in dataset_dir maps each
+    name to a file_name (a file, or a directory of files) relative to dataset_dir."""
+    d = spec.get("datasets")
+    if not d:
+        return
+    dataset_dir, names = d["dir"], d["names"]
+    info_path = os.path.join(dataset_dir, "dataset_info.json")
+    found = []
+    try:
+        with open(info_path) as f:
+            info = json.load(f)
+    except FileNotFoundError:
+        out["datasets"] = [{"file": info_path, "error": "missing"}]
+        return
+    except (OSError, ValueError) as exc:
+        out["datasets"] = [{"file": info_path, "error": f"unreadable: {exc}"}]
+        return
+    for name in names:
+        entry = info.get(name)
+        if not isinstance(entry, dict):
+            found.append({"dataset": name, "file": info_path, "error": "not defined"})
+            continue
+        if "file_name" not in entry:
+            remote = [k for k in ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
+                      if k in entry]
+            found.append({"dataset": name, "remote": remote[0] if remote else "no file_name"})
+            continue
+        path = os.path.join(dataset_dir, entry["file_name"])
+        if not os.path.exists(path):
+            found.append({"dataset": name, "file": path, "error": "missing"})
+            continue
+        try:
+            found.append({"dataset": name, "file": path, "sha256": digest(path)})
+        except OSError as exc:
+            found.append({"dataset": name, "file": path, "error": f"unreadable: {exc.strerror}"})
+    out["datasets"] = found
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def digest(path):
+    if os.path.isfile(path):
+        return sha256(path)
+    h = hashlib.sha256()
+    for root, subdirs, files in os.walk(path):
+        subdirs.sort()
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            h.update(f"{os.path.relpath(full, path)}\0{sha256(full)}\n".encode())
+    return h.hexdigest()
+
+
+# -- cleanup ---------------------------------------------------------------------------
+
+def cleanup(spec, out):
+    """Remove this check's sentinel directories (mode `clean`): under each path, or its
+    nearest existing parent, where :func:`storage` wrote them."""
+    import shutil
+    removed = []
+    for path in spec.get("paths", []):
+        where = nearest_existing(path)
+        if where is None:
+            continue
+        sdir = os.path.join(where, f".ftb-check-{spec['token']}")
+        if os.path.isdir(sdir):
+            shutil.rmtree(sdir, ignore_errors=True)
+            removed.append(sdir)
+    out["removed"] = removed
+
+
+# -- check --net: iperf3 between rank 0 and one other host ------------------------------
+
+def have(program):
+    return any(os.access(os.path.join(d, program), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d)
+
+
+def iperf_server(spec, out):
+    """One client, then exit; the timeout ends it if the client never comes."""
+    if not have("iperf3"):
+        out["missing"] = True
+        return
+    run(["iperf3", "-s", "-1", "-p", str(spec["port"])], spec["server_s"])
+    out["done"] = True
+
+
+def iperf_client(spec, out):
+    """Retry until the one-shot server on rank 0 is up, then one JSON result. (With -J,
+    iperf3 3.12 exits 0 even when it could not connect: the JSON's "error" says so.)"""
+    if not have("iperf3"):
+        out["missing"] = True
+        return
+    end = time.monotonic() + spec["connect_s"]
+    argv = ["iperf3", "-c", spec["addr"], "-p", str(spec["port"]), "-t", str(spec["seconds"]), "-J"]
+    while True:
+        code, text, err, _ = run(argv, spec["seconds"] + 10)
+        if "sum_received" in (text or "") or time.monotonic() >= end:
+            out["json"] = text or err
+            return
+        time.sleep(0.3)
+
+
+MODES = {"clean": cleanup, "iperf-server": iperf_server, "iperf-client": iperf_client}
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    out = {}
+    started = time.monotonic()
+    if spec.get("mode") in MODES:
+        MODES[spec["mode"]](spec, out)
+        print(json.dumps(out))
+        return
+    tasks = [system, dirs, env_view, port, datasets, gpus, image]
+    if spec.get("python"):
+        tasks.append(versions)
+    threads = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
+               for t in tasks]
+    threads.append(threading.Thread(target=guarded, args=(storage, spec, out, started), daemon=True,
+                                    name="storage"))
+    for t in threads:
+        t.start()
+    deadline = started + spec.get("deadline_s", 150)
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    late = [t.name for t in threads if t.is_alive()]
+    if late:
+        out.setdefault("errors", []).append(f"unfinished after {spec.get('deadline_s', 150)}s: {', '.join(late)}")
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # daemon threads stuck on a hung command do not hold the exit
+
+
+def guarded(task, *args):
+    out = args[1]
+    try:
+        task(*args)
+    except Exception as exc:  # a fact that could not be had is reported, never a crash
+        out.setdefault("errors", []).append(f"{task.__name__}: {type(exc).__name__}: {exc}")
+
+
+if __name__ == "__main__":
+    main()
