@@ -234,7 +234,10 @@ class Cluster:
             conn.transport.set_keepalive(KEEPALIVE_S)
             # Small messages (a channel request, its EOF, a ping) go out at once: with Nagle's
             # algorithm the second of two waits for the peer's delayed ACK, 40 ms a command.
-            conn.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for c in (conn, conn.gateway):  # through a bastion, the TCP socket is the bastion's
+                sock = getattr(getattr(c, "transport", None), "sock", None)
+                if isinstance(sock, socket.socket):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except Exception as exc:  # refused, timed out, auth or host key failure
             where = f"{host.user + '@' if host.user else ''}{host.address}:{host.port}"
             with self._lock:
