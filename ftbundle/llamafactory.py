@@ -107,8 +107,8 @@ def prepare(config: dict[str, Any], *, workdir: str, shared_dir: str, nnodes: in
         warnings.append("save_total_limit is not set: every checkpoint is kept until the disk is full")
 
     timeout = config.get("ddp_timeout")
-    if isinstance(timeout, (int, float)) and timeout > MAX_DDP_TIMEOUT_S:
-        config["ddp_timeout"] = MAX_DDP_TIMEOUT_S
+    config = capped(config)
+    if config.get("ddp_timeout") != timeout:
         warnings.append(
             f"ddp_timeout {timeout} s capped to {MAX_DDP_TIMEOUT_S} s: a dead peer would otherwise hang "
             "the others for that long (ftbundle's heartbeats catch dead nodes in seconds; if rank 0 "
