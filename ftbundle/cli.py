@@ -55,7 +55,7 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False):
     The hosts are checked first unless the job says `check: false` or ``skip_check``;
     their facts resolve ``auto``, the docker runtime's GPUs and image, bf16 and whether
     output_dir is shared. A failed check is a UserError: nothing has been started anywhere."""
-    from .check import print_report, probe_hosts, remove_sentinels, run_checks, sentinel_hosts
+    from .check import clean_up, print_report, probe_hosts, run_checks, sentinel_cleanup
 
     job = layout.job
     check = job.check and not skip_check
@@ -63,15 +63,14 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False):
     cleanup = None
     if check:
         report, facts = run_checks(layout, cluster, keep_sentinels=True)
-        hosts = sentinel_hosts(layout, facts)
+        sentinels = sentinel_cleanup(layout, facts)
         if not report.ok:
-            remove_sentinels(layout, cluster, facts.token, hosts)
+            clean_up(cluster, sentinels)
             print_report(report, sys.stderr)
             raise UserError(f"{len(report.failures)} problem(s) found on the hosts before launch (see above); "
                             "nothing was started. Fix them, or set 'check: false' in the job to skip the check",
                             file=str(job.path), key="check")
-        cleanup = threading.Thread(target=remove_sentinels, args=(layout, cluster, facts.token, hosts),
-                                   daemon=True)
+        cleanup = threading.Thread(target=clean_up, args=(cluster, sentinels), daemon=True)
         cleanup.start()
         say(f"check passed: {len(layout.hosts)} host(s) alike and ready ({len(report.checks)} checks, "
             f"{report.seconds:.1f}s)")

@@ -639,3 +639,19 @@ def test_bench_plan_is_the_jobs_own_plan_running_the_bench(tmp_path):
     assert "ftb-allreduce" in N.bench_source()
     per_node = make_plan(layout_of(tmp_path, train={"command": "echo hi"}))
     assert N.bench_plan(per_node).nodes[0].argv[4:7] == ("python3", "-m", "torch.distributed.run")
+
+
+def test_sentinel_cleanup_is_one_rm_on_rank0_when_shared_else_on_every_writer(tmp_path):
+    from ftbundle.check import sentinel_cleanup
+
+    layout = layout_of(tmp_path, 2, train={"llamafactory": {"output_dir": "/shared/saves/a"}})
+    ok = {"shared_dir": Storage("/shared", exists=True, written=True, seen=(0, 1), where="/shared"),
+          "output_dir": Storage("/shared/saves/a", written=True, seen=(0, 1), where="/shared/saves")}
+    jobs = sentinel_cleanup(layout, ClusterFacts([facts("node0", storage=ok), facts("node1", 1, storage=ok)], "t9"))
+    assert [(h.name, argv) for h, argv in jobs] == [
+        ("node0", ["rm", "-rf", "--", "/shared/.ftb-check-t9", "/shared/saves/.ftb-check-t9"])]
+    alone = {"shared_dir": Storage("/shared", exists=True, written=True, seen=(0,), where="/shared")}
+    jobs = sentinel_cleanup(layout, ClusterFacts([facts("node0", storage=alone), facts("node1", 1, storage=alone)],
+                                                 "t9"))
+    assert sorted(h.name for h, _ in jobs) == ["node0", "node1"]
+    assert sentinel_cleanup(layout, ClusterFacts([facts("node0")], None)) == []

@@ -34,8 +34,8 @@ from .facts import ClusterFacts, HostFacts, parse_facts
 from .report import CheckReport, format_report, print_report
 from .rules import Check, evaluate
 
-__all__ = ["Check", "CheckReport", "ClusterFacts", "HostFacts", "format_report", "print_report",
-           "probe_hosts", "probe_spec", "remove_sentinels", "run_checks"]
+__all__ = ["Check", "CheckReport", "ClusterFacts", "HostFacts", "clean_up", "format_report", "print_report",
+           "probe_hosts", "probe_spec", "remove_sentinels", "run_checks", "sentinel_cleanup"]
 
 PACKAGES = ("torch", "transformers", "llamafactory")
 PROBE_TIMEOUT_S = 150  # the probe hashes the dataset files; large ones take a while
@@ -143,8 +143,9 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
 
 def remove_sentinels(layout: Layout, cluster: Cluster, token: str | None, hosts: list[Host],
                      timeout: float = 30) -> None:
-    """The check's sentinel directories go, on ``hosts`` (the `clean` mode of the probe:
-    under each storage path, or its nearest existing parent, as the probe wrote them)."""
+    """The check's sentinel directories go, on ``hosts``, wherever the probe may have written
+    them (the probe's `clean` mode: under each storage path or its nearest existing parent).
+    For an interrupted check, whose facts never came back."""
     if not token:
         return
     paths = [layout.shared_dir] + ([layout.checkpoint_dir] if layout.checkpoint_dir else [])
@@ -154,15 +155,27 @@ def remove_sentinels(layout: Layout, cluster: Cluster, token: str | None, hosts:
         cluster.run_all(jobs, timeout=timeout, stdin=probe_source())
 
 
-def sentinel_hosts(layout: Layout, facts: ClusterFacts) -> list[Host]:
-    """Where the sentinels are: rank 0's host alone when every host shares the storage,
-    else every host that was reached."""
+def sentinel_cleanup(layout: Layout, facts: ClusterFacts) -> list[tuple[Host, list[str]]]:
+    """(host, argv) that removes the sentinel directories the probe reported: on rank 0's
+    host alone when every host shares the storage, else on every host that wrote one."""
     if not facts.token:
         return []
-    shared = all(facts.storage_shared(name) is not False for name in ("shared_dir", "output_dir"))
-    reached = {f.host for f in facts.reached}
-    hosts = [h for h in layout.hosts if h.name in reached]
-    return hosts[:1] if shared else hosts
+    hosts = {h.name: h for h in layout.hosts}
+    todo: dict[str, list[str]] = {}
+    for name in ("shared_dir", "output_dir"):
+        writers = [f for f in facts.reached if name in f.storage and f.storage[name].written]
+        if facts.storage_shared(name):
+            writers = writers[:1]
+        for f in writers:
+            path = f"{f.storage[name].where.rstrip('/')}/.ftb-check-{facts.token}"
+            if path not in todo.setdefault(f.host, []):
+                todo[f.host].append(path)
+    return [(hosts[name], ["rm", "-rf", "--", *dirs]) for name, dirs in todo.items()]
+
+
+def clean_up(cluster: Cluster, jobs: list[tuple[Host, list[str]]], timeout: float = 30) -> None:
+    if jobs:
+        cluster.run_all(jobs, timeout=timeout)
 
 
 def run_checks(layout: Layout, cluster: Cluster, *, nproc_per_node: int | None = None,
@@ -179,7 +192,7 @@ def run_checks(layout: Layout, cluster: Cluster, *, nproc_per_node: int | None =
         remove_sentinels(layout, cluster, token, list(layout.hosts), timeout=1)
         raise
     if not keep_sentinels:
-        remove_sentinels(layout, cluster, facts.token, sentinel_hosts(layout, facts))
+        clean_up(cluster, sentinel_cleanup(layout, facts))
     nproc = nproc_per_node if nproc_per_node is not None else (
         layout.job.nproc_per_node if isinstance(layout.job.nproc_per_node, int) else None)
     report = CheckReport(
