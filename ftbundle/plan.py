@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from . import llamafactory, runtimes
+from . import deepspeed, llamafactory, runtimes
 from .errors import UserError
 from .inventory import Host
 from .job import Job, check_pinned_image, is_secret
@@ -189,6 +189,8 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
         if job.train.deepspeed_json is not None:
             files[runtimes.DEEPSPEED_CONFIG] = job.train.deepspeed_json
             config = {**config, "deepspeed": posixpath.join(run_dir, runtimes.DEEPSPEED_CONFIG)}
+            warnings += deepspeed.advice(job.train.deepspeed_json, nnodes=len(hosts),
+                                         infiniband=_infiniband(job, hosts))
         files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(config, sort_keys=False)
         files[runtimes.LLAMAFACTORY_ENTRY] = runtimes.llamafactory_entry_source()
         warnings += prepared.warnings
@@ -238,6 +240,14 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
         nproc_per_node=nproc, nodes=tuple(nodes), files=files, warnings=tuple(warnings),
         notes=tuple(notes), checkpoint_dir=checkpoint_dir,
     )
+
+
+def _infiniband(job: Job, hosts: list[Host]) -> bool:
+    """Whether NCCL is told to use InfiniBand: the job's NCCL_IB_DISABLE, else every host's
+    nccl_env_ib_disable (the nccl_env role's knob; its default `auto` tells us nothing here)."""
+    if "NCCL_IB_DISABLE" in job.env:
+        return job.env["NCCL_IB_DISABLE"] == "0"
+    return all(str(h.vars.get("nccl_env_ib_disable")) == "0" for h in hosts)
 
 
 def _check_distinct_addresses(hosts: list[Host], job: Job) -> None:
