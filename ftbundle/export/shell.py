@@ -76,11 +76,11 @@ def environment(spec: ExportSpec) -> list[str]:
 RESUME_POINT = r'''# shellcheck disable=SC2010
 ftb_resume_point() {
   local last
-  last=$(ls -1 -- "$1" 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1)
+  last=$(ls -1 -- "$1" 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1) || true
   if [ -n "$last" ] && [ ! -e "$1/$last/trainer_state.json" ]; then
     rm -rf -- "${1:?}/$last"; echo "ftbundle: removed incomplete checkpoint $last" >&2
   fi
-  ls -1 -- "$1" 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1
+  ls -1 -- "$1" 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1 || true
 }'''
 
 
