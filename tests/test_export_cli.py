@@ -83,7 +83,7 @@ def test_every_script_variant_passes_shellcheck(tmp_path, shellcheck, variant):
         assert "#SBATCH --nodes=3" in text and "#SBATCH --requeue" in text and "USR1@120" in text
     if "pyxis" in args:
         assert "--container-image=registry.example.com:5000#train/lf@sha256:" in text
-        assert "docker run" not in text
+        assert "docker run --rm" not in text
     if "docker" in args:
         assert "docker run --rm --init" in text and "--container-image" not in text
 
