@@ -103,8 +103,8 @@ def advice(text: str, *, nnodes: int, infiniband: bool) -> list[str]:
     parameters over the network every step and needs InfiniBand-class links to pay off."""
     stage = zero_stage(text)
     if nnodes > 1 and stage == 3 and not infiniband:
-        return [f"DeepSpeed ZeRO-3 across {nnodes} nodes without InfiniBand: every step gathers the "
+        return [(f"DeepSpeed ZeRO-3 across {nnodes} nodes without InfiniBand: every step gathers the "
                 "parameters over the network, which is much slower than ZeRO-2 on Ethernet. Across "
                 "nodes ZeRO-2 is the advised default (deepspeed: zero2); keep ZeRO-3 for models that "
-                "do not fit otherwise, or set NCCL_IB_DISABLE: 0 where the hosts have InfiniBand"]
+                "do not fit otherwise, or set NCCL_IB_DISABLE: 0 where the hosts have InfiniBand")]
     return []

@@ -82,7 +82,7 @@ class SlurmCluster:
         self.ready_timeout = ready_timeout
         self.cluster: Cluster | None = None
 
-    def __enter__(self) -> SlurmCluster:
+    def __enter__(self) -> SlurmCluster:  # noqa: PYI034
         return self.up()
 
     def __exit__(self, *exc) -> None:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .. import runtimes
 from ..errors import UserError, did_you_mean
 from ..job import Job, check_pinned_image, is_secret
 from ..plan import Plan, _docker_image
-from .. import runtimes
 
 TARGETS = ("slurm", "k8s", "trainjob", "pbs")
 # Argv elements a renderer replaces at run time (whole elements, or inside a container name).

@@ -46,9 +46,9 @@ def _command(spec: ExportSpec) -> list[str]:
     """torchrun without rendezvous flags (it reads the operator's PET_* variables); a
     per-node command gets the seeds' variables from them first."""
     if spec.train_mode == "command":
-        return ["bash", "-c", 'export NODE_RANK="$PET_NODE_RANK" NNODES="$PET_NNODES" '
-                'NPROC_PER_NODE="$PET_NPROC_PER_NODE" MASTER_PORT="$PET_MASTER_PORT" '
-                'MASTER_ADDR="$PET_MASTER_ADDR"; exec "$@"', "ftb-node", *spec.program]
+        return ["bash", "-c", ('export NODE_RANK="$PET_NODE_RANK" NNODES="$PET_NNODES" '
+                               'NPROC_PER_NODE="$PET_NPROC_PER_NODE" MASTER_PORT="$PET_MASTER_PORT" '
+                               'MASTER_ADDR="$PET_MASTER_ADDR"; exec "$@"'), "ftb-node", *spec.program]
     return [spec.python, "-m", "torch.distributed.run", *spec.program]
 
 

@@ -9,8 +9,16 @@ node rank. The environment travels on ssh's stdin as shell text quoted by bash i
 from __future__ import annotations
 
 from . import ExportSpec
-from .shell import (directive_value, environment, header, node_program_def, q, resume, stage_files,
-                    words)
+from .shell import (
+    directive_value,
+    environment,
+    header,
+    node_program_def,
+    q,
+    resume,
+    stage_files,
+    words,
+)
 
 
 def render(spec: ExportSpec, *, queue: str | None = None, time: str | None = None) -> str:
@@ -37,8 +45,8 @@ def render(spec: ExportSpec, *, queue: str | None = None, time: str | None = Non
         f"export FTB_RUN_ID={q(spec.run_id)} FTB_RUN_DIR={q(spec.run_dir)}",
         'mapfile -t FTB_HOSTS < <(awk \'NF && !seen[$0]++\' "$PBS_NODEFILE")',
         f'if [ "${{#FTB_HOSTS[@]}}" != {spec.nnodes} ]; then',
-        f'  echo "ftbundle: this script was written for {spec.nnodes} nodes, $PBS_NODEFILE lists '
-        '${#FTB_HOSTS[@]}" >&2; exit 2',
+        (f'  echo "ftbundle: this script was written for {spec.nnodes} nodes, $PBS_NODEFILE lists '
+         '${#FTB_HOSTS[@]}" >&2; exit 2'),
         "fi",
         "",
         "# the run directory, staged as `ftbundle run` stages it",

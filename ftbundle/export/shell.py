@@ -89,8 +89,8 @@ def resume(spec: ExportSpec) -> list[str]:
         return []
     return [RESUME_POINT,
             f"FTB_LAST=$(ftb_resume_point {q(spec.checkpoint_dir)})",
-            'if [ -n "$FTB_LAST" ]; then echo "ftbundle: resuming from $FTB_LAST" >&2; '
-            'else echo "ftbundle: no checkpoint yet: starting from the beginning" >&2; fi']
+            ('if [ -n "$FTB_LAST" ]; then echo "ftbundle: resuming from $FTB_LAST" >&2; '
+             'else echo "ftbundle: no checkpoint yet: starting from the beginning" >&2; fi')]
 
 
 # One node's part, run once per node (by srun, or over ssh): the node rank and master come

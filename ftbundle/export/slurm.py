@@ -11,8 +11,16 @@ from __future__ import annotations
 
 from ..errors import UserError
 from . import ExportSpec
-from .shell import (directive_value, environment, header, node_program_def, q, resume, stage_files,
-                    words)
+from .shell import (
+    directive_value,
+    environment,
+    header,
+    node_program_def,
+    q,
+    resume,
+    stage_files,
+    words,
+)
 
 RUNTIMES = ("pyxis", "docker")
 
@@ -49,8 +57,8 @@ def render(spec: ExportSpec, *, partition: str | None = None, time: str | None =
         "",
         f"export FTB_RUN_ID={q(spec.run_id)} FTB_RUN_DIR={q(spec.run_dir)}",
         f'if [ "$SLURM_JOB_NUM_NODES" != {spec.nnodes} ]; then',
-        f'  echo "ftbundle: this script was written for {spec.nnodes} nodes, the allocation has '
-        '$SLURM_JOB_NUM_NODES" >&2; exit 2',
+        (f'  echo "ftbundle: this script was written for {spec.nnodes} nodes, the allocation has '
+         '$SLURM_JOB_NUM_NODES" >&2; exit 2'),
         "fi",
         "",
         "# the run directory, staged as `ftbundle run` stages it",
@@ -59,8 +67,8 @@ def render(spec: ExportSpec, *, partition: str | None = None, time: str | None =
         *environment(spec),
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'export MASTER_ADDR NNODES="$SLURM_JOB_NUM_NODES"',
-        'echo "ftbundle: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, '
-        'master $MASTER_ADDR" >&2',
+        ('echo "ftbundle: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, '
+         'master $MASTER_ADDR" >&2'),
         *resume(spec),
         "",
         *node_program_def(),
