@@ -118,6 +118,7 @@ def quickstart_work(slurm) -> Path:
     return work
 
 
+@pytest.mark.train
 def test_quickstart_lora_requeued_resumes_and_writes_the_adapter(slurm, quickstart_work, shellcheck, tmp_path):
     shared, work = slurm.shared_dir, quickstart_work
     train = yaml.safe_load((QUICKSTART / "train.yaml").read_text())
