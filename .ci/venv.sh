@@ -16,7 +16,8 @@ rm -rf .venv
 "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # (pip warns about every missing local index folder of this machine's config: noise)
-.venv/bin/python -m pip install -q -e '.[train,dev]' 2>&1 | grep -v "^WARNING: Location" || true
+# (DS_BUILD_OPS=0: DeepSpeed installs without compiling its CUDA ops, which this machine cannot)
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q -e '.[train,dev,deepspeed]' 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c 'import ftbundle, llamafactory, fabric, ansible, molecule'
 echo "$want" > "$stamp"
 echo "venv: ready"

@@ -214,6 +214,27 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return with_run(args, stop_run)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """The job as an sbatch script, Kubeflow manifests or a qsub script: to -o or stdout."""
+    from .export import export
+
+    text, warnings = export(args.job, to=args.to, inventory=args.inventory, nodes=args.nodes,
+                            partition=args.partition, time=args.time, container=args.container,
+                            image=args.image, pvc=args.pvc, secret=args.secret)
+    for warning in warnings:
+        say(f"warning: {warning}")
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        try:
+            with open(args.output, "w") as out:
+                out.write(text)
+        except OSError as exc:
+            raise UserError(f"cannot write: {exc.strerror}", file=args.output, key="-o") from None
+        say(f"wrote {args.output}")
+    return 0
+
+
 def say(message: str) -> None:
     print(f"ftbundle: {message}", file=sys.stderr, flush=True)
 
@@ -265,6 +286,21 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("-f", "--follow", action="store_true", help="follow until the node's job ends")
             p.add_argument("-n", "--lines", type=int, default=50, help="lines to show first (default 50)")
         p.set_defaults(func=func)
+
+    exp = sub.add_parser("export", help="write the job as a Slurm, Kubeflow (PyTorchJob, TrainJob) or PBS job")
+    exp.add_argument("job", help="the job file (job.yaml)")
+    exp.add_argument("--to", required=True, help="slurm | k8s (PyTorchJob) | trainjob (Kubeflow Trainer) | pbs")
+    exp.add_argument("-i", "--inventory", help="Ansible inventory (overrides the job's 'inventory')")
+    exp.add_argument("--nodes", help="number of nodes (default: the inventory's host count)")
+    exp.add_argument("--partition", help="Slurm partition / PBS queue")
+    exp.add_argument("--time", help="time limit (Slurm --time, PBS walltime)")
+    exp.add_argument("--container", default="pyxis", help="slurm, docker runtime: pyxis (--container-image, "
+                     "default) or docker (docker run on each node)")
+    exp.add_argument("--image", help="k8s/trainjob: the image (repo@sha256:...) when the job's runtime is not docker")
+    exp.add_argument("--pvc", help="k8s/trainjob: the shared volume's claim (default: <job name>-shared)")
+    exp.add_argument("--secret", help="k8s/trainjob: the Secret holding the job's secrets (default: <job name>-secrets)")
+    exp.add_argument("-o", "--output", help="write here instead of stdout")
+    exp.set_defaults(func=cmd_export)
 
     args = parser.parse_args(argv)
     if getattr(args, "vault_password_file", None):

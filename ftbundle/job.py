@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ _TOP_KEYS = {
     "env", "runtime", "train", "restarts", "check",
 }
 _RUNTIME_KEYS = {"kind", "python", "image", "gpus", "docker_args", "env_file"}
-_TRAIN_KEYS = {"llamafactory", "script", "args", "command"}
+_TRAIN_KEYS = {"llamafactory", "script", "args", "command", "deepspeed"}
 
 
 def _line_map(text: str) -> dict[str, int]:
@@ -288,11 +288,15 @@ def _parse_train(r: _Reader, raw: Any, base: Path) -> Train:
         raise r.error("train.args", "must be a list of strings")
     if args and mode != "script":
         raise r.error("train.args", "only applies to 'script'")
+    deepspeed = r.string(raw, "deepspeed", "train.deepspeed")
+    if deepspeed is not None and mode != "llamafactory":
+        raise r.error("train.deepspeed", "only applies to 'llamafactory' (a script reads its own DeepSpeed config)")
 
     if mode == "llamafactory":
         value = raw["llamafactory"]
         if isinstance(value, dict):
-            return Train(mode, llamafactory=dict(value), llamafactory_source="train.llamafactory (inline)")
+            train = Train(mode, llamafactory=dict(value), llamafactory_source="train.llamafactory (inline)")
+            return _with_deepspeed(r, train, deepspeed, base)
         if not isinstance(value, str):
             raise r.error("train.llamafactory", "must be a path to a LlamaFactory YAML config, or the config inline")
         cfg_path = (base / value).resolve()
@@ -306,11 +310,23 @@ def _parse_train(r: _Reader, raw: Any, base: Path) -> Train:
             raise UserError(f"malformed YAML: {getattr(exc, 'problem', exc)}", file=where) from None
         if not isinstance(cfg, dict):
             raise UserError("a LlamaFactory config must be a YAML mapping", file=str(cfg_path))
-        return Train(mode, llamafactory=cfg, llamafactory_source=str(cfg_path),
-                     deepspeed_json=_deepspeed_beside(cfg, cfg_path))
+        train = Train(mode, llamafactory=cfg, llamafactory_source=str(cfg_path),
+                      deepspeed_json=_deepspeed_beside(cfg, cfg_path))
+        return _with_deepspeed(r, train, deepspeed, base)
     if mode == "script":
         return Train(mode, script=r.string(raw, "script", "train.script"), args=tuple(str(a) for a in args))
     return Train(mode, command=r.string(raw, "command", "train.command"))
+
+
+def _with_deepspeed(r: _Reader, train: Train, value: str | None, base: Path) -> Train:
+    """The job's `train.deepspeed` (a preset name or a JSON file beside the job) wins over
+    the LlamaFactory config's own `deepspeed:`; either way it is staged into the run dir."""
+    if value is None:
+        return train
+    from . import deepspeed
+
+    text = deepspeed.load(value, base, lambda msg: r.error("train.deepspeed", msg))
+    return replace(train, llamafactory={**train.llamafactory, "deepspeed": value}, deepspeed_json=text)
 
 
 def _deepspeed_beside(cfg: dict, cfg_path: Path) -> str | None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from . import llamafactory, runtimes
+from . import deepspeed, llamafactory, runtimes
 from .errors import UserError
 from .inventory import Host
 from .job import MIN_SECRET_LEN, PINNED_IMAGE_RE, Job, check_pinned_image, is_secret
@@ -289,6 +289,9 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             nnodes=len(layout.hosts), nproc_per_node=nproc, bf16_capable=facts.bf16 if facts else None,
             output_shared=shared)
         warnings += prepared.warnings
+        if job.train.deepspeed_json is not None:
+            warnings += deepspeed.advice(job.train.deepspeed_json, nnodes=len(layout.hosts),
+                                         infiniband=_infiniband(layout, facts))
         notes.append(llamafactory.effective_batch_line(prepared.config, len(layout.hosts), nproc,
                                                        prepared.effective_batch))
 
@@ -394,6 +397,22 @@ def _recorded_image(layout: Layout, facts: ClusterFacts | None) -> str:
     image = values.pop()
     check_pinned_image(image, lambda msg: UserError(f"{IMAGE_REF_FILE} on the hosts: {msg}", **where))
     return image
+
+
+def _infiniband(layout: Layout, facts: ClusterFacts | None) -> bool:
+    """Whether NCCL will use InfiniBand: not when the job or every host's nccl_env role says
+    NCCL_IB_DISABLE=1; else what the hosts have (/dev/infiniband on every one), when they
+    were asked; else only when the job or the inventory says NCCL_IB_DISABLE=0."""
+    job, hosts = layout.job, layout.hosts
+    said = job.env.get("NCCL_IB_DISABLE")
+    if said is None and hosts and all(h.vars.get("nccl_env_ib_disable") is not None for h in hosts):
+        values = {str(h.vars["nccl_env_ib_disable"]) for h in hosts}
+        said = values.pop() if len(values) == 1 and values <= {"0", "1"} else None
+    if said == "1":
+        return False
+    if facts is not None:
+        return facts.infiniband
+    return said == "0"
 
 
 def _check_distinct_addresses(hosts: list[Host], job: Job) -> None:

@@ -1,0 +1,170 @@
+"""`ftbundle export`: the same job.yaml as a Slurm, Kubeflow or PBS job.
+
+This package owns turning a :class:`~ftbundle.plan.Plan` into a scheduler's text. The
+renderers (slurm.py, k8s.py, pbs.py) are pure functions of an :class:`ExportSpec`;
+:func:`export_plan` is the one place that builds the plan (job + hosts -> plan) for them.
+
+On a scheduler the hosts are not known when the file is written: the plan is made for N
+placeholder hosts (N from ``--nodes``, else the inventory's host count) that keep the
+inventory's variables (ftb_shared_dir, ftb_image), and each renderer gets the node rank
+and the master address from the scheduler at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .. import runtimes
+from ..errors import UserError, did_you_mean
+from ..job import Job, check_pinned_image, is_secret
+from ..plan import Plan
+
+TARGETS = ("slurm", "k8s", "trainjob", "pbs")
+# Argv elements a renderer replaces at run time (whole elements, or inside a container name).
+NODE_RANK = "@FTB_NODE_RANK@"
+MASTER_ADDR = "@FTB_MASTER_ADDR@"
+# Set per node by each renderer from what the scheduler says, never from the plan.
+PER_NODE_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
+
+
+def export_plan(job_path: str, inventory: str | None, nodes: int | None) -> tuple[Job, Plan]:
+    """The job and its plan for ``nodes`` scheduler nodes: the only use of the plan-building
+    API in this package (load_job, resolve_hosts, make_plan), so it can follow it."""
+    from ..cli import new_run_id, resolve_hosts
+    from ..job import load_job
+    from ..plan import make_layout, make_plan
+
+    job = load_job(job_path)
+    if job.nproc_per_node == "auto":
+        raise UserError("export needs a number of ranks per node: the scheduler's nodes are not known "
+                        "when the file is written; set nproc_per_node to the GPUs per node",
+                        file=str(job.path), key="nproc_per_node")
+    hosts = resolve_hosts(job, inventory)
+    count = nodes if nodes is not None else len(hosts)
+    placeholders = [replace(hosts[i % len(hosts)], name=f"node{i}", address=f"ftb-export-node{i}",
+                            local=False, port=22) for i in range(count)]
+    return job, make_plan(make_layout(job, placeholders, new_run_id(job.name)))
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """What every renderer needs, taken from the job and its plan."""
+
+    name: str
+    job_file: str
+    nnodes: int
+    nproc_per_node: int
+    master_port: int
+    run_id: str
+    run_dir: str
+    shared_dir: str
+    workdir: str
+    env: dict[str, str]  # plain values (the job's env, PYTHONUNBUFFERED, FTB_RUN_*)
+    secret_names: tuple[str, ...]  # taken from the submitter's environment / a Secret, never written
+    argv: tuple[str, ...]  # one node's command, with NODE_RANK / MASTER_ADDR placeholders
+    program: tuple[str, ...]  # what torchrun runs (or the per-node command), without torchrun
+    files: dict[str, str]  # staged into run_dir before launch
+    checkpoint_dir: str | None
+    image: str | None  # docker runtime: repo@sha256:...
+    docker_argv: tuple[str, ...] | None  # docker runtime: `docker run ...` around argv
+    container: str | None  # docker runtime: container name (with the NODE_RANK placeholder)
+    env_file: str | None  # the NCCL env file on the hosts
+    gpus: bool  # whether each node needs nproc_per_node GPUs
+    restarts: int
+    warnings: tuple[str, ...]
+    train_mode: str
+    python: str
+
+
+def spec_from(job: Job, plan: Plan) -> ExportSpec:
+    node = plan.nodes[0]
+    env = {k: v for k, v in node.env.items()
+           if k not in PER_NODE_ENV and not is_secret(k)}
+    secrets = tuple(k for k in node.env if is_secret(k))
+    # the host runtime's interpreter as make_plan resolved it (its argv[0]); in an image, as written
+    python = node.argv[0] if job.runtime.kind == "host" and job.train.mode != "command" else job.runtime.python
+    torchrun = runtimes.torchrun_argv(python, nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node,
+                                      node_rank=NODE_RANK, master_addr=MASTER_ADDR,  # type: ignore[arg-type]
+                                      master_port=plan.master_port)
+    program = runtimes.program_argv(job.train.mode, run_dir=plan.run_dir, script=job.train.script,
+                                    args=job.train.args, command=job.train.command)
+    argv = program if job.train.mode == "command" else [*torchrun, *program]
+    image = docker = container = None
+    if job.runtime.kind == "docker":
+        image = plan.image
+        if image is None:  # a tag in the inventory: `run` reads the digest site.yml recorded, export cannot
+            raise UserError("runtime 'docker' needs an image pinned by digest to export: set runtime.image or "
+                            "ftb_image to repo@sha256:... (the digest site.yml recorded in /etc/ftbundle/image.ref)",
+                            file=str(job.path), key="runtime.image")
+        container = runtimes.container_name(plan.run_id, NODE_RANK)  # type: ignore[arg-type]
+        docker = tuple([*runtimes.docker_prefix(
+            image=image, name=container, shared_dir=plan.shared_dir, workdir=node.workdir,
+            env_names=[*env, *secrets, "NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"],
+            env_file=job.runtime.env_file, gpus=job.runtime.gpus, extra=job.runtime.docker_args), *argv])
+    return ExportSpec(
+        name=job.name, job_file=str(job.path), nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node,
+        master_port=plan.master_port, run_id=plan.run_id, run_dir=plan.run_dir, shared_dir=plan.shared_dir,
+        workdir=node.workdir, env=env, secret_names=secrets, argv=tuple(argv), program=tuple(program), files=dict(plan.files),
+        checkpoint_dir=plan.checkpoint_dir, image=image, docker_argv=docker, container=container,
+        env_file=job.runtime.env_file, gpus=uses_gpus(job), restarts=job.restarts,
+        warnings=plan.warnings, train_mode=job.train.mode, python=python,
+    )
+
+
+def uses_gpus(job: Job) -> bool:
+    """GPUs per node are requested when the docker runtime passes GPUs, or a LlamaFactory
+    config does not say `use_cpu: true`."""
+    if job.runtime.gpus:
+        return True
+    return job.train.mode == "llamafactory" and not (job.train.llamafactory or {}).get("use_cpu")
+
+
+def check_image(image: str, where: str) -> str:
+    """A tag is refused here as `ftbundle run` refuses it."""
+    check_pinned_image(image, lambda msg: UserError(msg, file=where, key="--image"))
+    return image
+
+
+def check_target(to: str) -> str:
+    if to not in TARGETS:
+        raise UserError(f"unknown export target {to!r}{did_you_mean(to, TARGETS)}; valid: {', '.join(TARGETS)}",
+                        key="--to")
+    return to
+
+
+def parse_nodes(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        nodes = int(value)
+    except ValueError:
+        nodes = 0
+    if not 1 <= nodes <= 100000:
+        raise UserError(f"must be a whole number of nodes (1 or more), got {value!r}", key="--nodes")
+    return nodes
+
+
+def export(job_path: str, *, to: str, inventory: str | None = None, nodes: str | None = None,
+           partition: str | None = None, time: str | None = None, container: str = "pyxis",
+           image: str | None = None, pvc: str | None = None, secret: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """The scheduler's text for a job, and the plan's warnings. Raises UserError before
+    anything is written."""
+    check_target(to)
+    count = parse_nodes(nodes)
+    if image is not None:
+        check_image(image, "--image")
+    job, plan = export_plan(job_path, inventory, count)
+    spec = spec_from(job, plan)
+    if to == "slurm":
+        from .slurm import render
+
+        return render(spec, partition=partition, time=time, container=container), spec.warnings
+    if to == "pbs":
+        from .pbs import render as render_pbs
+
+        return render_pbs(spec, queue=partition, time=time), spec.warnings
+    from . import k8s
+
+    make = k8s.pytorchjob if to == "k8s" else k8s.trainjob
+    objects = make(spec, image=image, pvc=pvc, secret=secret)
+    return k8s.to_yaml(objects, spec, to, k8s.names(spec, pvc, secret)), spec.warnings

@@ -1,0 +1,124 @@
+"""Pieces of shell text shared by the Slurm and PBS scripts.
+
+Every value from a job file or an inventory enters the text through :func:`q` (one
+single-quoted word, never expanded) or base64 (staged files); the fixed programs below
+take their values as arguments and environment, never by pasting.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shlex
+
+from ..errors import UserError
+from . import MASTER_ADDR, NODE_RANK, ExportSpec
+
+SAFE_DIRECTIVE_RE = re.compile(r"^[A-Za-z0-9_./:@%+=,-]+$")
+
+
+def q(value: str) -> str:
+    return shlex.quote(value)
+
+
+def directive_value(value: str, flag: str) -> str:
+    """A value on an #SBATCH / #PBS line: the scheduler reads those lines itself, without a
+    shell, so only plain characters are allowed there."""
+    if not SAFE_DIRECTIVE_RE.match(value):
+        raise UserError(f"{value!r} cannot go on a scheduler directive line: use letters, digits and ./:@%+=,-_",
+                        key=flag)
+    return value
+
+
+def header(spec: ExportSpec, target: str, needs: list[str]) -> list[str]:
+    lines = ["# shellcheck disable=SC2016  # values are single-quoted on purpose: they must not expand",
+             f"# {spec.name}: written by `ftbundle export --to {target}` from {spec.job_file}",
+             f"# {spec.nnodes} node(s) x {spec.nproc_per_node} rank(s); run directory {spec.run_dir}",
+             "# Needs on the cluster:"]
+    lines += [f"#   - {need}" for need in needs]
+    if spec.secret_names:
+        lines.append("# Secrets are not in this file: export " + " ".join(spec.secret_names)
+                     + " in the shell you submit from.")
+    lines += [f"# warning: {w}" for w in spec.warnings]
+    return lines
+
+
+def stage_files(spec: ExportSpec) -> list[str]:
+    """Write the plan's files into the run directory, as `ftbundle run` stages them."""
+    lines = ['mkdir -p -- "$FTB_RUN_DIR"']
+    for name, text in sorted(spec.files.items()):
+        encoded = base64.encodebytes(text.encode()).decode().rstrip("\n")
+        lines += [f'base64 -d >"$FTB_RUN_DIR"/{q(name)} <<\'FTB_B64\'', encoded, "FTB_B64"]
+    return lines
+
+
+def environment(spec: ExportSpec) -> list[str]:
+    """The NCCL env file of the hosts first, then the job's env (which wins over it)."""
+    lines = []
+    if spec.env_file:
+        lines.append("# shellcheck source=/dev/null")
+        lines.append(f"if [ -r {q(spec.env_file)} ]; then set -a; . {q(spec.env_file)}; set +a; fi")
+    for key, value in spec.env.items():
+        lines.append(f"export {key}={q(value)}")
+    for key in spec.secret_names:
+        lines.append(f': "${{{key}:?{key} must be set in the environment this job is submitted from}}"')
+        lines.append(f"export {key}")
+    lines.append(f"export FTB_WORKDIR={q(spec.workdir)} MASTER_PORT={spec.master_port} "
+                 f"NPROC_PER_NODE={spec.nproc_per_node}")
+    if spec.container:
+        lines.append(f"export FTB_CONTAINER={q(spec.container)}")
+    return lines
+
+
+# The newest complete checkpoint-N of a directory: an incomplete newest one (no
+# trainer_state.json yet: the job died while saving) is removed first. The same rule as
+# `ftbundle run`'s restarts (ftbundle/remote/node.sh, mode resume-point).
+RESUME_POINT = r'''# shellcheck disable=SC2010
+ftb_resume_point() {
+  local last
+  last=$(ls -1 -- "$1" 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1) || true
+  if [ -n "$last" ] && [ ! -e "$1/$last/trainer_state.json" ]; then
+    rm -rf -- "${1:?}/$last"; echo "ftbundle: removed incomplete checkpoint $last" >&2
+  fi
+  ls -1 -- "$1" 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1 || true
+}'''
+
+
+def resume(spec: ExportSpec) -> list[str]:
+    if not spec.checkpoint_dir:
+        return []
+    return [RESUME_POINT,
+            f"FTB_LAST=$(ftb_resume_point {q(spec.checkpoint_dir)})",
+            ('if [ -n "$FTB_LAST" ]; then echo "ftbundle: resuming from $FTB_LAST" >&2; '
+             'else echo "ftbundle: no checkpoint yet: starting from the beginning" >&2; fi')]
+
+
+# One node's part, run once per node (by srun, or over ssh): the node rank and master come
+# from the environment, the command is its arguments. Placeholders are whole words the
+# exporter put in the argv (ftbundle.export.NODE_RANK, MASTER_ADDR).
+NODE_PROGRAM = r'''set -u
+args=()
+for a in "$@"; do
+  a=${a//@NODE_RANK@/$NODE_RANK}
+  a=${a//@MASTER_ADDR@/$MASTER_ADDR}
+  args+=("$a")
+done
+cd -- "$FTB_WORKDIR" || { echo "ftbundle: workdir $FTB_WORKDIR missing on $(hostname)" >&2; exit 96; }
+if [ -n "${FTB_CONTAINER:-}" ]; then
+  FTB_CONTAINER=${FTB_CONTAINER//@NODE_RANK@/$NODE_RANK}
+  # removing the container is what stops it: killing `docker run` does not
+  trap 'docker rm -f "$FTB_CONTAINER" >/dev/null 2>&1' EXIT
+  trap 'exit 143' TERM INT
+  "${args[@]}" &
+  wait $!
+else
+  exec "${args[@]}"
+fi'''.replace("@NODE_RANK@", NODE_RANK).replace("@MASTER_ADDR@", MASTER_ADDR)
+
+
+def node_program_def() -> list[str]:
+    return ["FTB_NODE=$(cat <<'FTB_NODE_EOF'", NODE_PROGRAM, "FTB_NODE_EOF", ")"]
+
+
+def words(argv: tuple[str, ...]) -> str:
+    return " ".join(q(a) for a in argv)

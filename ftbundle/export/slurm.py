@@ -1,0 +1,113 @@
+"""Plan -> an sbatch script. Pure.
+
+One task per node (srun); the node rank is SLURM_NODEID and the master is the first host
+of the allocation. The job is requeueable: 120 s before the time limit Slurm sends USR1
+to the batch shell, which requeues the job; a requeued job (like `scontrol requeue`)
+starts the script again and resumes from the newest complete checkpoint by the rule of
+`restarts`.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from . import ExportSpec
+from .shell import (
+    directive_value,
+    environment,
+    header,
+    node_program_def,
+    q,
+    resume,
+    stage_files,
+    words,
+)
+
+RUNTIMES = ("pyxis", "docker")
+
+
+def render(spec: ExportSpec, *, partition: str | None = None, time: str | None = None,
+           container: str = "pyxis") -> str:
+    if container not in RUNTIMES:
+        raise UserError(f"unknown container runtime {container!r}; valid: {', '.join(RUNTIMES)}", key="--container")
+    needs = [f"{spec.shared_dir} mounted on every node (shared storage: logs, run directory, checkpoints)"]
+    if spec.image is None:
+        needs.append(f"{spec.python} with torch (and the training stack) on every node")
+    elif container == "pyxis":
+        needs.append(f"pyxis + enroot, able to pull {spec.image}")
+    else:
+        needs.append(f"docker on every node, able to run {spec.image}")
+    lines = ["#!/bin/bash", *header(spec, "slurm", needs)]
+    lines += [
+        f"#SBATCH --job-name={directive_value(spec.name, 'name')}",
+        f"#SBATCH --nodes={spec.nnodes}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    if spec.gpus:
+        lines.append(f"#SBATCH --gpus-per-node={spec.nproc_per_node}")
+    if partition:
+        lines.append(f"#SBATCH --partition={directive_value(partition, '--partition')}")
+    if time:
+        lines.append(f"#SBATCH --time={directive_value(time, '--time')}")
+    lines += [
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR1@120",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --output={directive_value(spec.shared_dir, 'shared_dir')}/slurm-%x-%j.out",
+        "set -euo pipefail",
+        "",
+        f"export FTB_RUN_ID={q(spec.run_id)} FTB_RUN_DIR={q(spec.run_dir)}",
+        f'if [ "$SLURM_JOB_NUM_NODES" != {spec.nnodes} ]; then',
+        (f'  echo "ftbundle: this script was written for {spec.nnodes} nodes, the allocation has '
+         '$SLURM_JOB_NUM_NODES" >&2; exit 2'),
+        "fi",
+        "",
+        "# the run directory, staged as `ftbundle run` stages it",
+        *stage_files(spec),
+        "",
+        *environment(spec),
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'export MASTER_ADDR NNODES="$SLURM_JOB_NUM_NODES"',
+        ('echo "ftbundle: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, '
+         'master $MASTER_ADDR" >&2'),
+        *resume(spec),
+        "",
+        *node_program_def(),
+        "export FTB_NODE",
+        "",
+        "# near the time limit (--signal): back into the queue; the next start resumes",
+        'trap \'echo "ftbundle: requeueing job $SLURM_JOB_ID" >&2; scontrol requeue "$SLURM_JOB_ID"\' USR1',
+    ]
+    srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={spec.nnodes}", "--ntasks-per-node=1"]
+    argv = spec.argv
+    if spec.image is not None and container == "pyxis":
+        mounts = [f"{spec.shared_dir}:{spec.shared_dir}"]
+        if not (spec.workdir + "/").startswith(spec.shared_dir.rstrip("/") + "/"):
+            mounts.append(f"{spec.workdir}:{spec.workdir}")
+        srun += [f"--container-image={enroot_image(spec.image)}", f"--container-mounts={','.join(mounts)}",
+                 f"--container-workdir={spec.workdir}"]
+    elif spec.image is not None:
+        argv = spec.docker_argv or argv
+    lines += [
+        "# NODE_RANK is the task's own SLURM_NODEID, set inside the step",
+        "# shellcheck disable=SC2016",
+        f'{words(tuple(srun))} bash -c \'export NODE_RANK="$SLURM_NODEID"; eval "$FTB_NODE"\' ftb-node \\',
+        f"  {words(argv)} &",
+        "FTB_SRUN=$!",
+        'while :; do',
+        '  rc=0; wait "$FTB_SRUN" || rc=$?',
+        '  kill -0 "$FTB_SRUN" 2>/dev/null || break  # a trap interrupted the wait: keep waiting',
+        'done',
+        'exit "$rc"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def enroot_image(image: str) -> str:
+    """repo@sha256:... in enroot's notation (REGISTRY#IMAGE); an image ID cannot be pulled."""
+    if image.startswith("sha256:"):
+        raise UserError("pyxis pulls images from a registry: the image must be repo@sha256:<digest>, not an "
+                        "image ID (or export with --container docker)", key="runtime.image")
+    first, sep, rest = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return image
