@@ -172,3 +172,30 @@ def test_quickstart_lora_requeued_resumes_and_writes_the_adapter(slurm, quicksta
     assert (output / "adapter_model.safetensors").stat().st_size > 0
     state = json.loads((output / "trainer_state.json").read_text())
     assert state["global_step"] == 30
+
+
+def test_usr1_before_the_time_limit_requeues_the_job(slurm, tmp_path):
+    """What --signal=B:USR1@120 does near the time limit, sent by hand: the batch shell's
+    trap puts the job back into the queue (Slurm counts a restart)."""
+    job = {"name": "usr1-requeue", "nproc_per_node": 1, "shared_dir": str(slurm.shared_dir),
+           "train": {"command": "sleep 60"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    script = slurm.shared_dir / "usr1.sbatch"
+    export(tmp_path / "job.yaml", script, "--nodes", "2")
+    job_id, rc = sbatch_env(slurm, script, wait=False)
+    assert rc == 0
+    try:
+        deadline = time.monotonic() + 60
+        while slurm.job_state(job_id) != "RUNNING":
+            assert time.monotonic() < deadline, slurm.logs()
+            time.sleep(0.2)
+        time.sleep(1)  # the batch shell is past its setup and waiting for srun
+        slurm.run("scancel", "--batch", "--signal=USR1", str(job_id))
+        deadline = time.monotonic() + 60
+        while "Restarts=1" not in slurm.run("scontrol", "show", "job", str(job_id)).stdout:
+            assert time.monotonic() < deadline, slurm.logs()
+            time.sleep(0.2)
+        log = (slurm.shared_dir / f"slurm-usr1-requeue-{job_id}.out").read_text()
+        assert f"ftbundle: requeueing job {job_id}" in log, log
+    finally:
+        slurm.run("scancel", str(job_id), check=False)
