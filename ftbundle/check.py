@@ -36,8 +36,9 @@ import re
 import secrets
 import shlex
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -872,9 +873,22 @@ def prepare_shared_dir(plan: Plan, cluster: Cluster) -> str | None:
     return node.host.name if result.stdout.strip() == "created" else None
 
 
-def gather_facts(specs: dict[int, ProbeSpec], plan: Plan, cluster: Cluster) -> list[HostFacts]:
-    """Round 1 on every host at once; an unreachable host becomes facts with an error."""
+def gather_facts(specs: dict[int, ProbeSpec], plan: Plan, cluster: Cluster,
+                 on_host: Callable[[int, int], None] | None = None) -> list[HostFacts]:
+    """Round 1 on every host at once; an unreachable host becomes facts with an error.
+    ``on_host(done, total)`` is told as each host answers (the progress display)."""
+    done = [0]
+    lock = threading.Lock()
+
     def ask(node: NodePlan) -> HostFacts:
+        facts = _ask(node)
+        if on_host is not None:
+            with lock:
+                done[0] += 1
+                on_host(done[0], len(plan.nodes))
+        return facts
+
+    def _ask(node: NodePlan) -> HostFacts:
         spec = specs[node.rank]
         if node.host.name in cluster.errors:
             return HostFacts(node.host.name, node.rank, error=cluster.errors[node.host.name])
@@ -958,7 +972,7 @@ def remove_sentinels(plan: Plan, cluster: Cluster, reached: list[HostFacts], sen
 
 
 def run_checks(job: Job, plan: Plan, cluster: Cluster, out: TextIO | None = None, *,
-               quiet: bool = False) -> CheckReport:
+               quiet: bool = False, on_host: Callable[[int, int], None] | None = None) -> CheckReport:
     """Ask every host of ``plan`` whether they are alike and ready; print the report to
     ``out`` (default: stdout) unless ``quiet``. Starts nothing; leaves nothing behind but
     the shared directory it created."""
@@ -971,7 +985,9 @@ def run_checks(job: Job, plan: Plan, cluster: Cluster, out: TextIO | None = None
     created_on = prepare_shared_dir(plan, cluster)
     reached: list[HostFacts] = []
     try:
-        facts = gather_facts(specs, plan, cluster)
+        if on_host is not None:
+            on_host(0, len(plan.nodes))
+        facts = gather_facts(specs, plan, cluster, on_host)
         reached = [f for f in facts if not f.error]
         checks = fact_checks(job, plan, facts, created_on)
         if reached:

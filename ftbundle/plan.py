@@ -60,6 +60,8 @@ class Plan:
     warnings: tuple[str, ...] = ()  # the seeds' traps, shown before launch
     notes: tuple[str, ...] = ()  # facts worth seeing before launch (effective batch size)
     checkpoint_dir: str | None = None  # LlamaFactory's output_dir, absolute: where resumes come from
+    effective_batch: int | None = None  # samples per optimizer step (LlamaFactory jobs), for samples/s
+    finetuning_type: str | None = None  # LlamaFactory's (lora, full, ...): whether an adapter is the result
 
     @property
     def world_size(self) -> int:
@@ -179,6 +181,8 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
     warnings: list[str] = []
     notes: list[str] = []
     checkpoint_dir = None
+    effective_batch = None
+    finetuning_type = None
     if job.train.mode == "llamafactory":
         output_dir = job.train.llamafactory.get("output_dir")
         if output_dir:
@@ -192,6 +196,8 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
         files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(config, sort_keys=False)
         files[runtimes.LLAMAFACTORY_ENTRY] = runtimes.llamafactory_entry_source()
         warnings += prepared.warnings
+        effective_batch = prepared.effective_batch
+        finetuning_type = str(prepared.config.get("finetuning_type") or "lora")
         notes.append(llamafactory.effective_batch_line(prepared.config, len(hosts), nproc,
                                                        prepared.effective_batch))
 
@@ -211,6 +217,7 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
         torchrun = runtimes.torchrun_argv(
             python, nnodes=len(hosts), nproc_per_node=nproc, node_rank=rank,
             master_addr=master_addr, master_port=job.master_port,
+            log_dir=posixpath.join(run_dir, runtimes.RANKS_DIR, f"node-{rank}"),
         )
         argv = runtimes.train_argv(job.train.mode, torchrun, run_dir=run_dir, script=job.train.script,
                                    args=job.train.args, command=job.train.command)
@@ -236,7 +243,8 @@ def make_plan(job: Job, hosts: list[Host], run_id: str, *,
         job_name=job.name, run_id=run_id, run_dir=run_dir, shared_dir=shared_dir,
         master_addr=master_addr, master_port=job.master_port, nnodes=len(hosts),
         nproc_per_node=nproc, nodes=tuple(nodes), files=files, warnings=tuple(warnings),
-        notes=tuple(notes), checkpoint_dir=checkpoint_dir,
+        notes=tuple(notes), checkpoint_dir=checkpoint_dir, effective_batch=effective_batch,
+        finetuning_type=finetuning_type,
     )
 
 
