@@ -53,7 +53,7 @@ class Phases:
         if self.tty:
             from rich.console import Console
 
-            self._console = Console(file=self.stream, highlight=False)
+            self._console = Console(file=self.stream, highlight=False, force_terminal=True)
 
     # -- output -----------------------------------------------------------------------
     def print(self, text: str) -> None:
@@ -72,6 +72,9 @@ class Phases:
         self.print(f"ftbundle: {text}")
 
     def _render(self):
+        """The live lines: the phase with its spinner (and while training, a bar, step/total,
+        epoch, elapsed, ETA), then the numbers (loss, lr, samples/s, nodes alive)."""
+        from rich.console import Group
         from rich.progress_bar import ProgressBar
         from rich.spinner import Spinner
         from rich.table import Table
@@ -81,18 +84,24 @@ class Phases:
         row = [Spinner("dots", style="cyan"), Text(self.phase, style="bold")]
         p = self.progress
         if self.phase == "training" and p is not None and p.known:
+            fields = dict(status_fields(p, self.alive, self.nnodes))
             if p.total:
                 row.append(ProgressBar(total=p.total, completed=p.step or 0, width=24))
-            text = Text()
-            for label, value in status_fields(p, self.alive, self.nnodes):
-                text.append(f"{label} ", style="dim")
-                text.append(f"{value}  ")
-            row.append(text)
-        else:
-            detail = self.detail
-            if self.phase == "training" and p is not None and p.last_line:
-                detail = p.last_line[-80:]
-            row.append(Text(f"{detail}  {time.monotonic() - self._phase_started:.0f}s", style="dim"))
+            first, second = Text(), Text("  ")
+            for label in ("step", "epoch", "elapsed", "eta"):
+                if label in fields:
+                    first.append(f"{label} ", style="dim").append(f"{fields[label]}  ")
+            for label in ("loss", "lr", "samples/s", "it/s", "nodes"):
+                if label in fields:
+                    second.append(f"{label} ", style="dim").append(f"{fields[label]}  ")
+            row.append(first)
+            grid.add_row(*row)
+            return Group(grid, second)
+        detail = self.detail
+        if self.phase == "training" and p is not None and p.last_line:
+            detail = p.last_line[-80:]
+        row.append(Text(f"{detail}  {time.monotonic() - self._phase_started:.0f}s", style="dim",
+                        no_wrap=True, overflow="ellipsis"))
         grid.add_row(*row)
         return grid
 

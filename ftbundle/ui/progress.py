@@ -108,7 +108,8 @@ class Progress:
             self.epoch = float(record["epoch"])
         self.elapsed_s = _seconds(record.get("elapsed_time")) or self.elapsed_s
         self.remaining_s = _seconds(record.get("remaining_time"))
-        self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
+        if "loss" in record:  # the last record (the trainer's end) has none: nothing to plot
+            self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
 
     def feed_line(self, line: str) -> bool:
         """A line of rank 0's output; True when it told us something about training."""
