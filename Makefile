@@ -4,14 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 QUICKSTART := examples/quickstart
 
-.PHONY: demo test venv engine image model unit cluster lint clean bench
+.PHONY: demo test venv engine image model tools unit cluster lint clean bench
 
 demo: venv model  ## a real LoRA fine-tune of a tiny local model, 2 ranks on localhost
-	rm -rf $(QUICKSTART)/.shared/output/quickstart-lora  # a fresh fine-tune, not a resume of the last one
-	$(VENV)/bin/ftbundle run $(QUICKSTART)/job.yaml
-	@echo "adapter: $(QUICKSTART)/.shared/output/quickstart-lora/adapter_model.safetensors"
+	@rm -rf $(QUICKSTART)/.shared/output/quickstart-lora  # a fresh fine-tune, not a resume of the last one
+	$(VENV)/bin/ftbundle run $(QUICKSTART)/job.yaml  # ends with a summary: final loss, adapter path, run dir
 
-test: venv engine image  ## everything CI runs
+test: venv engine image tools  ## everything CI runs
 	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 tests
 
 unit: venv  ## the fast tests: no Docker, no training
@@ -22,6 +21,9 @@ venv:
 
 engine:  ## a Docker engine (installed and started when missing)
 	@bash .ci/docker-engine.sh
+
+tools:  ## command-line tools the tests drive (tmux)
+	@bash .ci/tools.sh
 
 image: engine  ## the containerized test hosts' image, built locally, cached by recipe
 	@bash .ci/testhost-image.sh >/dev/null

@@ -51,7 +51,7 @@ def one(cluster: Cluster, shared: Path, tmp: Path, rate: float, seconds: float) 
         shown[1] = lines.pop()
         shown[0] += sum(1 for line in lines if line.startswith(b"[node0 r0] 0"))
 
-    m = measure([sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"], on_stdout=count)
+    m = measure([sys.executable, "-m", "ftbundle", "run", "-v", str(job), "--no-check"], on_stdout=count)
     log = (only_run_dir(shared) / "node-0-node0.a1.log").read_text().splitlines()
     printed = int(log[-1].split()[1]) if log and log[-1].startswith("total") else -1
     mb = len(log) * 100 / 1e6

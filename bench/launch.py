@@ -69,7 +69,7 @@ def run_tool(tool: str, cluster: Cluster, hosts, shared: Path, job_dir: Path, ta
             cluster_inventory(cluster, hosts, inventory)
         job = write_job(job_dir / f"{tag}.yaml", base_job("latency", shared, inventory,
                                                           {"command": stamp_cmd(shared, tag)}))
-        argv = [sys.executable, "-m", "ftbundle", "run", str(job)] + (["--no-check"] if tool.endswith("off") else [])
+        argv = [sys.executable, "-m", "ftbundle", "run", "-v", str(job)] + (["--no-check"] if tool.endswith("off") else [])
         wall = time.time()
         m = measure(argv, env=env)
     if m.code != 0:

@@ -52,7 +52,7 @@ def samples_per_second(text: str) -> float:
 
 def via_ftbundle() -> tuple[float, str]:
     shutil.rmtree(OUTPUT, ignore_errors=True)
-    m = measure([sys.executable, "-m", "ftbundle", "run", str(QUICKSTART / "job.yaml"), "--no-check"])
+    m = measure([sys.executable, "-m", "ftbundle", "run", "-v", str(QUICKSTART / "job.yaml"), "--no-check"])
     if m.code != 0:
         raise RuntimeError(m.stderr.decode()[-3000:])
     run_dir = re.search(r"logs in (\S+)", m.stderr.decode()).group(1)

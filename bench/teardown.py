@@ -76,7 +76,7 @@ def run_ftbundle(fault: str, nodes: int, cap: float) -> float:
     try:
         with Cluster(nodes, shared_dir=shared) as cluster:
             job = allreduce_job(cluster, shared)
-            proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], stdout=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", "-v", str(job)], stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, text=True, cwd=REPO)
             try:
                 wait_steps(proc.stdout)
@@ -126,7 +126,7 @@ def ftbundle_trial(cluster: Cluster, job: Path, fault: str) -> float:
     import signal
 
     argv = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-            "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"]
+            "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "ftbundle", "run", "-v", str(job), "--no-check"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
     try:
         wait_steps(proc.stdout, needle="step 2 allreduce ok")

@@ -49,7 +49,7 @@ def needs_facts(layout: Layout) -> bool:
     return layout.job.nproc_per_node == "auto" or (layout.docker and layout.image is None)
 
 
-def checked_plan(layout: Layout, cluster, *, skip_check: bool = False):
+def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=None):
     """(the plan to launch, the sentinel cleanup to finish before launch or None).
 
     The hosts are checked first unless the job says `check: false` or ``skip_check``;
@@ -62,7 +62,9 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False):
     facts = None
     cleanup = None
     if check:
-        report, facts = run_checks(layout, cluster, keep_sentinels=True)
+        report, facts = run_checks(layout, cluster, keep_sentinels=True, on_progress=on_host)
+        if _UI is not None:
+            _UI.stop()
         sentinels = sentinel_cleanup(layout, facts)
         if not report.ok:
             clean_up(cluster, sentinels)
@@ -123,6 +125,7 @@ def format_plan(plan: Plan) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    global _UI
     job, layout = load_layout(args.job, args.inventory)
     if args.detach and job.restarts:
         raise UserError(f"restarts: {job.restarts} needs ftbundle to stay and supervise the run; --detach cannot "
@@ -136,11 +139,21 @@ def cmd_run(args: argparse.Namespace) -> int:
             plan, _ = checked_plan(layout, cluster, skip_check=True)
             print(format_plan(plan))
             return 0
-        plan, cleanup = checked_plan(layout, cluster, skip_check=args.no_check)
-        return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, before_launch=cleanup)
+        from .ui import Phases
+
+        # -v: rank 0's raw output on stdout, so the phases are plain lines (no live line to fight it)
+        _UI = Phases(sys.stderr, tty=False if args.verbose else None, nnodes=len(layout.hosts))
+        try:
+            plan, cleanup = checked_plan(layout, cluster, skip_check=args.no_check, on_host=_UI.checking)
+            return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, before_launch=cleanup,
+                               verbose=args.verbose)
+        finally:
+            _UI.stop()
+            _UI = None
 
 
-def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, before_launch=None) -> int:
+def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, before_launch=None,
+                verbose: bool = True) -> int:
     from .launch import launch, launch_detached, stage_run_dir
 
     say(f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
@@ -148,11 +161,15 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, b
         say(note)
     for warning in plan.warnings:
         say(f"warning: {warning}")
+    if _UI is not None:
+        _UI.staging()
     stage_run_dir(cluster, plan)
     if before_launch is not None:  # the check's sentinels, removed while we staged
         before_launch.join()
     if not detach:
-        return launch(plan, cluster, restarts=job.restarts)
+        return launch(plan, cluster, restarts=job.restarts, ui=_UI, verbose=verbose)
+    if _UI is not None:
+        _UI.stop()
     code = launch_detached(plan, cluster)
     if code == 0:
         say(f"run {plan.run_id} started on all {plan.nnodes} node(s) and detached; follow it with\n"
@@ -235,8 +252,100 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+_UI = None  # the run's display (ftbundle.ui.Phases) while `ftbundle run` shows one
+
+
 def say(message: str) -> None:
-    print(f"ftbundle: {message}", file=sys.stderr, flush=True)
+    if _UI is not None:
+        _UI.say(message)
+    else:
+        print(f"ftbundle: {message}", file=sys.stderr, flush=True)
+
+
+def _job_or_default(path: str | None) -> str:
+    if path:
+        return path
+    import os
+
+    if os.path.exists("job.yaml"):
+        return "job.yaml"
+    raise UserError("no job file given and no job.yaml here: name one (ftbundle runs path/to/job.yaml)", key="JOB")
+
+
+def _history_source(args: argparse.Namespace):
+    """(job, layout, cluster or None): where the job's run directories are, and a connection
+    to rank 0's host when they are not on this machine."""
+    import os
+
+    job, layout = load_layout(_job_or_default(args.job), args.inventory)
+    if os.path.isdir(layout.shared_dir) or layout.hosts[0].local:
+        return job, layout, None
+    return job, layout, open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """Past runs of the job from its run directories: a table, or JSON with --json."""
+    from .history import format_runs, list_runs, runs_json
+
+    job, layout, cluster = _history_source(args)
+    try:
+        rows = list_runs(None if args.all else job.name, layout.shared_dir, cluster, layout.hosts[0])
+    finally:
+        if cluster is not None:
+            cluster.close()
+    if args.json:
+        print(runs_json(rows))
+    elif not rows:
+        print(f"no runs of {job.name} in {layout.shared_dir}/runs yet")
+    else:
+        print(format_runs(rows))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Loss and learning rate of one or more runs (default: the latest)."""
+    from .history import list_runs, read_metrics
+    from .plot import plot_png, plot_terminal
+
+    job, layout, cluster = _history_source(args)
+    try:
+        rows = list_runs(job.name, layout.shared_dir, cluster, layout.hosts[0])
+        wanted = args.run or ([rows[-1].run_id] if rows else [])
+        if not wanted:
+            raise UserError(f"no run of job {job.name!r} in {layout.shared_dir}/runs to plot", file=args.job)
+        unknown = [r for r in wanted if r not in {row.run_id for row in rows}]
+        if unknown:
+            raise UserError(f"no run {unknown[0]!r} of job {job.name!r} in {layout.shared_dir}/runs "
+                            "(ftbundle runs lists them)", key="--run")
+        metrics = read_metrics(wanted, layout.shared_dir, cluster, layout.hosts[0])
+    finally:
+        if cluster is not None:
+            cluster.close()
+    missing = [r for r in wanted if r not in metrics]
+    if len(missing) == len(wanted):
+        raise UserError(f"run {missing[0]} has no training metrics (metrics.jsonl) to plot", key="--run")
+    for run_id in missing:
+        say(f"run {run_id} has no training metrics; left out")
+    if args.output is None and sys.stdout.isatty():
+        plot_terminal(metrics, title=job.name)
+        return 0
+    out = args.output or "loss.png"
+    plot_png(metrics, out, title=job.name)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from .init import run_init
+
+    return run_init(args)
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from .completion import script
+
+    print(script(args.shell, _PARSER))
+    return 0
 
 
 def _on_sigterm(signum, frame):
@@ -244,9 +353,27 @@ def _on_sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
+EXAMPLES = """\
+examples:
+  ftbundle init                              write job.yaml, train.yaml, inventory.yml (asks on a terminal)
+  ftbundle run job.yaml                      check the hosts, launch, show progress, summarize
+  ftbundle run job.yaml --dry-run            print every host's command and environment
+  ftbundle run job.yaml -v                   rank 0's raw output instead of the progress display
+  ftbundle logs job.yaml -f                  follow the latest run's rank 0 log
+  ftbundle runs job.yaml                     past runs: state, duration, final loss
+  ftbundle plot job.yaml -o loss.png         loss and learning rate of the latest run
+  source <(ftbundle completion bash)         shell completion (bash; zsh via bashcompinit)
+"""
+
+_PARSER: argparse.ArgumentParser | None = None
+
+
 def main(argv: list[str] | None = None) -> int:
+    global _PARSER
     parser = argparse.ArgumentParser(
-        prog="ftbundle", description="Launch multi-node fine-tuning on an Ansible inventory.")
+        prog="ftbundle", description="Launch multi-node fine-tuning on an Ansible inventory.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _PARSER = parser
     parser.add_argument("--version", action="version", version=f"ftbundle {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     hosts = argparse.ArgumentParser(add_help=False)  # how every subcommand reaches the hosts
@@ -264,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="start the job and return; follow it later with status/logs/stop")
     run.add_argument("--no-check", action="store_true",
                      help="skip the pre-launch check of the hosts (as 'check: false' in the job)")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="show rank 0's raw output instead of the progress display")
     run.set_defaults(func=cmd_run)
 
     chk = sub.add_parser("check", help="check the hosts of a job are alike and ready; launch nothing",
@@ -301,6 +430,40 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--secret", help="k8s/trainjob: the Secret holding the job's secrets (default: <job name>-secrets)")
     exp.add_argument("-o", "--output", help="write here instead of stdout")
     exp.set_defaults(func=cmd_export)
+
+    runs = sub.add_parser("runs", help="past runs of a job: state, duration, final loss", parents=[hosts],
+                          epilog="example: ftbundle runs job.yaml --json | jq '.[-1].final_loss'")
+    runs.add_argument("job", nargs="?", help="the job file (default: ./job.yaml)")
+    runs.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    runs.add_argument("--all", action="store_true", help="every job's runs in the shared directory")
+    runs.set_defaults(func=cmd_runs)
+
+    plot = sub.add_parser("plot", help="plot loss and learning rate of runs", parents=[hosts],
+                          epilog="example: ftbundle plot job.yaml --run RUN_A --run RUN_B -o compare.png")
+    plot.add_argument("job", help="the job file the runs were started from")
+    plot.add_argument("--run", action="append", help="run id; repeat to overlay runs (default: the latest)")
+    plot.add_argument("-o", "--output", help="write a PNG here (default on a terminal: a plot in the "
+                                             "terminal; otherwise loss.png)")
+    plot.set_defaults(func=cmd_plot)
+
+    init = sub.add_parser("init", help="write a job, a LlamaFactory config and an inventory stub",
+                          epilog="example: ftbundle init --hosts gpu1,gpu2 --gpus 8 --model Qwen/Qwen2.5-7B "
+                                 "--mode lora")
+    init.add_argument("--dir", default=".", help="where to write the files (default: here)")
+    init.add_argument("--name", help="job name (default: the directory's name)")
+    init.add_argument("--hosts", help="comma-separated host names or addresses (default: localhost)")
+    init.add_argument("--gpus", type=int, help="GPUs per host (default 8; 2 CPU ranks on localhost)")
+    init.add_argument("--model", help="model path or hub id")
+    init.add_argument("--mode", choices=["lora", "qlora", "full"], help="fine-tuning method (default lora)")
+    init.add_argument("--shared-dir", help="shared storage path on every host (default /shared/ftbundle)")
+    init.add_argument("--force", action="store_true", help="overwrite existing files")
+    init.add_argument("--yes", "-y", action="store_true", help="take flags and defaults; ask nothing")
+    init.set_defaults(func=cmd_init)
+
+    comp = sub.add_parser("completion", help="print a shell completion script",
+                          epilog="example: ftbundle completion bash > /etc/bash_completion.d/ftbundle")
+    comp.add_argument("shell", choices=["bash", "zsh"])
+    comp.set_defaults(func=cmd_completion)
 
     args = parser.parse_args(argv)
     if getattr(args, "vault_password_file", None):

@@ -83,6 +83,8 @@ class Plan:
     notes: tuple[str, ...] = ()  # facts worth seeing before launch (effective batch size)
     checkpoint_dir: str | None = None  # LlamaFactory's output_dir, absolute: where resumes come from
     image: str | None = None  # docker runtime: the pinned image every node runs
+    effective_batch: int | None = None  # samples per optimizer step (LlamaFactory jobs), for samples/s
+    finetuning_type: str | None = None  # LlamaFactory's (lora, full, ...): whether an adapter is the result
 
     @property
     def world_size(self) -> int:
@@ -282,6 +284,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
 
     warnings: list[str] = []
     notes: list[str] = []
+    effective_batch = finetuning_type = None
     if layout.lf_config is not None:
         shared = facts.storage_shared("output_dir") if facts is not None else None
         prepared = llamafactory.prepare(
@@ -292,6 +295,8 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         if job.train.deepspeed_json is not None:
             warnings += deepspeed.advice(job.train.deepspeed_json, nnodes=len(layout.hosts),
                                          infiniband=_infiniband(layout, facts))
+        effective_batch = prepared.effective_batch
+        finetuning_type = str(prepared.config.get("finetuning_type") or "lora")
         notes.append(llamafactory.effective_batch_line(prepared.config, len(layout.hosts), nproc,
                                                        prepared.effective_batch))
 
@@ -313,6 +318,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         torchrun = tuple(runtimes.torchrun_argv(
             layout.python or "python3", nnodes=len(layout.hosts), nproc_per_node=nproc, node_rank=rank,
             master_addr=layout.master_addr, master_port=job.master_port,
+            log_dir=posixpath.join(layout.run_dir, runtimes.RANKS_DIR, f"node-{rank}"),
         ))
         program = tuple(runtimes.program_argv(job.train.mode, run_dir=layout.run_dir, script=job.train.script,
                                               args=job.train.args, command=job.train.command))
@@ -340,7 +346,8 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         job_name=job.name, run_id=layout.run_id, run_dir=layout.run_dir, shared_dir=layout.shared_dir,
         master_addr=layout.master_addr, master_port=job.master_port, nnodes=len(layout.hosts),
         nproc_per_node=nproc, nodes=tuple(nodes), files=dict(layout.files), warnings=tuple(warnings),
-        notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image,
+        notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
+        finetuning_type=finetuning_type,
     )
 
 

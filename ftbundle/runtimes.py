@@ -18,13 +18,27 @@ LLAMAFACTORY_ENTRY = "ftb_llamafactory.py"  # ftbundle/shims/llamafactory_entry.
 DEEPSPEED_CONFIG = "deepspeed.json"  # the config's `deepspeed:` file, when it is beside the config
 
 
+RANKS_DIR = "ranks"  # in the run directory: torchrun's --log-dir, one folder per node
+
+
 def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, node_rank: int,
-                  master_addr: str, master_port: int) -> list[str]:
+                  master_addr: str, master_port: int, log_dir: str | None = None) -> list[str]:
     """`python -m torch.distributed.run` (torchrun) with a static rendezvous on rank 0.
 
     The interpreter is named explicitly so the launch does not depend on which `torchrun`
     happens to be first on PATH on each host.
+
+    With ``log_dir`` (the run directory's ``ranks/node-R``), torchrun gives every local rank
+    a torch elastic error file there (``TORCHELASTIC_ERROR_FILE``: the failing rank's own
+    traceback, written by ``@record``), and local ranks other than 0 write their output to
+    files of their own there instead of the node's log: the log, and the terminal, carry
+    local rank 0 alone, and nothing any rank says is lost.
     """
+    extra: list[str] = []
+    if log_dir:
+        extra += ["--log-dir", log_dir]
+        if nproc_per_node > 1:
+            extra += ["--redirects", ",".join(f"{r}:3" for r in range(1, nproc_per_node))]
     return [
         python, "-m", "torch.distributed.run",
         "--nnodes", str(nnodes),
@@ -32,6 +46,7 @@ def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, node_rank: i
         "--node_rank", str(node_rank),
         "--master_addr", master_addr,
         "--master_port", str(master_port),
+        *extra,
     ]
 
 

@@ -84,7 +84,7 @@ def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
                   "per_device_train_batch_size": 2})
     job = write_job(tmp_path / "job.yaml", base_job("restart", shared, inventory, {"llamafactory": train},
                                                     restarts=1))
-    proc = start_ftbundle("run", str(job))
+    proc = start_ftbundle("run", "-v", str(job))
     try:
         deadline = time.monotonic() + 300
         while not (output / "checkpoint-10" / "trainer_state.json").exists():

@@ -45,7 +45,7 @@ def cluster3(make_cluster):
 
 
 def test_killed_node_tears_everything_down_within_10s(cluster3, tmp_path):
-    proc = start_ftbundle("run", allreduce_job(cluster3, tmp_path, "kill-node"))
+    proc = start_ftbundle("run", "-v", allreduce_job(cluster3, tmp_path, "kill-node"))
     try:
         wait_for_steps(proc)
         killed_at = time.monotonic()
@@ -63,7 +63,7 @@ def test_killed_node_tears_everything_down_within_10s(cluster3, tmp_path):
 
 
 def test_killed_process_tears_everything_down(cluster3, tmp_path):
-    proc = start_ftbundle("run", allreduce_job(cluster3, tmp_path, "kill-proc"))
+    proc = start_ftbundle("run", "-v", allreduce_job(cluster3, tmp_path, "kill-proc"))
     try:
         wait_for_steps(proc)
         killed_at = time.monotonic()
@@ -80,7 +80,7 @@ def test_killed_process_tears_everything_down(cluster3, tmp_path):
 
 
 def test_cut_network_is_detected_by_heartbeat_within_15s(cluster3, tmp_path):
-    proc = start_ftbundle("run", allreduce_job(cluster3, tmp_path, "partition"))
+    proc = start_ftbundle("run", "-v", allreduce_job(cluster3, tmp_path, "partition"))
     try:
         wait_for_steps(proc)
         cut_at = time.monotonic()
@@ -104,7 +104,7 @@ def test_cut_network_is_detected_by_heartbeat_within_15s(cluster3, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_interrupt_leaves_no_process_anywhere_within_5s(cluster3, tmp_path, sig):
-    proc = start_ftbundle("run", allreduce_job(cluster3, tmp_path, "interrupt"))
+    proc = start_ftbundle("run", "-v", allreduce_job(cluster3, tmp_path, "interrupt"))
     try:
         wait_for_steps(proc)
         sent_at = time.monotonic()

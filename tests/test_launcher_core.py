@@ -44,7 +44,7 @@ def test_one_ssh_handshake_per_host_for_check_stage_launch_and_teardown(cluster3
     job = command_job(cluster3, tmp_path, "handshakes",
                       'echo "rank $NODE_RANK"; [ "$NODE_RANK" = 2 ] && { sleep 1; exit 3; }; sleep 30')
     before = logins_per_host(cluster3)
-    result = ftbundle("run", str(job), timeout=120)
+    result = ftbundle("run", "-v", str(job), timeout=120)
     assert result.returncode == 3, result.stderr
     assert "check passed" in result.stderr and "node node2 (rank 2" in result.stderr
     after = logins_per_host(cluster3)
@@ -69,7 +69,7 @@ def test_chatty_rank0_is_never_taken_for_lost(cluster2, tmp_path):
         "sys.stdout.write(f'total {n}\\n')\n")
     job = command_job(cluster2, tmp_path, "chatty",
                       f'if [ "$NODE_RANK" = 0 ]; then {sys.executable} {chatty}; else sleep 9; fi')
-    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", "-v", str(job)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     time.sleep(6)  # the "terminal" falls behind: nobody reads stdout for a while
     out, err = proc.communicate(timeout=120)
@@ -91,7 +91,7 @@ def test_fresh_shared_dir_is_created_and_proven_shared(cluster2, tmp_path):
     fresh = cluster2.shared_dir / "ftbundle"
     assert not fresh.exists()
     job = command_job(cluster2, tmp_path, "fresh", 'echo "rank $NODE_RANK in $PWD"', shared_dir=str(fresh))
-    result = ftbundle("run", str(job), timeout=120)
+    result = ftbundle("run", "-v", str(job), timeout=120)
     assert result.returncode == 0, result.stderr
     assert "check passed" in result.stderr
     assert fresh.is_dir() and (fresh / "runs").is_dir()
@@ -105,7 +105,7 @@ def test_unshared_parent_is_named_as_such(cluster2, tmp_path):
     for host in cluster2.hosts:  # the parent exists on both hosts, each its own local directory
         cluster2.exec(host, "mkdir -p /var/tmp/not-shared")
     job = command_job(cluster2, tmp_path, "unshared", "true", shared_dir="/var/tmp/not-shared/ftbundle")
-    result = ftbundle("run", str(job), timeout=120)
+    result = ftbundle("run", "-v", str(job), timeout=120)
     assert result.returncode == 2, result.stderr
     assert ("shared_dir /var/tmp/not-shared/ftbundle was just created on node0 (rank 0), but node1 does not see "
             "it: /var/tmp/not-shared on node1 is not the same storage as on node0") in result.stderr
@@ -113,7 +113,7 @@ def test_unshared_parent_is_named_as_such(cluster2, tmp_path):
     # a parent that does not exist at all on a host (a mount missing there) is named as such
     cluster2.exec("node0", "mkdir -p /mnt/share")
     job = command_job(cluster2, tmp_path, "unshared", "true", shared_dir="/mnt/share/ftbundle")
-    result = ftbundle("run", str(job), timeout=120)
+    result = ftbundle("run", "-v", str(job), timeout=120)
     assert result.returncode == 2
     assert ("/mnt/share, the parent of shared_dir /mnt/share/ftbundle, does not exist on node1 "
             "(shared storage not mounted there?)") in result.stderr
@@ -133,7 +133,7 @@ def test_ctrl_c_during_the_check_exits_within_2s(cluster2, tmp_path):
     slow.write_text(f"#!/bin/sh\nsleep 60\nexec {sys.executable} \"$@\"\n")
     slow.chmod(0o755)
     job = command_job(cluster2, tmp_path, "slowcheck", "sleep 60", runtime={"kind": "host", "python": str(slow)})
-    proc = subprocess.Popen(_sigint_ready([sys.executable, "-m", "ftbundle", "run", str(job)]), cwd=REPO,
+    proc = subprocess.Popen(_sigint_ready([sys.executable, "-m", "ftbundle", "run", "-v", str(job)]), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -162,7 +162,7 @@ def test_heartbeat_clock_starts_when_the_program_runs(cluster2, tmp_path):
     env_file.write_text("sleep 7\nSLOW_ENV=loaded\n")
     job = command_job(cluster2, tmp_path, "slowstart", 'echo "env $SLOW_ENV"',
                       runtime={"kind": "host", "python": sys.executable, "env_file": str(env_file)})
-    result = ftbundle("run", str(job), "--no-check", timeout=120)
+    result = ftbundle("run", "-v", str(job), "--no-check", timeout=120)
     assert result.returncode == 0, result.stderr
     assert "env loaded" in result.stdout and "heartbeat" not in result.stderr
 
@@ -174,7 +174,7 @@ def test_restart_is_a_new_attempt_that_never_replays_the_old_one(cluster2, tmp_p
                       'echo "attempt $FTB_ATTEMPT rank $NODE_RANK"; '
                       'if [ "$FTB_ATTEMPT" = 1 ] && [ "$NODE_RANK" = 1 ]; then sleep 1; exit 3; fi; sleep 2',
                       restarts=1)
-    result = ftbundle("run", str(job), timeout=120)
+    result = ftbundle("run", "-v", str(job), timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("attempt 1 rank 0") == 1 and result.stdout.count("attempt 2 rank 0") == 1
     assert result.stdout.index("attempt 1 rank 0") < result.stdout.index("attempt 2 rank 0")
@@ -194,7 +194,7 @@ def test_restart_is_a_new_attempt_that_never_replays_the_old_one(cluster2, tmp_p
 def test_no_restart_on_a_host_that_cannot_be_fenced(cluster2, tmp_path):
     """A partitioned node cannot be confirmed stopped: ftbundle does not relaunch beside it."""
     job = command_job(cluster2, tmp_path, "fence", 'echo "up $NODE_RANK"; sleep 120', restarts=2)
-    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", "-v", str(job)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "up 0" in proc.stdout.readline()

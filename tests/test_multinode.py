@@ -45,7 +45,7 @@ def test_command_mode_gives_every_host_its_rank(cluster3, tmp_path):
     job = write_job(tmp_path / "job.yaml", base_job(
         "seed-script", shared, inventory, {"command": "bash finetune_lora_ds.sh"}, nproc_per_node=2))
 
-    proc = ftbundle("run", str(job), timeout=120)
+    proc = ftbundle("run", "-v", str(job), timeout=120)
     assert proc.returncode == 0, proc.stderr
 
     run = only_run_dir(shared)
@@ -76,7 +76,7 @@ def test_failing_node_sets_exit_code_and_is_named(cluster3, tmp_path):
     job = write_job(tmp_path / "job.yaml", base_job("fails", shared, inventory, {"command": script}))
 
     started = time.monotonic()
-    proc = ftbundle("run", str(job), timeout=120)
+    proc = ftbundle("run", "-v", str(job), timeout=120)
     took = time.monotonic() - started
     assert proc.returncode == 3, proc.stderr
     assert "node node1 (rank 1" in proc.stderr and "exited with code 3" in proc.stderr
@@ -103,7 +103,7 @@ def test_llamafactory_lora_sft_on_three_hosts(cluster3, tmp_path):
     job = write_job(tmp_path / "job.yaml", base_job(
         "lora-3x2", shared, inventory, {"llamafactory": train}, nproc_per_node=2))
 
-    proc = ftbundle("run", str(job), timeout=900)
+    proc = ftbundle("run", "-v", str(job), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
 
     run = only_run_dir(shared)

@@ -126,6 +126,7 @@ def test_llamafactory_mode_runs_torchrun_with_staged_config(tmp_path, inventory)
     assert list(node1.argv) == [
         "/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc_per_node", "2",
         "--node_rank", "1", "--master_addr", "10.9.0.11", "--master_port", "29500",
+        "--log-dir", "/shared/runs/r1/ranks/node-1", "--redirects", "1:3",
         "/shared/runs/r1/ftb_llamafactory.py", "/shared/runs/r1/llamafactory.yaml",
     ]
     assert "llamafactory.launcher" in plan.files["ftb_llamafactory.py"]

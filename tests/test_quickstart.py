@@ -48,7 +48,7 @@ def quickstart_copy(tmp_path: Path, model: Path, **train_overrides) -> Path:
 
 def test_quickstart_lora_on_localhost(tmp_path, tiny_model):
     job = quickstart_copy(tmp_path, tiny_model)
-    proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", str(job)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", "-v", str(job)], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     work = job.parent

@@ -113,6 +113,8 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
     port_peers = len(reachable) - 1 if full and 0 in reachable else None
     done = [0]
     lock = threading.Lock()
+    if on_progress is not None:
+        on_progress(0, len(layout.hosts))
 
     def ask(rank: int) -> HostFacts:
         host = layout.hosts[rank]

@@ -102,10 +102,19 @@ def bench_plan(plan: Plan, *, size_mib: float = BENCH_SIZE_MIB, iters: int = BEN
                "--timeout", "60", "--out", posixpath.join(run_dir, BENCH_RESULT))
     bench = plan.with_program(program)
     nodes = tuple(dataclasses.replace(
-        n, wrapper=("timeout", "-k", "5", str(BENCH_LIMIT_S), *n.wrapper),
+        n, wrapper=("timeout", "-k", "5", str(BENCH_LIMIT_S), *n.wrapper), torchrun=_in_run_dir(n.torchrun, plan.run_dir, run_dir),
         env={**n.env, "FTB_RUN_ID": run_id, "FTB_RUN_DIR": run_dir},
         log_path=posixpath.join(run_dir, posixpath.basename(n.log_path))) for n in bench.nodes)
     return dataclasses.replace(bench, run_id=run_id, run_dir=run_dir, nodes=nodes)
+
+
+def _in_run_dir(torchrun: tuple[str, ...], job_run_dir: str, run_dir: str) -> tuple[str, ...]:
+    """torchrun's --log-dir moved from the job's run directory into the bench's."""
+    argv = list(torchrun)
+    if "--log-dir" in argv:
+        at = argv.index("--log-dir") + 1
+        argv[at] = posixpath.join(run_dir, posixpath.relpath(argv[at], job_run_dir))
+    return tuple(argv)
 
 
 # ---------------------------------------------------------------------------------------

@@ -114,3 +114,52 @@ class Display:
                 self.out.flush()
             except (OSError, ValueError):
                 pass
+
+
+def _body(text: str) -> str:
+    """A rank 0 line without the runner's "[host r0] " prefix."""
+    return text.split("] ", 1)[1] if text.startswith("[") and "] " in text else text
+
+
+class ProgressFeed:
+    """Rank 0's output turned into progress instead of printed (the default without -v).
+
+    Same interface as :class:`Display` for the node runner: every line is folded into a
+    :class:`~ftbundle.ui.progress.Progress`; a warning is shown once through the UI; the
+    rest stays in the node's log on shared storage (`ftbundle logs`, or `run -v`)."""
+
+    def __init__(self, ui, progress, on_change: Callable[[], None]):
+        self.ui = ui
+        self.state = progress
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self.lines_seen = 0
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            self.lines_seen += 1
+            self.state.feed_line(_body(text))
+        self.ui.warning(text)
+        self.on_change()
+
+    def progress(self, text: str) -> None:
+        """A carriage-return bar's latest state (tqdm: step/total)."""
+        with self._lock:
+            self.state.feed_line(_body(text))
+        self.on_change()
+
+    def record(self, line: str) -> None:
+        """A line of LlamaFactory's trainer_log.jsonl."""
+        from ..ui.progress import parse_trainer_log
+
+        record = parse_trainer_log(line)
+        if record is not None:
+            with self._lock:
+                self.state.feed_record(record)
+            self.on_change()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        pass

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import io
 import os
+import posixpath
 import queue
 import sys
 import tarfile
@@ -35,7 +36,9 @@ from typing import TextIO
 from ..cluster import Cluster, HostUnreachable, first_line, parallel
 from ..inventory import Host
 from ..plan import ATTEMPT_FILE, NodeFiles, Plan
-from .display import Display
+from ..ui.progress import Progress
+from .display import Display, ProgressFeed
+from .failure import rank_failure
 from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv
 
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", "5"))
@@ -45,6 +48,8 @@ TEARDOWN_SILENT_S = 2 * HEARTBEAT_S + 0.5  # while stopping: silent this long = 
 LOST_EXIT_CODE = 255  # like ssh, for a node whose connection or heartbeat was lost
 TAIL_LINES = 20
 DRAIN_S = 3.0  # how long rank 0's log may take to reach its end after the job
+FAILURE_TAIL_LINES = 300  # of the failed node's log, read for torchrun's root-cause report
+TRAINER_LOG = "trainer_log.jsonl"  # LlamaFactory's LogCallback, in output_dir
 
 
 class State(enum.Enum):
@@ -80,13 +85,14 @@ class Outcome:
     interrupted: bool = False
     teardown_s: float | None = None
     lost: tuple[int, ...] = ()  # ranks that could not be confirmed stopped
+    progress: Progress | None = None  # what rank 0 said about training (without -v)
 
 
 class Supervisor:
     """One attempt of a run on an open cluster."""
 
     def __init__(self, plan: Plan, cluster: Cluster, *, attempt: int = 1, out: TextIO | None = None,
-                 err: TextIO | None = None, lost_after: float = LOST_AFTER_S):
+                 err: TextIO | None = None, lost_after: float = LOST_AFTER_S, ui=None, verbose: bool = True):
         self.plan = plan
         self.cluster = cluster
         self.attempt = attempt
@@ -96,7 +102,16 @@ class Supervisor:
         self.redact = plan.redact
         self.events: queue.Queue[Event] = queue.Queue()
         rank0 = NodeFiles.of(plan.run_dir, plan.run_id, 0, plan.nodes[0].host.name, attempt)
-        self.display = Display(self.out, redact=self.redact, log_hint=rank0.log)
+        # ui (ftbundle.ui.Phases): phases and summaries on it. Without verbose, rank 0's output
+        # feeds a progress display instead of the terminal (the log keeps every line).
+        self.ui = ui
+        self.progress = Progress(effective_batch=plan.effective_batch,
+                                 from_jsonl=bool(plan.checkpoint_dir))  # LlamaFactory: trainer_log.jsonl
+        self._log_follower: threading.Thread | None = None
+        if ui is not None and not verbose:
+            self.display = ProgressFeed(ui, self.progress, self._show_progress)
+        else:
+            self.display = Display(self.out, redact=self.redact, log_hint=rank0.log)
         self.runners = [NodeRunner(n, plan, cluster, self.events, attempt=attempt, display=self.display)
                         for n in plan.nodes]
         self.status = [NodeStatus() for _ in plan.nodes]
@@ -104,7 +119,51 @@ class Supervisor:
         self._stop_pinging = threading.Event()
 
     def say(self, message: str) -> None:
-        print(f"ftbundle: {message}", file=self.err, flush=True)
+        if self.ui is not None:
+            self.ui.say(message)
+        else:
+            print(f"ftbundle: {message}", file=self.err, flush=True)
+
+    # -- what the person watching sees --------------------------------------------------
+    def _alive(self) -> int:
+        return sum(st.state is State.RUNNING for st in self.status)
+
+    def _show_nodes(self) -> None:
+        """Launching until every node has said it is up (its first heartbeat), then training."""
+        if self.ui is None:
+            return
+        alive = self._alive()
+        if self.ui.phase in ("", "launching", "staging", "checking") and alive < len(self.status):
+            self.ui.launching(alive, len(self.status))
+        else:
+            if self.ui.phase in ("", "launching", "staging", "checking"):
+                self.ui.launching(alive, len(self.status))
+            self.ui.training(self.progress, alive)
+
+    def _show_progress(self) -> None:
+        if self.ui is not None and self.ui.phase == "training":
+            self.ui.training(self.progress, self._alive())
+
+    def _follow_trainer_log(self, pid: str) -> None:
+        """LlamaFactory's trainer_log.jsonl (in output_dir) on a channel of rank 0's host,
+        while rank 0's job runs: the progress display's best source."""
+        path = posixpath.join(self.plan.checkpoint_dir, TRAINER_LOG)
+        argv = ["tail", "-n", "0", "-F", "-s", "0.5", f"--pid={pid}", "--", path]
+
+        def follow() -> None:
+            pending = b""
+            try:
+                proc = self.cluster.start(self.plan.nodes[0].host, argv)
+                proc.close_stdin()
+                while chunk := proc.read_out():
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        self.display.record(line.decode(errors="replace"))
+            except (HostUnreachable, OSError, EOFError):
+                pass
+
+        self._log_follower = threading.Thread(target=follow, daemon=True, name="trainer-log")
+        self._log_follower.start()
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -114,9 +173,13 @@ class Supervisor:
         for runner in self.runners:
             runner.start()
         threading.Thread(target=self._pinger, daemon=True, name="pinger").start()
+        self._show_nodes()
         try:
             outcome = self._loop()
+            outcome.progress = self.progress
         except KeyboardInterrupt:
+            if self.ui is not None:
+                self.ui.stop()
             self.say("interrupted: stopping every node")
             t0 = time.monotonic()
             lost = self._teardown()
@@ -171,14 +234,22 @@ class Supervisor:
             st.last_heartbeat = event.at
             if st.state is State.STARTING:
                 self._set(event.rank, State.RUNNING)
+                self._show_nodes()
         elif event.kind == "pid":
             st.pid = event.text
             st.last_heartbeat = event.at  # the program runs: its heartbeat clock starts now
+            if (event.rank == 0 and isinstance(self.display, ProgressFeed) and self.plan.checkpoint_dir
+                    and event.text.isdigit() and self._log_follower is None):
+                self._follow_trainer_log(event.text)
             if st.state is State.STARTING:
                 self._set(event.rank, State.RUNNING)
+                self._show_nodes()
         elif event.kind == "msg":
-            print(f"[{self.plan.nodes[event.rank].host.name} r{event.rank}] {self.redact(event.text)}",
-                  file=self.err, flush=True)
+            text = f"[{self.plan.nodes[event.rank].host.name} r{event.rank}] {self.redact(event.text)}"
+            if self.ui is not None:
+                self.ui.print(text)
+            else:
+                print(text, file=self.err, flush=True)
         elif event.kind == "exit":
             self._set(event.rank, State.EXITED, code=event.code)
             if event.code != 0:
@@ -210,12 +281,36 @@ class Supervisor:
         took = time.monotonic() - t0
         first = min(self.failures, key=lambda f: f.at)
         node = self.plan.nodes[first.rank]
+        if self.ui is not None:
+            self.ui.stop()
         self.say(f"node {first.host} (rank {first.rank}, {node.host.address}) failed first: {first.reason}")
         for f in sorted((f for f in self.failures if f is not first), key=lambda f: f.at):
             self.say(f"  then {f.host} (rank {f.rank}): {f.reason}")
         self.say(f"stopped the other nodes in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
-        self._print_log_tail(first.rank)
-        return Outcome(first.code, first, teardown_s=took, lost=tuple(lost))
+        if self.ui is not None:
+            self._print_failure_summary(first)
+        else:
+            self._print_log_tail(first.rank)
+        return Outcome(first.code, first, teardown_s=took, lost=tuple(lost), progress=self.progress)
+
+    def _print_failure_summary(self, first: Failure) -> None:
+        """Who failed, the failing rank's own traceback, a hint (:mod:`ftbundle.ui.summary`)."""
+        from ..ui.summary import failure_summary
+
+        runner = self.runners[first.rank]
+        node = self.plan.nodes[first.rank]
+        full = read_tail(self.plan, self.cluster, first.rank, runner.files.log, FAILURE_TAIL_LINES) or []
+        found = rank_failure(self.plan, self.cluster, first.rank, full)
+        tail = full[-TAIL_LINES:] if full else None
+        lines = failure_summary(
+            host=first.host, address=node.host.address, node_rank=first.rank, reason=first.reason,
+            code=found.code if found.code is not None else first.code, rank_error=found.error,
+            rank_traceback=found.traceback, tail=tail, log_path=runner.files.log, local_rank=found.local_rank,
+            global_rank=found.global_rank)
+        for line in lines:
+            self.ui.print(self.redact(line))
+        if runner.messages:
+            self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
 
     def _unreachable_note(self, lost: list[int]) -> str:
         names = ", ".join(self.plan.nodes[r].host.name for r in lost)
@@ -250,6 +345,8 @@ class Supervisor:
         """Rank 0's log to its end on the terminal before we return."""
         if self.status[0].state is State.EXITED:
             self.runners[0].log_drained(DRAIN_S)
+            if self._log_follower is not None:
+                self._log_follower.join(DRAIN_S)
         self.display.flush(timeout=DRAIN_S)
 
     def _print_log_tail(self, rank: int) -> None:
@@ -365,26 +462,44 @@ RESTART_DELAY_S = 1.0
 
 
 def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | None = None,
-           err: TextIO | None = None) -> int:
-    """Run the plan to its end, restarting every node up to ``restarts`` times; the exit code."""
+           err: TextIO | None = None, ui=None, verbose: bool = True) -> int:
+    """Run the plan to its end, restarting every node up to ``restarts`` times; the exit code.
+
+    With ``ui`` (:class:`ftbundle.ui.Phases`) the run shows its phases and ends with a
+    summary, and its record (summary.json, metrics.jsonl) is left in the run directory for
+    ``ftbundle runs`` and ``ftbundle plot``."""
     err = err or sys.stderr
+    started_wall, started = time.time(), time.monotonic()
 
     def say(message: str) -> None:
-        print(f"ftbundle: {message}", file=err, flush=True)
+        if ui is not None:
+            ui.say(message)
+        else:
+            print(f"ftbundle: {message}", file=err, flush=True)
+
+    def finish(outcome: Outcome, attempt: int) -> int:
+        if ui is not None:
+            record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
+                       duration_s=time.monotonic() - started)
+        return outcome.exit_code
 
     attempts = restarts + 1
     for attempt in range(1, attempts + 1):
         if attempt > 1:
             stage_files(cluster, plan.nodes[0].host, plan.run_dir, {ATTEMPT_FILE: f"{attempt}\n"})
-        outcome = Supervisor(plan, cluster, attempt=attempt, out=out, err=err).run()
+        outcome = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose).run()
         if outcome.exit_code == 0:
-            say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)"
-                + (f" (attempt {attempt})" if attempt > 1 else ""))
-            return 0
+            if ui is not None:
+                ui.final_progress()
+                ui.done(closing_lines(plan, outcome, time.monotonic() - started, attempt))
+            else:
+                say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)"
+                    + (f" (attempt {attempt})" if attempt > 1 else ""))
+            return finish(outcome, attempt)
         if outcome.interrupted or attempt == attempts:
             if attempts > 1 and not outcome.interrupted:
                 say(f"giving up after {attempts} attempts")
-            return outcome.exit_code
+            return finish(outcome, attempt)
         problems = fence(plan, cluster, attempt)
         if problems:
             say("not restarting: the old processes could not be confirmed gone on every host: "
@@ -400,6 +515,42 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
                 else "no checkpoint yet: starting from the beginning")
         time.sleep(RESTART_DELAY_S)
     return 1
+
+
+def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int) -> list[str]:
+    from ..ui.summary import closing_summary
+
+    adapter = None
+    if plan.checkpoint_dir and plan.finetuning_type in ("lora", "oft", "freeze_lora", None):
+        adapter = posixpath.join(plan.checkpoint_dir, "adapter_model.safetensors")
+    lines = closing_summary(run_id=plan.run_id, run_dir=plan.run_dir, duration_s=duration_s,
+                            progress=outcome.progress or Progress(), output_dir=plan.checkpoint_dir,
+                            adapter=adapter, nnodes=plan.nnodes)
+    if attempt > 1:
+        lines[0] += f" (attempt {attempt})"
+    return lines
+
+
+def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, started_wall: float,
+               duration_s: float) -> None:
+    """The run's record beside its logs: summary.json (state, exit, duration, final loss)
+    and metrics.jsonl (the trainer's log records), for `ftbundle runs` and `ftbundle plot`.
+    Best effort: a run that could not be recorded has still run."""
+    import json
+
+    from ..history import SUMMARY_FILE, METRICS_FILE, run_summary
+
+    progress = outcome.progress or Progress()
+    summary = run_summary(plan, exit_code=outcome.exit_code, interrupted=outcome.interrupted,
+                          attempt=attempt, started=started_wall, duration_s=duration_s, progress=progress,
+                          failed_host=outcome.failure.host if outcome.failure else None)
+    files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
+    if progress.records:
+        files[METRICS_FILE] = "".join(json.dumps(r) + "\n" for r in progress.records)
+    try:
+        stage_files(cluster, plan.nodes[0].host, plan.run_dir, files)
+    except Exception:
+        pass
 
 
 def launch_detached(plan: Plan, cluster: Cluster, err: TextIO | None = None) -> int:

@@ -1,8 +1,12 @@
 """Entry point torchrun runs on every node for `train: llamafactory:` jobs.
 
 Staged by ftbundle into the run directory (shared storage), so nodes need nothing but
-LlamaFactory itself. It runs `llamafactory.launcher` unchanged, after one fix:
+LlamaFactory itself. It runs `llamafactory.launcher` unchanged, with:
 
+* ``@record`` (torch elastic): a rank that dies of an exception writes its own traceback
+  to ``TORCHELASTIC_ERROR_FILE`` (torchrun sets it per local rank under ``--log-dir``, in
+  the run directory). ftbundle's failure summary shows that traceback, not torchrun's
+  ChildFailedError wrapper around it.
 * CPU ranks resuming from a checkpoint: accelerate names the device `cpu:0`, and
   `torch.load(map_location="cpu:0")` cannot restore storages tagged that way
   ("don't know how to restore data location ... cpu:0"), so every CPU resume dies
@@ -19,6 +23,7 @@ import runpy
 import sys
 
 import torch.serialization
+from torch.distributed.elastic.multiprocessing.errors import record
 
 
 def _restore_cpu_n(obj, location):
@@ -34,7 +39,8 @@ def _credentials():
     return {key: os.environ["FTB_LF_" + key.upper()] for key in keys if "FTB_LF_" + key.upper() in os.environ}
 
 
-if __name__ == "__main__":
+@record
+def main() -> None:
     credentials = _credentials()
     if credentials:
         import yaml
@@ -46,3 +52,7 @@ if __name__ == "__main__":
     else:
         sys.argv = ["llamafactory.launcher", *sys.argv[1:]]
         runpy.run_module("llamafactory.launcher", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

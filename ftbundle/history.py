@@ -1,0 +1,196 @@
+"""Run history: every past run of a job, from the run directories on shared storage.
+
+A run directory holds plan.json (written before launch), each node's exit file, and,
+when the launching ftbundle saw the end, summary.json (state, exit code, duration, final
+loss) and metrics.jsonl (the trainer's log records, for ``ftbundle plot``). Runs that
+ended without a summary (detached, or the controller killed) are judged from their exit
+files. The directory is read here when it is local, else through rank 0's host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import time
+from dataclasses import asdict, dataclass
+
+from .cluster import Cluster
+from .errors import UserError
+from .inventory import Host
+
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+_RUN_ID = re.compile(r"^(?P<job>.+)-(?P<date>\d{8}-\d{6})-[0-9a-f]+$")
+_HEADER = re.compile(r"^==> (.*) <==$")
+
+
+def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, started: float, duration_s: float,
+                progress, failed_host: str | None) -> dict:
+    """summary.json's content. Pure."""
+    state = "finished" if exit_code == 0 else ("interrupted" if interrupted else "failed")
+    return {
+        "run_id": plan.run_id, "job": plan.job_name, "state": state, "exit_code": exit_code,
+        "attempt": attempt, "started": started, "duration_s": round(duration_s, 1),
+        "hosts": [n.host.name for n in plan.nodes], "nproc_per_node": plan.nproc_per_node,
+        "steps": progress.step, "total_steps": progress.total, "final_loss": progress.loss,
+        "samples_per_s": progress.samples_per_s, "output_dir": plan.checkpoint_dir, "failed_host": failed_host,
+    }
+
+
+@dataclass
+class RunRow:
+    run_id: str
+    job: str
+    hosts: list[str]
+    start: str  # ISO 8601, UTC
+    duration_s: float | None
+    state: str
+    exit_code: int | None
+    final_loss: float | None
+    output_dir: str | None
+
+
+def _start_of(run_id: str, summary: dict) -> str:
+    if summary.get("started"):
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(summary["started"]))
+    m = _RUN_ID.match(run_id)
+    if m:
+        d = m.group("date")
+        return f"{d[0:4]}-{d[4:6]}-{d[6:8]}T{d[9:11]}:{d[11:13]}:{d[13:15]}"
+    return ""
+
+
+def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
+    """One run's row from its files ({name in the run directory: text}). Pure."""
+    try:
+        plan = json.loads(files.get("plan.json") or "null")
+    except ValueError:
+        plan = None
+    if not isinstance(plan, dict):
+        return None
+    try:
+        summary = json.loads(files.get(SUMMARY_FILE) or "{}")
+    except ValueError:
+        summary = {}
+    hosts = [n["host"] for n in plan.get("nodes", [])]
+    if summary:
+        state, code = summary.get("state", "?"), summary.get("exit_code")
+    else:  # judged from the nodes' exit files (of the newest attempt)
+        attempt = (files.get("attempt") or "1").strip()
+        codes = []
+        for rank in range(len(hosts)):
+            text = (files.get(f"node-{rank}.a{attempt}.exit") or "").strip()
+            codes.append(int(text) if text.lstrip("-").isdigit() else None)
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            state, code = "failed", failed[0]
+        elif codes and all(c == 0 for c in codes):
+            state, code = "finished", 0
+        else:
+            state, code = "running?", None
+    return RunRow(run_id=run_id, job=plan.get("job", ""), hosts=hosts, start=_start_of(run_id, summary),
+                  duration_s=summary.get("duration_s"), state=state, exit_code=code,
+                  final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"))
+
+
+def split_tail_output(text: str, runs_dir: str) -> dict[str, dict[str, str]]:
+    """`tail -v -n +1 -- FILES` output -> {run id: {file name: text}}. Pure."""
+    out: dict[str, dict[str, str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines(keepends=True):
+        m = _HEADER.match(line.rstrip("\n"))
+        if m:
+            rel = posixpath.relpath(m.group(1), runs_dir)
+            run_id, _, name = rel.partition("/")
+            current = []
+            out.setdefault(run_id, {})[name] = current  # type: ignore[assignment]
+            continue
+        if current is not None:
+            current.append(line)
+    return {run: {name: "".join(lines).rstrip("\n") + "\n" for name, lines in files.items()}
+            for run, files in out.items()}
+
+
+def read_run_files(cluster: Cluster | None, host: Host | None, runs_dir: str,
+                   patterns: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """{run id: {file name: text}} for files matching ``patterns`` in each run directory."""
+    import fnmatch
+
+    if os.path.isdir(runs_dir):
+        out: dict[str, dict[str, str]] = {}
+        for run_id in sorted(os.listdir(runs_dir)):
+            directory = os.path.join(runs_dir, run_id)
+            if not os.path.isdir(directory):
+                continue
+            for name in os.listdir(directory):
+                if any(fnmatch.fnmatch(name, p) for p in patterns):
+                    try:
+                        with open(os.path.join(directory, name), encoding="utf-8", errors="replace") as f:
+                            out.setdefault(run_id, {})[name] = f.read()
+                    except OSError:
+                        pass
+        return out
+    if cluster is None or host is None:
+        raise UserError(f"{runs_dir} is not on this machine and there is no host to read it through")
+    argv = ["find", runs_dir, "-mindepth", "2", "-maxdepth", "2", "-type", "f", "("]
+    for i, pattern in enumerate(patterns):
+        argv += (["-o"] if i else []) + ["-name", pattern]
+    argv += [")", "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"]
+    result = cluster.run(host, argv, timeout=60)
+    return split_tail_output(result.stdout, runs_dir)
+
+
+def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = None,
+              host: Host | None = None) -> list[RunRow]:
+    """Every run of ``job_name`` (every job's, with None), oldest first."""
+    runs_dir = posixpath.join(shared_dir, "runs")
+    files = read_run_files(cluster, host, runs_dir, ("plan.json", SUMMARY_FILE, "*.exit", "attempt"))
+    rows = []
+    for run_id in sorted(files):
+        row = run_row(run_id, files[run_id])
+        if row is not None and (job_name is None or row.job == job_name):
+            rows.append(row)
+    return sorted(rows, key=lambda r: (r.start, r.run_id))
+
+
+def format_runs(rows: list[RunRow]) -> str:
+    """The table `ftbundle runs` prints. Pure."""
+    def dur(s):
+        if s is None:
+            return "-"
+        m, sec = divmod(int(s), 60)
+        h, m = divmod(m, 60)
+        return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+    header = ("RUN", "HOSTS", "START", "DURATION", "STATE", "EXIT", "FINAL LOSS", "OUTPUT DIR")
+    table = [header] + [(
+        r.run_id, ",".join(r.hosts) if len(r.hosts) <= 3 else f"{r.hosts[0]},+{len(r.hosts) - 1}",
+        r.start.replace("T", " "), dur(r.duration_s), r.state, "-" if r.exit_code is None else str(r.exit_code),
+        "-" if r.final_loss is None else f"{r.final_loss:.4f}", r.output_dir or "-") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table)
+
+
+def runs_json(rows: list[RunRow]) -> str:
+    return json.dumps([asdict(r) for r in rows], indent=2)
+
+
+def read_metrics(run_ids: list[str], shared_dir: str, cluster: Cluster | None = None,
+                 host: Host | None = None) -> dict[str, list[dict]]:
+    """{run id: trainer log records} for the runs asked for (those that have any)."""
+    runs_dir = posixpath.join(shared_dir, "runs")
+    files = read_run_files(cluster, host, runs_dir, (METRICS_FILE,))
+    out = {}
+    for run_id in run_ids:
+        text = files.get(run_id, {}).get(METRICS_FILE, "")
+        records = []
+        for line in text.splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        if records:
+            out[run_id] = records
+    return out

@@ -1,0 +1,80 @@
+"""`ftbundle plot`: loss and learning rate of one or more runs, from their metrics.jsonl.
+
+A PNG through matplotlib's Agg backend (no display needed), or, on a terminal without
+``-o``, a plot in the terminal (plotext). Both libraries are in the ``plot`` extra; a
+missing one is a clear error, not a traceback.
+"""
+
+from __future__ import annotations
+
+from .errors import UserError
+
+
+def series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of ``key`` ("loss" or "lr"), skipping records without it. Pure."""
+    xs, ys = [], []
+    for i, record in enumerate(records):
+        value = record.get(key)
+        if isinstance(value, (int, float)):
+            step = record.get("current_steps")
+            xs.append(float(step) if isinstance(step, (int, float)) else float(i + 1))
+            ys.append(float(value))
+    return xs, ys
+
+
+def _need(module: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"`ftbundle plot` needs {module.split('.')[0]}: pip install 'ftbundle[plot]' "
+                        f"(or pip install {module.split('.')[0]})", key="plot") from None
+
+
+def plot_png(metrics: dict[str, list[dict]], path: str, *, title: str = "") -> None:
+    """Loss (top) and learning rate (bottom) against step, one line per run."""
+    matplotlib = _need("matplotlib")
+    matplotlib.use("Agg")
+    plt = _need("matplotlib.pyplot")
+    fig, (ax_loss, ax_lr) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True,
+                                         gridspec_kw={"height_ratios": [2, 1]})
+    for run_id, records in metrics.items():
+        xs, ys = series(records, "loss")
+        if xs:
+            ax_loss.plot(xs, ys, label=run_id, linewidth=1.4)
+        xs, ys = series(records, "lr")
+        if xs:
+            ax_lr.plot(xs, ys, label=run_id, linewidth=1.2)
+    ax_loss.set_ylabel("loss")
+    ax_loss.set_title(f"{title}: training loss" if title else "training loss")
+    ax_loss.grid(True, alpha=0.3)
+    ax_loss.legend(fontsize=8)
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.set_xlabel("step")
+    ax_lr.grid(True, alpha=0.3)
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_terminal(metrics: dict[str, list[dict]], *, title: str = "") -> None:
+    """The loss curve(s) drawn in the terminal."""
+    plt = _need("plotext")
+    plt.clear_figure()
+    plt.subplots(2, 1)
+    plt.subplot(1, 1)
+    for run_id, records in metrics.items():
+        xs, ys = series(records, "loss")
+        if xs:
+            plt.plot(xs, ys, label=run_id)
+    plt.title(f"{title}: loss" if title else "loss")
+    plt.subplot(2, 1)
+    for run_id, records in metrics.items():
+        xs, ys = series(records, "lr")
+        if xs:
+            plt.plot(xs, ys, label=run_id)
+    plt.title("learning rate")
+    plt.xlabel("step")
+    plt.show()

@@ -1,0 +1,204 @@
+"""The run as a person watches it: checking, staging, launching, training, then a summary.
+
+On a terminal a rich live line shows the current phase (and while training: step/total,
+epoch, smoothed loss, learning rate, samples/s, elapsed, ETA, nodes alive) and finished
+phases stay above it as one line each. Anywhere else (a pipe, a file, CI) the same appears
+as plain lines, with no carriage returns and at most one progress line per logging step
+and per ``PLAIN_EVERY_S``. Every method is safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from typing import TextIO
+
+from .progress import Progress, status_fields, status_line
+
+PLAIN_EVERY_S = 5.0  # plain output: a progress line at most this often
+MAX_WARNINGS = 20  # distinct warnings shown from rank 0's log before the rest are only counted
+_WARNING = re.compile(r"\bwarn(ing)?\b", re.I)
+_VOLATILE = re.compile(r"\d+([.:,-]\d+)*")
+
+
+def warning_key(line: str) -> str | None:
+    """A warning line with its numbers (timestamps, ranks, pids) taken out, so the same
+    warning from two ranks or two steps is one; None for a line that is not a warning."""
+    if not _WARNING.search(line):
+        return None
+    return _VOLATILE.sub("#", line).strip()
+
+
+class Phases:
+    """The display of one ``ftbundle run``. ``tty=None``: a terminal if ``stream`` is one."""
+
+    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None, nnodes: int = 1):
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
+        self.nnodes = nnodes
+        self.alive = 0
+        self.phase = ""
+        self.detail = ""
+        self.progress: Progress | None = None
+        self._phase_started = time.monotonic()
+        self._lock = threading.RLock()
+        self._warnings: set[str] = set()
+        self.warnings_hidden = 0
+        self._last_plain = 0.0
+        self._last_plain_step: int | None = None
+        self._live = None
+        self._console = None
+        if self.tty:
+            from rich.console import Console
+
+            self._console = Console(file=self.stream, highlight=False, force_terminal=True)
+
+    # -- output -----------------------------------------------------------------------
+    def print(self, text: str) -> None:
+        """A line that stays (above the live line on a terminal)."""
+        with self._lock:
+            if self._console is not None:
+                self._console.print(text, markup=False, soft_wrap=True)
+            else:
+                try:
+                    self.stream.write(text.replace("\r", "") + "\n")
+                    self.stream.flush()
+                except (OSError, ValueError):
+                    pass
+
+    def say(self, text: str) -> None:
+        self.print(f"ftbundle: {text}")
+
+    def _render(self):
+        """The live lines: the phase with its spinner (and while training, a bar, step/total,
+        epoch, elapsed, ETA), then the numbers (loss, lr, samples/s, nodes alive)."""
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.spinner import Spinner
+        from rich.table import Table
+        from rich.text import Text
+
+        grid = Table.grid(padding=(0, 1))
+        row = [Spinner("dots", style="cyan"), Text(self.phase, style="bold")]
+        p = self.progress
+        if self.phase == "training" and p is not None and p.known:
+            fields = dict(status_fields(p, self.alive, self.nnodes))
+            if p.total:
+                row.append(ProgressBar(total=p.total, completed=p.step or 0, width=24))
+            first, second = Text(), Text("  ")
+            for label in ("step", "epoch", "elapsed", "eta"):
+                if label in fields:
+                    first.append(f"{label} ", style="dim").append(f"{fields[label]}  ")
+            for label in ("loss", "lr", "samples/s", "it/s", "nodes"):
+                if label in fields:
+                    second.append(f"{label} ", style="dim").append(f"{fields[label]}  ")
+            row.append(first)
+            grid.add_row(*row)
+            return Group(grid, second)
+        detail = self.detail
+        if self.phase == "training" and p is not None and p.last_line:
+            detail = p.last_line[-80:]
+        row.append(Text(f"{detail}  {time.monotonic() - self._phase_started:.0f}s", style="dim",
+                        no_wrap=True, overflow="ellipsis"))
+        grid.add_row(*row)
+        return grid
+
+    def _show(self) -> None:
+        """On a terminal: (re)start the live line. Plain: nothing until there is news."""
+        if self._console is None:
+            return
+        if self._live is None:
+            from rich.live import Live
+
+            self._live = Live(get_renderable=self._render, console=self._console, refresh_per_second=4,
+                              transient=True, redirect_stdout=False, redirect_stderr=False)
+            self._live.start()
+        else:
+            self._live.refresh()
+
+    def stop(self) -> None:
+        """Take the live line down (before a summary, or anything else printed for good)."""
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+
+    def _enter(self, phase: str, detail: str = "", plain: str | None = None) -> None:
+        """``plain``: the line said when the phase begins, without a terminal."""
+        with self._lock:
+            if phase != self.phase:
+                self._phase_started = time.monotonic()
+                self.phase = phase
+                self.detail = detail
+                if self._console is None:
+                    self.say(plain or f"{phase} {detail}".strip())
+            else:
+                self.detail = detail
+            self._show()
+
+    # -- phases -----------------------------------------------------------------------
+    def checking(self, done: int, total: int) -> None:
+        with self._lock:
+            self._enter("checking", f"hosts {done}/{total}", plain=f"checking {total} host(s)")
+
+    def staging(self) -> None:
+        self._enter("staging", "run directory and configs on shared storage",
+                    plain="staging the run directory on shared storage")
+
+    def launching(self, alive: int, total: int) -> None:
+        with self._lock:
+            self.alive, self.nnodes = alive, total
+            first = self.phase != "launching"
+            self._enter("launching", f"nodes up {alive}/{total}", plain=f"launching on {total} node(s)")
+            if self._console is None and not first and alive == total:
+                self.say(f"launching: all {total} node(s) up")
+
+    def training(self, progress: Progress, alive: int | None = None) -> None:
+        """Called whenever something changed (a metric, a node); cheap."""
+        with self._lock:
+            self.progress = progress
+            if alive is not None:
+                self.alive = alive
+            if self.phase != "training":
+                self._enter("training", "starting the ranks", plain="training: ranks starting")
+                return
+            if self._console is not None:
+                return  # the live line redraws itself
+            if not progress.known:
+                return
+            now = time.monotonic()
+            if progress.step == self._last_plain_step or now - self._last_plain < PLAIN_EVERY_S:
+                return
+            self._last_plain, self._last_plain_step = now, progress.step
+            self.say("training: " + status_line(progress, self.alive, self.nnodes))
+
+    def final_progress(self) -> None:
+        """The last progress line in plain mode, if the last step was not shown."""
+        with self._lock:
+            p = self.progress
+            if self._console is None and p is not None and p.known and p.step != self._last_plain_step:
+                self._last_plain_step = p.step
+                self.say("training: " + status_line(p, self.alive, self.nnodes))
+
+    def warning(self, line: str) -> bool:
+        """A line of rank 0's log: shown once if it is a warning; True when it was one."""
+        key = warning_key(line)
+        if key is None:
+            return False
+        with self._lock:
+            if key in self._warnings:
+                return True
+            if len(self._warnings) >= MAX_WARNINGS:
+                self.warnings_hidden += 1
+                return True
+            self._warnings.add(key)
+        self.print(line)
+        return True
+
+    def done(self, lines: list[str]) -> None:
+        """The closing (or failure) summary: the live line goes, the summary stays."""
+        self.stop()
+        for line in lines:
+            self.print(line)

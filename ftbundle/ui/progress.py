@@ -1,0 +1,206 @@
+"""Training progress from what the ranks write, folded into one value. Pure: no I/O.
+
+Three sources, best first:
+
+* LlamaFactory's ``trainer_log.jsonl`` (its LogCallback, one JSON object per logging step:
+  current_steps, total_steps, loss, lr, epoch, percentage, elapsed_time, remaining_time);
+* the HF Trainer's log dicts on rank 0's stdout (``{'loss': 1.2, 'learning_rate': ...}``);
+* a tqdm bar's ``12/60`` (steps) when nothing better says where training is.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+SMOOTHING = 0.3  # weight of the newest loss in the smoothed loss (an EMA)
+# the Trainer's own bar has no description ("35%|###5   | 21/60 [00:03<...]"); a dataset's
+# ("Running tokenizer on dataset: 100%|...| 21/21") says nothing about training steps
+_BAR = re.compile(r"^\s*\d+%\|[^|]*\|\s*(\d+)/(\d+) \[")
+_DICT = re.compile(r"\{'(?:loss|train_runtime|eval_loss)'.*\}")
+_SAMPLES = re.compile(r"train_samples_per_second\s*=\s*([\d.]+)")
+
+
+def parse_trainer_log(line: str) -> dict | None:
+    """One trainer_log.jsonl record, or None when the line is not one."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "current_steps" in record else None
+
+
+def parse_hf_dict(line: str) -> dict | None:
+    """The HF Trainer's printed log dict within a line, or None."""
+    match = _DICT.search(line)
+    if not match:
+        return None
+    try:
+        value = ast.literal_eval(match.group(0))
+    except (ValueError, SyntaxError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def parse_bar(line: str) -> tuple[int, int] | None:
+    """(step, total) from a tqdm bar such as ``12/60 [00:03<00:10, 3.9it/s]``."""
+    match = _BAR.search(line)
+    if not match:
+        return None
+    step, total = int(match.group(1)), int(match.group(2))
+    return (step, total) if 0 <= step <= total else None
+
+
+def _seconds(text) -> float | None:
+    """LlamaFactory writes times as H:MM:SS."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    try:
+        parts = [float(p) for p in str(text).split(":")]
+    except ValueError:
+        return None
+    total = 0.0
+    for part in parts:
+        total = total * 60 + part
+    return total
+
+
+@dataclass
+class Progress:
+    """Where training is. ``feed_*`` fold one observation in; the rest is read-only."""
+
+    started: float = field(default_factory=time.monotonic)  # when the training phase began
+    step: int | None = None
+    total: int | None = None
+    epoch: float | None = None
+    loss: float | None = None  # the latest
+    smooth_loss: float | None = None
+    lr: float | None = None
+    elapsed_s: float | None = None  # as the trainer counts it
+    remaining_s: float | None = None
+    samples_per_s: float | None = None  # from the trainer's final report
+    effective_batch: int | None = None  # samples per optimizer step, when known
+    records: list[dict] = field(default_factory=list)  # trainer_log.jsonl-shaped, for plots
+    last_line: str = ""
+    from_jsonl: bool = False  # trainer_log.jsonl seen, or expected (LlamaFactory): it wins over stdout
+
+    def _loss(self, value) -> None:
+        if isinstance(value, (int, float)):
+            self.loss = float(value)
+            self.smooth_loss = (self.loss if self.smooth_loss is None
+                                else SMOOTHING * self.loss + (1 - SMOOTHING) * self.smooth_loss)
+
+    def feed_record(self, record: dict) -> None:
+        """A trainer_log.jsonl record."""
+        if not self.from_jsonl:
+            self.records.clear()  # what stdout said before the first record: this says it better
+        self.from_jsonl = True
+        self.step = int(record.get("current_steps") or 0)
+        self.total = int(record.get("total_steps") or 0) or self.total
+        if "loss" in record:
+            self._loss(record["loss"])
+        if record.get("lr") is not None:
+            self.lr = float(record["lr"])
+        if record.get("epoch") is not None:
+            self.epoch = float(record["epoch"])
+        self.elapsed_s = _seconds(record.get("elapsed_time")) or self.elapsed_s
+        self.remaining_s = _seconds(record.get("remaining_time"))
+        if "loss" in record:  # the last record (the trainer's end) has none: nothing to plot
+            self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
+
+    def feed_line(self, line: str) -> bool:
+        """A line of rank 0's output; True when it told us something about training."""
+        stripped = line.strip()
+        if not stripped:
+            return False
+        self.last_line = stripped[-200:]
+        samples = _SAMPLES.search(line)
+        if samples:  # the trainer's closing metrics table
+            self.samples_per_s = float(samples.group(1))
+            return True
+        values = parse_hf_dict(line)
+        if values is not None:
+            if "train_samples_per_second" in values:
+                self.samples_per_s = float(values["train_samples_per_second"])
+                return True
+            if self.from_jsonl:
+                return True
+            self._loss(values.get("loss"))
+            if values.get("learning_rate") is not None:
+                self.lr = float(values["learning_rate"])
+            if values.get("epoch") is not None:
+                self.epoch = float(values["epoch"])
+            if "loss" in values:
+                self.records.append({"current_steps": self.step, "total_steps": self.total,
+                                     "loss": self.loss, "lr": self.lr, "epoch": self.epoch})
+            return True
+        bar = parse_bar(line)
+        if bar is not None and not self.from_jsonl:
+            self.step, self.total = bar
+            return True
+        return False
+
+    # -- derived -------------------------------------------------------------------------
+    def elapsed(self, now: float | None = None) -> float:
+        return (now or time.monotonic()) - self.started
+
+    def steps_per_s(self, now: float | None = None) -> float | None:
+        elapsed = self.elapsed_s or self.elapsed(now)
+        return self.step / elapsed if self.step and elapsed > 0 else None
+
+    def live_samples_per_s(self, now: float | None = None) -> float | None:
+        rate = self.steps_per_s(now)
+        return rate * self.effective_batch if rate and self.effective_batch else None
+
+    def eta(self, now: float | None = None) -> float | None:
+        if self.remaining_s is not None:
+            return self.remaining_s
+        rate = self.steps_per_s(now)
+        if rate and self.total and self.step is not None:
+            return (self.total - self.step) / rate
+        return None
+
+    @property
+    def known(self) -> bool:
+        return self.step is not None or self.loss is not None
+
+
+def clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    seconds = int(max(0, seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None = None) -> list[tuple[str, str]]:
+    """(label, value) pairs of the live status, in display order; pure formatting."""
+    fields = []
+    if p.step is not None and p.total:
+        fields.append(("step", f"{p.step}/{p.total}"))
+    elif p.step is not None:
+        fields.append(("step", str(p.step)))
+    if p.epoch is not None:
+        fields.append(("epoch", f"{p.epoch:.2f}"))
+    if p.smooth_loss is not None:
+        fields.append(("loss", f"{p.smooth_loss:.4f}"))
+    if p.lr is not None:
+        fields.append(("lr", f"{p.lr:.2e}"))
+    samples = p.live_samples_per_s(now)
+    if samples is not None:
+        fields.append(("samples/s", f"{samples:.1f}"))
+    elif (rate := p.steps_per_s(now)) is not None:
+        fields.append(("it/s", f"{rate:.2f}"))
+    fields.append(("elapsed", clock(p.elapsed(now))))
+    fields.append(("eta", clock(p.eta(now))))
+    fields.append(("nodes", f"{alive}/{total_nodes}"))
+    return fields
+
+
+def status_line(p: Progress, alive: int, total_nodes: int, now: float | None = None) -> str:
+    """The plain progress line (no carriage returns, no colour)."""
+    return "  ".join(f"{k} {v}" for k, v in status_fields(p, alive, total_nodes, now))

@@ -1,0 +1,165 @@
+"""The closing summary and the failure summary, as text. Pure: values in, lines out.
+
+The failure summary leads with the failing rank's own Python traceback, taken from torch
+elastic's error file (``TORCHELASTIC_ERROR_FILE``, written by ``@record`` in the entry
+shim) or, for a script without ``@record``, from that rank's own stderr file (torchrun's
+``--log-dir`` in the run directory), never torchrun's ChildFailedError wrapper.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from .progress import Progress, clock
+
+
+@dataclass(frozen=True)
+class RankError:
+    """One rank's own failure, from its torch elastic error file."""
+
+    local_rank: int | None
+    rank: int | None  # the global rank, when the file says
+    message: str
+    traceback: str
+    timestamp: int
+
+
+def parse_error_file(text: str, local_rank: int | None = None) -> RankError | None:
+    """torch elastic's error.json: {"message": {"message": ..., "extraInfo": {"py_callstack":
+    ..., "timestamp": ...}}}; None when it is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    msg = data.get("message") if isinstance(data, dict) else None
+    if not isinstance(msg, dict):
+        return None
+    extra = msg.get("extraInfo") or {}
+    try:
+        timestamp = int(extra.get("timestamp") or 0)
+    except (TypeError, ValueError):
+        timestamp = 0
+    return RankError(local_rank, None, str(msg.get("message", "")), str(extra.get("py_callstack", "")), timestamp)
+
+
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torch's per-rank prefixes
+
+
+def traceback_from_stderr(text: str) -> str | None:
+    """The last Python traceback in a rank's stderr, or None."""
+    text = "\n".join(_RANK_PREFIX.sub("", line) for line in text.splitlines())
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    lines = text[start:].splitlines()
+    out = [lines[0]]
+    for line in lines[1:]:
+        out.append(line)
+        if line and not line[0].isspace():  # the exception line ends the traceback
+            break
+    return "\n".join(out)
+
+
+SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 2: "SIGINT", 6: "SIGABRT", 11: "SIGSEGV", 7: "SIGBUS"}
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        return f"killed by {SIGNALS.get(-code, f'signal {-code}')}"
+    if code > 128 and code - 128 in SIGNALS:
+        return f"exit code {code} ({SIGNALS[code - 128]})"
+    return f"exit code {code}"
+
+
+_HINTS = (
+    (re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.I),
+     "out of memory: lower per_device_train_batch_size or cutoff_len, or use gradient checkpointing / ZeRO"),
+    (re.compile(r"(nccl|gloo|ProcessGroup|collective).*(timeout|timed out)|(timeout|timed out).*(nccl|gloo)|"
+                r"Watchdog caught collective operation timeout", re.I),
+     "a collective timed out: a peer stopped or is unreachable; check the network interface "
+     "(NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) and `ftbundle check --net`"),
+    (re.compile(r"Address already in use|EADDRINUSE|errno 98", re.I),
+     "the master port is in use on rank 0: another run still holds it; pick another master_port "
+     "or stop the old run (ftbundle stop)"),
+    (re.compile(r"(dataset|dataset_info).*(not found|no such file|cannot find|does not exist)|"
+                r"FileNotFoundError.*(data|json|jsonl|parquet|csv)", re.I),
+     "a dataset file is missing on that host: it must be at the same path on every host "
+     "(shared storage, or `ftbundle check` shows which host lacks it)"),
+)
+
+
+def hint(code: int | None, text: str) -> str | None:
+    """A likely cause for a failure, from its exit code and what the rank said."""
+    if code in (137, -9):
+        return ("killed with SIGKILL (exit 137): most often the kernel's OOM killer; see `dmesg` on that "
+                "host, lower the batch size, or give the host more memory")
+    for pattern, why in _HINTS:
+        if pattern.search(text or ""):
+            return why
+    return None
+
+
+def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: Progress,
+                    output_dir: str | None, adapter: str | None, nnodes: int) -> list[str]:
+    """The lines shown when every node finished."""
+    lines = [f"finished run {run_id} on {nnodes} node(s) in {clock(duration_s)}"]
+    if progress.step is not None:
+        lines.append(f"  steps        {progress.step}" + (f"/{progress.total}" if progress.total else ""))
+    if progress.loss is not None:
+        lines.append(f"  final loss   {progress.loss:.4f}")
+    rate = progress.samples_per_s or progress.live_samples_per_s()
+    if rate:
+        lines.append(f"  throughput   {rate:.1f} samples/s")
+    elif progress.steps_per_s():
+        lines.append(f"  throughput   {progress.steps_per_s():.2f} steps/s")
+    if output_dir:
+        lines.append(f"  output dir   {output_dir}")
+    if adapter:
+        lines.append(f"  adapter      {adapter}")
+    lines.append(f"  run dir      {run_dir}")
+    return lines
+
+
+TRACEBACK_LINES = 30
+
+
+def _indented(traceback: str) -> list[str]:
+    """The end of a traceback (where the error is), indented; a cut is marked."""
+    lines = traceback.rstrip().splitlines()
+    cut = ["  ..."] if len(lines) > TRACEBACK_LINES else []
+    return cut + ["  " + line for line in lines[-TRACEBACK_LINES:]]
+
+
+def failure_summary(*, host: str, address: str, node_rank: int, reason: str, code: int | None,
+                    rank_error: RankError | None, rank_traceback: str | None, tail: list[str] | None,
+                    log_path: str, local_rank: int | None = None, global_rank: int | None = None) -> list[str]:
+    """The lines shown when a run failed, after the "failed first" line: which rank, its
+    own traceback (else the end of its node's log), a hint, where the full log is."""
+    who = [f"host {host} ({address})", f"node rank {node_rank}"]
+    if global_rank is not None:
+        who.append(f"rank {global_rank}")
+    if local_rank is not None:
+        who.append(f"local rank {local_rank}")
+    lines = ["failed: " + ", ".join(who) + f"; {describe_exit(code)}"]
+    text = reason
+    if rank_error is not None and rank_error.traceback:
+        lines.append("its own traceback (torch elastic error file):")
+        lines += _indented(rank_error.traceback)
+        text += "\n" + rank_error.traceback + "\n" + rank_error.message
+    elif rank_traceback:
+        lines.append("its own traceback:")
+        lines += _indented(rank_traceback)
+        text += "\n" + rank_traceback
+    if tail and not (rank_error and rank_error.traceback) and not rank_traceback:
+        lines.append(f"last {len(tail)} lines of {log_path}:")
+        lines += ["  | " + line for line in tail]
+    text += "\n" + "\n".join(tail or [])
+    why = hint(code, text)
+    if why:
+        lines.append(f"hint: {why}")
+    lines.append(f"full log: {log_path}")
+    return lines

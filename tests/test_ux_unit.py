@@ -1,0 +1,204 @@
+"""The user-facing pieces without training: progress parsing, the plain display, summaries
+and hints, run history from files, `ftbundle init` (its result passes --dry-run), and
+shell completion."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import yaml
+
+from ftbundle.cli import main
+from ftbundle.history import format_runs, run_row, split_tail_output
+from ftbundle.launch.failure import parse_root_cause
+from ftbundle.ui.phases import Phases, warning_key
+from ftbundle.ui.progress import Progress, parse_bar, parse_hf_dict, parse_trainer_log, status_line
+from ftbundle.ui.summary import (closing_summary, describe_exit, failure_summary, hint, parse_error_file,
+                                 traceback_from_stderr)
+
+RECORD = ('{"current_steps": 30, "total_steps": 60, "loss": 5.9, "lr": 0.0025, "epoch": 1.3, '
+          '"percentage": 50.0, "elapsed_time": "0:00:12", "remaining_time": "0:00:12"}')
+
+
+def test_trainer_log_record_drives_the_status_line():
+    p = Progress(effective_batch=8, from_jsonl=True)
+    p.feed_record(parse_trainer_log(RECORD))
+    line = status_line(p, alive=4, total_nodes=4)
+    assert "step 30/60" in line and "epoch 1.30" in line and "loss 5.9000" in line
+    assert "lr 2.50e-03" in line and "samples/s 20.0" in line  # 30 steps x 8 samples / 12 s
+    assert "eta 00:12" in line and "nodes 4/4" in line
+    # stdout dicts do not override the trainer log in LlamaFactory mode
+    p.feed_line("{'loss': 1.0, 'learning_rate': 0.1, 'epoch': 9.0}")
+    assert p.loss == 5.9 and p.records == [{"current_steps": 30, "total_steps": 60, "loss": 5.9, "lr": 0.0025,
+                                            "epoch": 1.3}]
+    assert parse_trainer_log("not json") is None and parse_trainer_log('{"a": 1}') is None
+
+
+def test_script_mode_reads_hf_dicts_and_the_trainer_bar():
+    p = Progress()
+    assert parse_bar("Running tokenizer on dataset: 100%|####| 21/21 [00:00<00:00]") is None
+    assert p.feed_line(" 35%|###5      | 21/60 [00:03<00:06,  6.2it/s]")
+    assert (p.step, p.total) == (21, 60)
+    assert p.feed_line("{'loss': 2.0, 'grad_norm': 1.5, 'learning_rate': 0.001, 'epoch': 0.5}")
+    assert p.feed_line("{'loss': 1.0, 'grad_norm': 1.5, 'learning_rate': 0.0009, 'epoch': 0.6}")
+    assert p.loss == 1.0 and abs(p.smooth_loss - (0.3 * 1.0 + 0.7 * 2.0)) < 1e-9 and p.lr == 0.0009
+    assert p.feed_line("  train_samples_per_second =    143.496")
+    assert p.samples_per_s == 143.496
+    assert not p.feed_line("some other line") and p.last_line == "some other line"
+    assert parse_hf_dict("x {'loss': oops}") is None
+
+
+def test_plain_display_has_no_carriage_returns_and_one_line_per_step_and_interval():
+    out = io.StringIO()
+    ui = Phases(out, tty=False, nnodes=2)
+    ui.checking(0, 2)
+    ui.checking(2, 2)
+    ui.staging()
+    ui.launching(0, 2)
+    ui.launching(2, 2)
+    p = Progress(from_jsonl=True)
+    ui.training(p, 2)
+    for step in range(1, 61):
+        p.feed_record(json.loads(RECORD.replace('"current_steps": 30', f'"current_steps": {step}')))
+        ui.training(p, 2)
+    ui.final_progress()
+    for _ in range(3):
+        ui.warning("[WARNING|2026-11-23 12:31:29] parser:149 >> We recommend enable mixed precision training.")
+    ui.done(["finished"])
+    text = out.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    progress_lines = [line for line in lines if line.startswith("ftbundle: training: step")]
+    # the first step, then nothing for PLAIN_EVERY_S, then the last step: not one line per step
+    assert [line.split()[3] for line in progress_lines] == ["1/60", "60/60"], lines
+    assert sum("mixed precision" in line for line in lines) == 1
+    assert lines[0] == "ftbundle: checking 2 host(s)" and lines[-1] == "finished"
+    assert warning_key("a line") is None
+
+
+def test_rich_display_draws_the_live_line_on_a_terminal():
+    out = io.StringIO()
+    ui = Phases(out, tty=True, nnodes=2)
+    p = Progress(from_jsonl=True)
+    ui.launching(2, 2)
+    ui.training(p, 2)
+    p.feed_record(parse_trainer_log(RECORD))
+    ui.training(p, 2)
+    ui._live.refresh()
+    ui.done(["finished run r1"])
+    text = out.getvalue()
+    assert "training" in text and "30/60" in text and "loss" in text and "nodes" in text and "2/2" in text
+    assert text.rstrip().endswith("finished run r1")
+
+
+def test_closing_summary_names_steps_loss_throughput_and_paths():
+    p = Progress(from_jsonl=True)
+    p.feed_record(parse_trainer_log(RECORD))
+    p.samples_per_s = 143.5
+    lines = closing_summary(run_id="r1", run_dir="/s/runs/r1", duration_s=75, progress=p, output_dir="/s/out",
+                            adapter="/s/out/adapter_model.safetensors", nnodes=2)
+    text = "\n".join(lines)
+    assert "finished run r1 on 2 node(s) in 01:15" in text and "steps        30/60" in text
+    assert "final loss   5.9000" in text and "143.5 samples/s" in text
+    assert "/s/out/adapter_model.safetensors" in text and "run dir      /s/runs/r1" in text
+
+
+def test_hints_for_common_causes():
+    assert "OOM" in hint(137, "") and "OOM" in hint(-9, "")
+    assert "collective timed out" in hint(1, "RuntimeError: [../gloo/transport/tcp/pair.cc] Timed out waiting 30000ms for gloo")
+    assert "port is in use" in hint(1, "RuntimeError: The server socket has failed to listen: Address already in use")
+    assert "dataset" in hint(1, "FileNotFoundError: [Errno 2] No such file or directory: 'data/support.json'")
+    assert hint(1, "ValueError: boom") is None
+    assert describe_exit(-9) == "killed by SIGKILL" and describe_exit(137) == "exit code 137 (SIGKILL)"
+
+
+ROOT_CAUSE = """[localhost r0] torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+[localhost r0] ============================================================
+[localhost r0] Root Cause (first observed failure):
+[localhost r0] [0]:
+[localhost r0]   time      : 2026-11-23_12:38:40
+[localhost r0]   host      : box
+[localhost r0]   rank      : 3 (local_rank: 1)
+[localhost r0]   exitcode  : -9 (pid: 4242)
+[localhost r0]   error_file: <N/A>
+[localhost r0]   traceback : Signal 9 (SIGKILL) received by PID 4242"""
+
+
+def test_failure_summary_from_torchrun_root_cause_and_error_file():
+    found = parse_root_cause(ROOT_CAUSE.splitlines())
+    assert (found.global_rank, found.local_rank, found.code, found.error_file) == (3, 1, -9, None)
+    error = parse_error_file(json.dumps({"message": {"message": "ValueError: boom", "extraInfo": {
+        "py_callstack": "Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: boom",
+        "timestamp": "1700000000"}}}), local_rank=1)
+    assert error.traceback.endswith("ValueError: boom") and error.timestamp == 1700000000
+    lines = failure_summary(host="node1", address="10.0.0.2", node_rank=1, reason="exited with code 1", code=1,
+                            rank_error=error, rank_traceback=None, tail=["ChildFailedError"], log_path="/l",
+                            local_rank=1, global_rank=3)
+    text = "\n".join(lines)
+    assert "host node1 (10.0.0.2), node rank 1, rank 3, local rank 1; exit code 1" in text
+    assert "  ValueError: boom" in text and "ChildFailedError" not in text
+    oom = failure_summary(host="n", address="a", node_rank=0, reason="r", code=-9, rank_error=None,
+                          rank_traceback=None, tail=["x"], log_path="/l")
+    assert "killed by SIGKILL" in oom[0] and any(line.startswith("hint: killed with SIGKILL") for line in oom)
+    assert traceback_from_stderr("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"b.py\"\n"
+                                 "[rank1]: ValueError: x\nafter") == ("Traceback (most recent call last):\n"
+                                                                     "  File \"b.py\"\nValueError: x")
+
+
+def test_run_history_rows_from_files():
+    plan = json.dumps({"job": "j", "checkpoint_dir": "/s/out", "nodes": [{"host": "a"}, {"host": "b"}]})
+    done = run_row("j-20261123-120000-abcd", {"plan.json": plan, "summary.json": json.dumps(
+        {"state": "finished", "exit_code": 0, "duration_s": 61.0, "final_loss": 1.25, "started": 0})})
+    failed = run_row("j-20261123-130000-abcd", {"plan.json": plan, "attempt": "2\n", "node-0.a2.exit": "0\n",
+                                                "node-1.a2.exit": "137\n"})
+    running = run_row("j-20261123-140000-abcd", {"plan.json": plan, "node-0.a1.exit": "0\n"})
+    assert (done.state, done.exit_code, done.final_loss, done.hosts) == ("finished", 0, 1.25, ["a", "b"])
+    assert (failed.state, failed.exit_code, failed.start) == ("failed", 137, "2026-11-23T13:00:00")
+    assert running.state == "running?" and run_row("x", {}) is None
+    table = format_runs([done, failed]).splitlines()
+    assert table[0].split()[:3] == ["RUN", "HOSTS", "START"] and "1:01" in table[1] and "1.2500" in table[1]
+    tail = "==> /s/runs/r1/plan.json <==\n{}\n\n==> /s/runs/r1/node-0.a1.exit <==\n0\n"
+    assert split_tail_output(tail, "/s/runs") == {"r1": {"plan.json": "{}\n", "node-0.a1.exit": "0\n"}}
+
+
+def test_init_writes_a_job_that_passes_dry_run(tmp_path, capsys):
+    target = tmp_path / "proj"
+    assert main(["init", "--dir", str(target), "--hosts", "gpu1,gpu2", "--gpus", "4", "--model", "org/model",
+                 "--mode", "qlora", "--yes"]) == 0
+    train = yaml.safe_load((target / "train.yaml").read_text())
+    assert train["quantization_bit"] == 4 and train["finetuning_type"] == "lora"
+    assert "= 4 x 4 x 4 x 2 = 128" in (target / "train.yaml").read_text()  # effective batch, explained
+    assert yaml.safe_load((target / "inventory.yml").read_text())["all"]["children"]["trainers"]["hosts"].keys() \
+        == {"gpu1", "gpu2"}
+    capsys.readouterr()
+    assert main(["run", str(target / "job.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "world size 8 = 2 node(s) x 4 rank(s); master gpu1:29500" in out
+    assert "effective batch size 128" in out
+    # again without --force: refused, nothing overwritten
+    assert main(["init", "--dir", str(target), "--yes"]) == 2
+
+
+def test_init_without_flags_or_terminal_takes_defaults(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "init", "--dir", str(tmp_path / "d")],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job = yaml.safe_load((tmp_path / "d/job.yaml").read_text())
+    assert job["nproc_per_node"] == 2 and "inventory" not in job
+    assert main(["run", str(tmp_path / "d/job.yaml"), "--dry-run"]) == 0
+
+
+def test_completion_and_help_examples(capsys):
+    assert main(["completion", "bash"]) == 0
+    script = capsys.readouterr().out
+    assert "complete -o filenames -F _ftbundle ftbundle" in script
+    assert "run) opts=" in script and "--dry-run" in script and "--verbose" in script and "plot) opts=" in script
+    proc = subprocess.run(["bash", "-c", script + "\nCOMP_WORDS=(ftbundle ru); COMP_CWORD=1; _ftbundle; "
+                           "echo ${COMPREPLY[@]}; COMP_WORDS=(ftbundle run --dr); COMP_CWORD=2; _ftbundle; "
+                           "echo ${COMPREPLY[@]}"], capture_output=True, text=True)
+    assert proc.stdout.split("\n")[:2] == ["run runs", "--dry-run"], proc.stdout + proc.stderr
+    help_text = subprocess.run([sys.executable, "-m", "ftbundle", "--help"], capture_output=True, text=True).stdout
+    assert "examples:" in help_text and "ftbundle plot job.yaml -o loss.png" in help_text
