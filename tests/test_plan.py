@@ -303,11 +303,15 @@ def test_secret_values_never_reach_the_terminal(tmp_path, capfd):
     from ftbundle.cli import main
     path = job_file(tmp_path, "name: leak\nshared_dir: .s\nenv: {HF_TOKEN: hf_abcdef123456}\n"
                               "train: {command: 'echo token is $HF_TOKEN; exit 5'}\n")
-    assert main(["run", str(path)]) == 5
+    assert main(["run", "-v", str(path)]) == 5  # -v: rank 0's raw output on the terminal
     captured = capfd.readouterr()
     assert "hf_abcdef123456" not in captured.out + captured.err
     assert "token is <redacted>" in captured.out
-    run_dir = next((tmp_path / ".s/runs").iterdir())
+    assert main(["run", str(path)]) == 5  # the progress display's failure summary (the log's end)
+    captured = capfd.readouterr()
+    assert "hf_abcdef123456" not in captured.out + captured.err
+    assert "| token is <redacted>" in captured.err
+    run_dir = sorted((tmp_path / ".s/runs").iterdir())[0]
     assert "hf_abcdef123456" not in (run_dir / "plan.json").read_text()
     # the node log ftbundle writes on shared storage holds the job's output, redacted
     log = (run_dir / "node-0-localhost.a1.log").read_text()
