@@ -188,6 +188,7 @@ def test_init_without_flags_or_terminal_takes_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr
     job = yaml.safe_load((tmp_path / "d/job.yaml").read_text())
     assert job["nproc_per_node"] == 2 and "inventory" not in job
+    assert yaml.safe_load((tmp_path / "d/train.yaml").read_text())["use_cpu"] is True
     assert main(["run", str(tmp_path / "d/job.yaml"), "--dry-run"]) == 0
 
 
