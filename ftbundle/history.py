@@ -114,11 +114,15 @@ def split_tail_output(text: str, runs_dir: str) -> dict[str, dict[str, str]]:
 
 
 def read_run_files(cluster: Cluster | None, host: Host | None, runs_dir: str,
-                   patterns: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    """{run id: {file name: text}} for files matching ``patterns`` in each run directory."""
+                   patterns: tuple[str, ...], *, here: bool | None = None) -> dict[str, dict[str, str]]:
+    """{run id: {file name: text}} for files matching ``patterns`` in each run directory:
+    read here when the directory is (``here``: None = when it exists here), else in one
+    round trip through ``host``."""
     import fnmatch
 
-    if os.path.isdir(runs_dir):
+    if here is None:
+        here = os.path.isdir(runs_dir)
+    if here:
         out: dict[str, dict[str, str]] = {}
         for run_id in sorted(os.listdir(runs_dir)):
             directory = os.path.join(runs_dir, run_id)

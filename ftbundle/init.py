@@ -29,6 +29,7 @@ class Answers:
     mode: str
     shared_dir: str
     python: str
+    cpu: bool = False  # this machine with no GPU count given: 2 CPU ranks (gloo), like the quickstart
 
     @property
     def local(self) -> bool:
@@ -84,8 +85,7 @@ def render_train(a: Answers) -> str:
         "full": ["finetuning_type: full",
                  "# deepspeed: ds_z3_config.json   # ZeRO-3 for a model that does not fit one GPU"],
     }[a.mode]
-    precision = (["use_cpu: true", "ddp_backend: gloo"] if a.local and a.gpus <= 2 and a.model.startswith(".")
-                 else ["bf16: true"])
+    precision = ["use_cpu: true", "ddp_backend: gloo"] if a.cpu else ["bf16: true"]
     lines = [
         f"# LlamaFactory {a.mode} SFT. Relative paths are relative to the job's workdir"
         + (" (this directory)." if a.local else " (the shared directory): every node sees the same files."),
@@ -176,6 +176,7 @@ def answers_from(args, interactive: bool) -> Answers:
         hosts = _ask("hosts (comma-separated; empty: this machine)", "")
     host_list = tuple(h.strip() for h in (hosts or "").split(",") if h.strip() and h.strip() != "localhost")
     gpus = args.gpus
+    cpu = not host_list and gpus is None and not interactive
     if gpus is None and interactive:
         gpus = int(_ask("GPUs per host", "8" if host_list else "2", lambda s: s.isdigit() and int(s) > 0))
     gpus = gpus if gpus is not None else (8 if host_list else 2)
@@ -193,7 +194,8 @@ def answers_from(args, interactive: bool) -> Answers:
     if not shared.startswith("/"):
         raise UserError(f"must be an absolute path, got {shared!r}", key="--shared-dir")
     python = sys.executable if not host_list else "/opt/ftbundle/venv/bin/python"
-    return Answers(name=name, hosts=host_list, gpus=gpus, model=model, mode=mode, shared_dir=shared, python=python)
+    return Answers(name=name, hosts=host_list, gpus=gpus, model=model, mode=mode, shared_dir=shared, python=python,
+                   cpu=cpu)
 
 
 def run_init(args) -> int:
@@ -212,5 +214,7 @@ def run_init(args) -> int:
         path.write_text(text)
     job = os.path.relpath(directory / "job.yaml")
     print(f"wrote {', '.join(str(directory / n) for n in files)}")
+    if not a.local:
+        print(f"the ranks read data/ relative to the shared directory: copy it to {a.shared_dir}/data")
     print(f"next: ftbundle run {job} --dry-run" + ("" if a.local else f"   (then: ftbundle check {job})"))
     return 0

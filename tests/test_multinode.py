@@ -109,10 +109,13 @@ def test_llamafactory_lora_sft_on_three_hosts(cluster3, tmp_path):
     run = only_run_dir(shared)
     logs = {rank: (run / f"node-{rank}-node{rank}.a1.log").read_text() for rank in range(3)}
     assert "world size: 6" in logs[0]
-    # every global rank reported in, on the node that owns it
-    for node, ranks in {0: (0, 1), 1: (2, 3), 2: (4, 5)}.items():
-        for r in ranks:
-            assert f"Process rank: {r}, world size: 6" in logs[node]
+    # every global rank reported in, on the node that owns it: local rank 0 in the node's log,
+    # local rank 1 in a file of its own (torchrun --log-dir in the run directory)
+    for node, (first, second) in {0: (0, 1), 1: (2, 3), 2: (4, 5)}.items():
+        assert f"Process rank: {first}, world size: 6" in logs[node]
+        assert f"Process rank: {second}," not in logs[node]
+        own = "".join(p.read_text() for p in (run / "ranks" / f"node-{node}").glob("*/attempt_0/1/std*.log"))
+        assert f"Process rank: {second}, world size: 6" in own
     # the terminal got rank 0's lines, and only rank 0's
     assert all(line.startswith("[node0 r0] ") for line in proc.stdout.splitlines() if line), proc.stdout[-500:]
     assert "{'loss'" in proc.stdout

@@ -188,6 +188,7 @@ def test_init_without_flags_or_terminal_takes_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr
     job = yaml.safe_load((tmp_path / "d/job.yaml").read_text())
     assert job["nproc_per_node"] == 2 and "inventory" not in job
+    assert yaml.safe_load((tmp_path / "d/train.yaml").read_text())["use_cpu"] is True
     assert main(["run", str(tmp_path / "d/job.yaml"), "--dry-run"]) == 0
 
 
@@ -202,3 +203,24 @@ def test_completion_and_help_examples(capsys):
     assert proc.stdout.split("\n")[:2] == ["run runs", "--dry-run"], proc.stdout + proc.stderr
     help_text = subprocess.run([sys.executable, "-m", "ftbundle", "--help"], capture_output=True, text=True).stdout
     assert "examples:" in help_text and "ftbundle plot job.yaml -o loss.png" in help_text
+
+
+def test_run_files_are_read_through_a_host_in_one_round_trip(tmp_path):
+    """The path taken when the shared storage is not mounted here: find + tail on the host
+    (here a local one, so the real commands run), split back into files."""
+    from ftbundle.cluster import Cluster
+    from ftbundle.history import read_run_files
+    from ftbundle.inventory import localhost_only
+
+    for run, code in (("j-20261123-120000-aaaa", "0"), ("j-20261123-130000-bbbb", "3")):
+        (tmp_path / "runs" / run).mkdir(parents=True)
+        (tmp_path / "runs" / run / "plan.json").write_text('{"job": "j", "nodes": [{"host": "h"}]}\n')
+        (tmp_path / "runs" / run / "node-0.a1.exit").write_text(code + "\n")
+        (tmp_path / "runs" / run / "node-0-h.a1.log").write_text("not asked for\n")
+    host = localhost_only()[0]
+    with Cluster([host]).open() as cluster:
+        remote = read_run_files(cluster, host, str(tmp_path / "runs"), ("plan.json", "*.exit"), here=False)
+    local = read_run_files(None, None, str(tmp_path / "runs"), ("plan.json", "*.exit"))
+    assert remote == local
+    assert remote["j-20261123-130000-bbbb"]["node-0.a1.exit"] == "3\n"
+    assert run_row("j-20261123-130000-bbbb", remote["j-20261123-130000-bbbb"]).state == "failed"
