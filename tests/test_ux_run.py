@@ -116,6 +116,27 @@ def _tmux(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["tmux", *args], capture_output=True, text=True)
 
 
+def test_plot_on_a_terminal_without_output_draws_in_the_terminal(piped_run, tmp_path):
+    job, _ = piped_run
+    session = f"ftb-plot-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "plot.sh"
+    script.write_text(f"cd {shlex.quote(str(REPO))}\n{shlex.quote(sys.executable)} -m ftbundle plot "
+                      f"{shlex.quote(str(job))}\necho FTB-EXIT=$?\nsleep 120\n")
+    assert _tmux("new-session", "-d", "-s", session, "-x", "100", "-y", "50", "bash", str(script)).returncode == 0
+    try:
+        deadline = time.monotonic() + 60
+        screen = ""
+        while "FTB-EXIT=" not in screen and time.monotonic() < deadline:
+            time.sleep(0.3)
+            screen = _tmux("capture-pane", "-p", "-t", session).stdout
+    finally:
+        _tmux("kill-session", "-t", session)
+    assert "FTB-EXIT=0" in screen, screen
+    run_id = next((job.parent / ".shared/runs").iterdir()).name
+    assert "learning rate" in screen and "step" in screen and run_id[:30] in screen, screen
+    assert screen.count("┤") >= 6 and not (REPO / "loss.png").exists()  # axes drawn, no file written
+
+
 def test_terminal_shows_live_progress_and_the_quickstart_fits_a_screen(tmp_path, tiny_model):  # noqa: F811
     if shutil.which("tmux") is None:
         pytest.fail("tmux is missing: .ci/tools.sh installs it")
