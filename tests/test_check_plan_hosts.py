@@ -45,7 +45,7 @@ def test_paths_with_quotes_dollar_and_backticks_are_used_literally(cluster2, tmp
     job = write_job(tmp_path / "job.yaml", base_job(
         "odd", shared, inventory, {"command": 'echo "rank $NODE_RANK in $PWD"; ls "$FTB_RUN_DIR" >/dev/null'},
         workdir=str(workdir)))
-    result = ftbundle("run", str(job), timeout=120)
+    result = ftbundle("run", "-v", str(job), timeout=120)  # -v: rank 0's raw output on stdout
     assert result.returncode == 0, result.stderr
     assert "check passed" in result.stderr
     assert f"rank 0 in {workdir}" in result.stdout
@@ -192,7 +192,7 @@ def test_inventory_templated_vault_and_a_bastion(make_cluster, tmp_path):
     no_pw = ftbundle("run", str(job), "--dry-run", env={**os.environ, "ANSIBLE_VAULT_PASSWORD_FILE": ""})
     assert no_pw.returncode == 2 and "vault" in no_pw.stderr.lower(), no_pw.stderr
 
-    result = ftbundle("run", str(job), "--vault-password-file", str(password), timeout=120)
+    result = ftbundle("run", "-v", str(job), "--vault-password-file", str(password), timeout=120)
     assert result.returncode == 0, result.stderr
     assert f"rank 0 master {targets[0].ip}" in result.stdout  # templated from the vaulted value
     run = only_run_dir(cluster.shared_dir)
