@@ -6,7 +6,7 @@ import time
 
 from common import OUT_DIR, REPO, machine
 
-ORDER = ["launch", "chatty", "teardown", "overhead"]
+ORDER = ["launch", "chatty", "teardown", "overhead", "provision"]
 
 
 def main() -> None:

@@ -111,9 +111,11 @@ def molecule(testhost_image) -> Molecule:
         created = mol("create")
         assert created.returncode == 0, tail(created)
         started = time.monotonic()
-        converged = mol("converge")
+        converged = mol("converge", "--", "--diff")  # --diff: the cluster's private key must not show
         took = time.monotonic() - started
         assert converged.returncode == 0, tail(converged, 12000)
+        assert "PRIVATE KEY" not in converged.stdout + converged.stderr
+        assert "+++ after: /root/.ssh/config" in converged.stdout  # --diff did print diffs
         hosts = recap(converged.stdout)
         assert sorted(hosts) == HOSTS and all(h["failed"] == 0 for h in hosts.values()), converged.stdout[-3000:]
         print(f"converge of site.yml on 3 fresh hosts: {took:.0f}s")
@@ -213,8 +215,9 @@ def test_ftbundle_runs_on_the_pinned_image_site_yml_made_ready(molecule, tmp_pat
     logs = "".join((run_dir / f"node-{r}-node{r}.a1.log").read_text() for r in range(3))
     for rank in range(6):
         # every rank ran inside the container with the env file site.yml wrote
+        # (NCCL_TIMEOUT is read by neither NCCL nor torch: site.yml no longer sets it)
         assert re.search(rf"rank {rank} of world size 6 on node\d .*NCCL_SOCKET_IFNAME==eth0 "
-                         rf"GLOO_SOCKET_IFNAME=eth0 NCCL_TIMEOUT=300", logs), logs[-3000:]
+                         rf"GLOO_SOCKET_IFNAME=eth0 NCCL_TIMEOUT=$", logs, re.MULTILINE), logs[-3000:]
         assert f"rank {rank} done" in logs
     assert "[node0 r0] step 4 allreduce ok" in proc.stdout, proc.stdout[-2000:]
     # nothing of the job is left on any host: no container, no process
@@ -321,3 +324,101 @@ def test_air_gapped_tarball_is_loaded_and_pinned_by_image_id(molecule, tmp_path)
     again = molecule(*args)  # present everywhere: nothing copied or loaded twice
     assert again.returncode == 0, tail(again, 12000)
     assert all(h["changed"] == 0 for h in recap(again.stdout).values()), again.stdout[-3000:]
+
+
+# ---------------------------------------------------------------------------------------
+# What site.yml refuses, keeps and never does on hosts that already run things
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("clients", ["[]", '["198.18.250.12", "*"]'])
+def test_nfs_export_refuses_an_empty_or_open_client_list(molecule, clients):
+    before = docker_exec(HOSTS[0], "cat /etc/exports.d/ftbundle.exports").stdout
+    proc = molecule("converge", "--", "--tags", "nfs", "-e", f'{{"nfs_server_clients": {clients}}}')
+    assert proc.returncode != 0, tail(proc)
+    assert "lets every host on the network mount /srv/ftbundle" in proc.stdout, tail(proc, 12000)
+    assert docker_exec(HOSTS[0], "cat /etc/exports.d/ftbundle.exports").stdout == before
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_an_administrators_fstab_entry_is_refused_or_kept_and_verify_names_the_odd_host(molecule):
+    """node2's fstab already mounts a filer at /shared. refuse: stop, naming the line, fstab
+    untouched. keep (default): the line stays; verify then reports that node2 mounts
+    another export than the others."""
+    theirs = "filer.example.com:/vol/ml /shared nfs defaults 0 0"
+    original = docker_exec(HOSTS[2], "cat /etc/fstab").stdout
+    docker_exec(HOSTS[2], f"sed -i '\\# /shared #d' /etc/fstab && echo '{theirs}' >> /etc/fstab")
+    try:
+        refused = molecule("converge", "--", "--tags", "nfs", "-e", "nfs_client_existing_fstab=refuse")
+        assert refused.returncode != 0, tail(refused)
+        assert f"/etc/fstab already mounts something at /shared: '{theirs}'" in refused.stdout, tail(refused, 12000)
+        assert theirs in docker_exec(HOSTS[2], "cat /etc/fstab").stdout
+
+        kept = molecule("converge", "--", "--tags", "nfs")
+        assert kept.returncode == 0, tail(kept, 12000)
+        fstab = docker_exec(HOSTS[2], "cat /etc/fstab").stdout
+        assert theirs in fstab and "198.18.250.11:/srv/ftbundle" not in fstab, fstab
+
+        verify = molecule("converge", "--", "--tags", "verify")
+        assert verify.returncode != 0, tail(verify)
+        assert "shared storage (fstab; mounted) differs:" in verify.stdout, tail(verify, 12000)
+        assert re.search(r"fstab: filer\.example\.com:/vol/ml nfs; mounted: .*: ftb-mol-node2", verify.stdout), \
+            tail(verify, 12000)
+    finally:
+        docker_exec(HOSTS[2], f"cat > /etc/fstab <<'EOF'\n{original}EOF")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_verify_never_pulls_and_names_a_host_missing_the_recorded_image(molecule):
+    docker_exec(HOSTS[1], f"docker image rm {molecule.image}")
+    try:
+        proc = molecule("converge", "--", "--tags", "verify")
+        assert proc.returncode != 0, tail(proc)
+        assert "image ID differs:" in proc.stdout and "image missing: ftb-mol-node1" in proc.stdout, tail(proc, 12000)
+        # verify ran the image with --pull=never: node1 still does not have it
+        assert docker_exec(HOSTS[1], f"docker image inspect {molecule.image}", check=False).returncode != 0
+    finally:
+        restored = molecule("converge", "--", "--tags", "image")
+        assert restored.returncode == 0, tail(restored, 12000)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_a_rotated_cluster_key_replaces_the_old_one_everywhere(molecule):
+    keys = molecule.workdir / "ssh"
+    old = (keys / "id_ed25519_ftbundle.pub").read_text().split()[1]
+    shutil.rmtree(keys)  # rotation: a new keypair on the next run
+    proc = molecule("converge", "--", "--tags", "ssh", "--diff")
+    assert proc.returncode == 0, tail(proc, 12000)
+    assert "PRIVATE KEY" not in proc.stdout + proc.stderr
+    new = (keys / "id_ed25519_ftbundle.pub").read_text().split()[1]
+    assert new != old
+    for host in HOSTS:
+        authorized = docker_exec(host, "cat /root/.ssh/authorized_keys").stdout
+        assert new in authorized and old not in authorized, authorized
+    # the mesh works on the new key, strict host keys still on
+    out = docker_exec(HOSTS[0], "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes ftb-mol-node2 hostname").stdout
+    assert out.strip() == "node2"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_an_active_ufw_stops_the_firewall_role_before_it_changes_anything(molecule):
+    """ufw (Debian's package, installed and enabled on node2 for this test) filters the
+    same packets: the role stops with a message instead of adding a table behind it."""
+    installed = docker_exec(HOSTS[2], "DEBIAN_FRONTEND=noninteractive apt-get install -y -q ufw", check=False)
+    if installed.returncode != 0:
+        installed = docker_exec(HOSTS[2], "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q ufw")
+    docker_exec(HOSTS[2], "ufw allow 22/tcp && ufw --force enable")
+    rules = docker_exec(HOSTS[2], "cat /etc/ftbundle/firewall.nft").stdout
+    try:
+        proc = molecule("converge", "--", "--tags", "firewall", "--limit", HOSTS[2],
+                        "-e", '{"firewall_extra_cluster_addresses": ["198.18.251.7"]}')
+        assert proc.returncode != 0, tail(proc)
+        assert "ftb-mol-node2: ufw is active." in proc.stdout and "Nothing was changed" in proc.stdout, tail(proc, 12000)
+        assert docker_exec(HOSTS[2], "cat /etc/ftbundle/firewall.nft").stdout == rules
+    finally:
+        docker_exec(HOSTS[2], "ufw --force disable && DEBIAN_FRONTEND=noninteractive apt-get purge -y -q ufw", check=False)
