@@ -188,8 +188,7 @@ def test_ftbundle_runs_on_the_pinned_image_site_yml_made_ready(molecule, tmp_pat
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {
         "vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(key),
-                 "ansible_ssh_common_args": f"-o UserKnownHostsFile={known_hosts}",
-                 "ftb_image": molecule.image},
+                 "ansible_ssh_common_args": f"-o UserKnownHostsFile={known_hosts}"},
         "children": {"trainers": {"hosts": {
             f"node{i}": {"ansible_host": address} for i, address in enumerate(ADDRESSES)}}}}}))
     shutil.copy(ASSETS / "allreduce.py", molecule.workdir / "shared" / "allreduce.py")
@@ -197,11 +196,19 @@ def test_ftbundle_runs_on_the_pinned_image_site_yml_made_ready(molecule, tmp_pat
         "name": "halves", "inventory": str(inventory), "hosts": "trainers", "nproc_per_node": 2,
         "master_port": 29500, "shared_dir": "/shared",
         "env": {"OMP_NUM_THREADS": "1"},
-        "runtime": {"kind": "docker"},  # the image: the inventory's ftb_image, pinned by digest
+        # no image in the job or the inventory: the digest site.yml recorded in /etc/ftbundle/image.ref
+        "runtime": {"kind": "docker"},
         "train": {"script": "/shared/allreduce.py", "args": ["--steps", "5", "--sleep", "0.1"]},
     })
 
-    proc = ftbundle("run", str(job), timeout=600)
+    recorded = docker_exec(HOSTS[0], "cat /etc/ftbundle/image.ref").stdout.strip()
+    assert recorded == molecule.image
+    check = ftbundle("check", str(job), timeout=300)
+    assert check.returncode == 0, tail(check)
+    image_id = docker_exec(HOSTS[0], f"docker image inspect -f '{{{{.Id}}}}' {recorded}").stdout.strip()
+    assert f"{recorded} (ID {image_id}): node0, node1, node2" in check.stdout, check.stdout  # same digest and ID
+
+    proc = ftbundle("run", "-v", str(job), timeout=600)  # -v: rank 0's raw output on stdout
     assert proc.returncode == 0, tail(proc)
     assert "check passed: 3 host(s)" in proc.stderr, proc.stderr
 
