@@ -270,8 +270,8 @@ def check_pinned_image(image: str, error) -> None:
     if not PINNED_IMAGE_RE.search(image):
         raise error(
             f"image {image!r} is not pinned by digest; use repo@sha256:<64 hex>, or the image ID "
-            "sha256:<64 hex> of an image loaded from a tarball (site.yml resolves a tag once and "
-            "records the digest as ftb_image)"
+            "sha256:<64 hex> of an image loaded from a tarball (or leave runtime.image unset: ftbundle then "
+            "runs the digest site.yml resolved and recorded on every host in /etc/ftbundle/image.ref)"
         )
 
 
