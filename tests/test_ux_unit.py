@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 
 import yaml
 
@@ -224,3 +225,47 @@ def test_run_files_are_read_through_a_host_in_one_round_trip(tmp_path):
     assert remote == local
     assert remote["j-20261123-130000-bbbb"]["node-0.a1.exit"] == "3\n"
     assert run_row("j-20261123-130000-bbbb", remote["j-20261123-130000-bbbb"]).state == "failed"
+
+
+def test_init_on_a_terminal_asks_and_takes_the_answers(tmp_path):
+    """On a terminal (a real pty), init asks for hosts, GPUs, model and method, offers the
+    defaults, asks again after an answer that is not valid, and writes what was answered."""
+    import os
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "init", "--dir", str(tmp_path / "p")],
+                            stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    seen = b""
+
+    def until(text: bytes, timeout: float = 30) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while text not in seen:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+
+    try:
+        for prompt, answer in [(b"hosts (comma-separated; empty: this machine) []: ", b"gpu1, gpu2"),
+                               (b"GPUs per host [8]: ", b"many"), (b"not valid: 'many'", b""),
+                               (b"GPUs per host [8]: ", b"4"),
+                               (b"model (path or hub id) [", b""), (b"method (lora, qlora, full) [lora]: ", b"full")]:
+            until(prompt)
+            seen = seen.split(prompt, 1)[1]
+            if answer or prompt.startswith(b"model"):
+                os.write(master, answer + b"\n")
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        os.close(master)
+    job = yaml.safe_load((tmp_path / "p/job.yaml").read_text())
+    assert job["nproc_per_node"] == 4
+    assert yaml.safe_load((tmp_path / "p/inventory.yml").read_text())["all"]["children"]["trainers"]["hosts"].keys() \
+        == {"gpu1", "gpu2"}
+    assert yaml.safe_load((tmp_path / "p/train.yaml").read_text())["finetuning_type"] == "full"
