@@ -53,14 +53,24 @@ def parse_root_cause(lines: list[str]) -> RankFailure:
     return found
 
 
+def _reader(plan: Plan, cluster: Cluster, rank: int):
+    """A host to read the run directory through, when it is not visible here: any other
+    node's (shared storage; the failing node's own host may be the one that is gone), else
+    the failing node's. None: read here (or nowhere)."""
+    if os.path.isdir(plan.run_dir):
+        return None  # the shared storage is mounted here: what is not here does not exist
+    hosts = [n.host for n in plan.nodes if n.rank != rank] + [plan.nodes[rank].host]
+    return next((h for h in dict.fromkeys(hosts) if cluster.alive(h)), None)
+
+
 def _read(plan: Plan, cluster: Cluster, rank: int, path: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()[-256 * 1024:]
     except OSError:
         pass
-    host = plan.nodes[rank].host
-    if not cluster.alive(host):
+    host = _reader(plan, cluster, rank)
+    if host is None:
         return None
     try:
         result = cluster.run(host, ["tail", "-c", str(256 * 1024), "--", path], timeout=10)
@@ -72,12 +82,12 @@ def _read(plan: Plan, cluster: Cluster, rank: int, path: str) -> str | None:
 def _find(plan: Plan, cluster: Cluster, rank: int, directory: str, name: str) -> list[str]:
     """Files called ``name`` under ``directory`` written during this attempt."""
     newer = posixpath.join(plan.run_dir, ATTEMPT_FILE)
-    if os.path.isdir(directory):
+    if os.path.isdir(plan.run_dir):
         since = os.path.getmtime(newer) if os.path.exists(newer) else 0
         return sorted(os.path.join(d, name) for d, _, files in os.walk(directory)
                       if name in files and os.path.getmtime(os.path.join(d, name)) >= since)
-    host = plan.nodes[rank].host
-    if not cluster.alive(host):
+    host = _reader(plan, cluster, rank)
+    if host is None:
         return []
     try:
         result = cluster.run(host, ["find", directory, "-name", name, "-newer", newer], timeout=10)
