@@ -313,6 +313,8 @@ def test_probe_spec_from_a_llamafactory_layout(tmp_path):
     assert s["port"] == {"role": "connect", "addr": "10.0.0.10", "port": 29500, "connect_s": 6}
     rank0 = probe_spec(layout, 0, token="tok", expect=[0, 1], port_peers=1)
     assert rank0["storage"][0]["create"] and rank0["port"]["role"] == "listen"
+    read_only = probe_spec(layout, 0, token=None, expect=[0], port_peers=None, create=False)  # --dry-run
+    assert not read_only["storage"][0]["create"] and "port" not in read_only
     online = make_layout(job_of(tmp_path, train={"llamafactory": {"dataset": "x", "dataset_dir": "ONLINE"}}),
                          hosts(1), "r3")
     assert "datasets" not in probe_spec(online, 0, token=None, expect=[0], port_peers=None)

@@ -62,10 +62,11 @@ def probe_python(host: Host) -> str:
 
 
 def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int],
-               port_peers: int | None) -> dict:
+               port_peers: int | None, create: bool = True) -> dict:
     """What host ``rank`` is asked (pure). ``token``: the sentinel name (None: no storage
     sentinels, a light probe); ``expect``: the ranks whose sentinels each host waits for;
-    ``port_peers``: how many hosts rank 0 waits for on the master port (None: no port test)."""
+    ``port_peers``: how many hosts rank 0 waits for on the master port (None: no port test);
+    ``create``: rank 0 creates a missing shared_dir (not in a read-only probe: --dry-run)."""
     job = layout.job
     spec: dict = {
         "rank": rank,
@@ -82,7 +83,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         "sentinel_wait_s": SENTINEL_WAIT_S,
         "token": token,
         "expect": expect,
-        "storage": [{"name": "shared_dir", "path": layout.shared_dir, "create": rank == 0, "wait": rank != 0}],
+        "storage": [{"name": "shared_dir", "path": layout.shared_dir, "create": create and rank == 0,
+                     "wait": create and rank != 0}],
     }
     if token and layout.checkpoint_dir:
         spec["storage"].append({"name": "output_dir", "path": layout.checkpoint_dir, "nearest": True})
@@ -122,7 +124,7 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
             if host.name in cluster.errors:
                 return HostFacts(host.name, rank, error=cluster.errors[host.name])
             spec = probe_spec(layout, rank, token=token, expect=reachable if sentinels else [rank],
-                              port_peers=port_peers)
+                              port_peers=port_peers, create=full)
             try:
                 result = cluster.run(host, [probe_python(host), "-", json.dumps(spec)], stdin=probe_source(),
                                      timeout=PROBE_TIMEOUT_S)
