@@ -220,6 +220,8 @@ def test_ftbundle_runs_on_the_pinned_image_site_yml_made_ready(molecule, tmp_pat
         assert argv[:2] == ["docker", "run"] and molecule.image in argv, argv
         assert ["--env-file", "/etc/ftbundle/nccl.env"] == argv[argv.index("--env-file"):argv.index("--env-file") + 2]
     logs = "".join((run_dir / f"node-{r}-node{r}.a1.log").read_text() for r in range(3))
+    # local rank 1 of each node writes to files of its own under ranks/ (torchrun --redirects)
+    logs += "".join(f.read_text() for f in sorted((run_dir / "ranks").rglob("*.log")))
     for rank in range(6):
         # every rank ran inside the container with the env file site.yml wrote
         # (NCCL_TIMEOUT is read by neither NCCL nor torch: site.yml no longer sets it)
