@@ -49,7 +49,7 @@ def needs_facts(layout: Layout) -> bool:
 
 
 def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=None):
-    """(the plan to launch, the sentinel cleanup to finish before launch or None).
+    """The plan to launch.
 
     The hosts are checked first unless the job says `check: false` or ``skip_check``;
     their facts resolve ``auto``, the docker runtime's GPUs and image, bf16 and whether
@@ -59,7 +59,6 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=N
     job = layout.job
     check = job.check and not skip_check
     facts = None
-    cleanup = None
     if check:
         report, facts = run_checks(layout, cluster, keep_sentinels=True, on_progress=on_host)
         if _UI is not None:
@@ -88,7 +87,7 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=N
             if lost:
                 raise UserError("cannot ask every host, nothing was started: " + "; ".join(lost),
                                 file=str(job.inventory or job.path), key="hosts")
-    return make_plan(layout, facts), cleanup
+    return make_plan(layout, facts)
 
 
 def open_cluster(hosts, *, accept_new_host_keys: bool = False):
@@ -136,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
         if args.dry_run:  # starts nothing; the hosts are asked (read-only) what the plan needs
-            plan, _ = checked_plan(layout, cluster, skip_check=True)
+            plan = checked_plan(layout, cluster, skip_check=True)
             print(format_plan(plan))
             return 0
         from .ui import Phases
@@ -144,16 +143,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         # -v: rank 0's raw output on stdout, so the phases are plain lines (no live line to fight it)
         _UI = Phases(sys.stderr, tty=False if args.verbose else None, nnodes=len(layout.hosts))
         try:
-            plan, cleanup = checked_plan(layout, cluster, skip_check=args.no_check, on_host=_UI.checking)
-            return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, before_launch=cleanup,
-                               verbose=args.verbose)
+            plan = checked_plan(layout, cluster, skip_check=args.no_check, on_host=_UI.checking)
+            return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, verbose=args.verbose)
         finally:
             _UI.stop()
             _UI = None
 
 
-def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, before_launch=None,
-                verbose: bool = True) -> int:
+def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, verbose: bool = True) -> int:
     from .launch import launch, launch_detached, stage_run_dir
 
     say(f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
@@ -164,8 +161,6 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, b
     if _UI is not None:
         _UI.staging()
     stage_run_dir(cluster, plan)
-    if before_launch is not None:  # the check's sentinels, removed while we staged
-        before_launch.join()
     if not detach:
         return launch(plan, cluster, restarts=job.restarts, ui=_UI, verbose=verbose)
     if _UI is not None:
