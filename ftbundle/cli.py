@@ -48,17 +48,20 @@ def needs_facts(layout: Layout) -> bool:
     return layout.job.nproc_per_node == "auto" or (layout.docker and layout.image is None)
 
 
-def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=None):
-    """The plan to launch.
+def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=None) -> tuple[Plan, tuple[str, ...]]:
+    """The plan to launch, and what the check left on rank 0's host for staging to remove.
 
     The hosts are checked first unless the job says `check: false` or ``skip_check``;
     their facts resolve ``auto``, the docker runtime's GPUs and image, bf16 and whether
-    output_dir is shared. A failed check is a UserError: nothing has been started anywhere."""
+    output_dir is shared. A failed check is a UserError: nothing has been started anywhere.
+    The check's sentinel directories on rank 0's host go in staging's own command (one
+    round trip for both); any on other hosts go now."""
     from .check import clean_up, print_report, probe_hosts, run_checks, sentinel_cleanup
 
     job = layout.job
     check = job.check and not skip_check
     facts = None
+    leftovers: tuple[str, ...] = ()
     if check:
         report, facts = run_checks(layout, cluster, keep_sentinels=True, on_progress=on_host)
         if _UI is not None:
@@ -70,9 +73,9 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=N
             raise UserError(f"{len(report.failures)} problem(s) found on the hosts before launch (see above); "
                             "nothing was started. Fix them, or set 'check: false' in the job to skip the check",
                             file=str(job.path), key="check")
-        # (not overlapped with staging: two session requests at once on rank 0's transport were
-        # once refused by sshd with "Channel closed" in a clean-clone run; to be looked into)
-        clean_up(cluster, sentinels)
+        rank0 = layout.hosts[0].name
+        leftovers = tuple(d for h, dirs in sentinels if h.name == rank0 for d in dirs)
+        clean_up(cluster, [(h, dirs) for h, dirs in sentinels if h.name != rank0])
         say(f"check passed: {len(layout.hosts)} host(s) alike and ready ({len(report.checks)} checks, "
             f"{report.seconds:.1f}s)")
         for warning in report.warnings:
@@ -87,14 +90,28 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=N
             if lost:
                 raise UserError("cannot ask every host, nothing was started: " + "; ".join(lost),
                                 file=str(job.inventory or job.path), key="hosts")
-    return make_plan(layout, facts)
+    return make_plan(layout, facts), leftovers
 
 
-def open_cluster(hosts, *, accept_new_host_keys: bool = False):
-    """One connection to every host, opened at once."""
+def open_cluster(hosts, *, accept_new_host_keys: bool = False, meanwhile=None):
+    """One connection to every host, opened at once. ``meanwhile`` runs here while the
+    handshakes wait on the network (the launch path imports what it needs next)."""
     from .cluster import Cluster
 
-    return Cluster(hosts, accept_new_host_keys=accept_new_host_keys).open()
+    cluster = Cluster(hosts, accept_new_host_keys=accept_new_host_keys)
+    if meanwhile is None:
+        return cluster.open()
+    cluster.open(background=True)
+    try:
+        meanwhile()
+    finally:
+        cluster.wait_open()
+    return cluster
+
+
+def _launch_imports() -> None:
+    """What a launch needs after the connections: imported while they are being made."""
+    from . import check, launch, ui  # noqa: F401
 
 
 def format_plan(plan: Plan) -> str:
@@ -133,9 +150,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run and not needs_facts(layout):
         print(format_plan(make_plan(layout)))
         return 0
-    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
+    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys,
+                      meanwhile=_launch_imports) as cluster:
         if args.dry_run:  # starts nothing; the hosts are asked (read-only) what the plan needs
-            plan = checked_plan(layout, cluster, skip_check=True)
+            plan, _ = checked_plan(layout, cluster, skip_check=True)
             print(format_plan(plan))
             return 0
         from .ui import Phases
@@ -143,15 +161,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         # -v: rank 0's raw output on stdout, so the phases are plain lines (no live line to fight it)
         _UI = Phases(sys.stderr, tty=False if args.verbose else None, nnodes=len(layout.hosts))
         try:
-            plan = checked_plan(layout, cluster, skip_check=args.no_check, on_host=_UI.checking)
-            return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, verbose=args.verbose)
+            plan, leftovers = checked_plan(layout, cluster, skip_check=args.no_check, on_host=_UI.checking)
+            return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, verbose=args.verbose,
+                               leftovers=leftovers)
         finally:
             _UI.stop()
             _UI = None
 
 
-def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, verbose: bool = True) -> int:
-    from .launch import launch, launch_detached, stage_run_dir
+def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, verbose: bool = True,
+                leftovers: tuple[str, ...] = ()) -> int:
+    """Stage the run directory (removing ``leftovers`` on rank 0's host in the same round
+    trip) while the node channels open, then run or detach."""
+    from .launch import StagingError, launch, launch_detached, stage_run_dir
 
     say(f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
     for note in plan.notes:
@@ -160,12 +182,20 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, v
         say(f"warning: {warning}")
     if _UI is not None:
         _UI.staging()
-    stage_run_dir(cluster, plan)
-    if not detach:
-        return launch(plan, cluster, restarts=job.restarts, ui=_UI, verbose=verbose)
-    if _UI is not None:
-        _UI.stop()
-    code = launch_detached(plan, cluster)
+    def stage() -> None:
+        stage_run_dir(cluster, plan, leftovers)
+
+    try:
+        if not detach:
+            return launch(plan, cluster, restarts=job.restarts, ui=_UI, verbose=verbose, before=stage)
+        if _UI is not None:
+            _UI.stop()
+        code = launch_detached(plan, cluster, before=stage)
+    except StagingError as exc:
+        if _UI is not None:
+            _UI.stop()
+        say(f"error: {exc}; nothing was started")
+        return 1
     if code == 0:
         say(f"run {plan.run_id} started on all {plan.nnodes} node(s) and detached; follow it with\n"
             f"  ftbundle status {job_file} --run {plan.run_id}\n"

@@ -208,6 +208,7 @@ class Cluster:
         self.errors: dict[str, str] = {}  # host name -> why it could not be connected
         self._conns: dict[str, object] = {}
         self._lock = threading.Lock()
+        self._opening: threading.Thread | None = None
 
     def __enter__(self) -> Cluster:
         return self
@@ -216,13 +217,26 @@ class Cluster:
         self.close()
 
     # -- connections ------------------------------------------------------------------
-    def open(self, hosts: Iterable[Host] | None = None) -> Cluster:
+    def open(self, hosts: Iterable[Host] | None = None, *, background: bool = False) -> Cluster:
         """Connect to the given (default: all) remote hosts in parallel, once each: a host
         already connected, or already found unreachable, is left as it is (a second try is
-        :meth:`reconnect`'s business)."""
+        :meth:`reconnect`'s business). With ``background``, return at once; the caller does
+        its own work while the handshakes wait on the network, then calls :meth:`wait_open`."""
         todo = [h for h in (self.hosts if hosts is None else hosts)
                 if not h.local and h.name not in self._conns and h.name not in self.errors]
-        parallel(self._connect, todo)
+        if background:
+            self._opening = threading.Thread(target=parallel, args=(self._connect, todo), daemon=True,
+                                             name="connect")
+            self._opening.start()
+        else:
+            parallel(self._connect, todo)
+        return self
+
+    def wait_open(self) -> Cluster:
+        """Wait (interruptibly) until a background :meth:`open` has tried every host."""
+        opening, self._opening = self._opening, None
+        while opening is not None and opening.is_alive():
+            opening.join(0.1)
         return self
 
     def _connect(self, host: Host) -> None:

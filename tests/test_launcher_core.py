@@ -99,6 +99,25 @@ def test_fresh_shared_dir_is_created_and_proven_shared(cluster2, tmp_path):
     assert not list(fresh.glob(".ftb-check-*"))  # the sentinels are gone
 
 
+def test_node_channels_wait_at_the_gate_until_staging_succeeds(cluster2, tmp_path):
+    """The node channels open while rank 0 stages the run directory, but no node program runs
+    before staging has succeeded: here staging fails on node0 (check off; shared_dir is local
+    to each host and its runs/ is a file on node0 alone), and node1, whose channel was already
+    open, never runs the job, creates nothing and leaves no process."""
+    for host in cluster2.hosts:
+        cluster2.exec(host, "mkdir -p /var/tmp/gate && rm -f /tmp/ran")
+    cluster2.exec("node0", "touch /var/tmp/gate/runs")
+    job = command_job(cluster2, tmp_path, "gate", "touch /tmp/ran", shared_dir="/var/tmp/gate", check=False)
+    result = ftbundle("run", "-v", str(job), timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "could not write /var/tmp/gate/runs/gate-" in result.stderr and "on node0" in result.stderr
+    assert "nothing was started" in result.stderr and "Traceback" not in result.stderr
+    for host in cluster2.hosts:
+        assert cluster2.exec(host, "ls /tmp/ran", check=False).returncode != 0, host
+    assert cluster2.exec("node1", "ls -A /var/tmp/gate").stdout.strip() == ""  # not even the run dir
+    assert job_processes(cluster2) == {}
+
+
 def test_unshared_parent_is_named_as_such(cluster2, tmp_path):
     """A directory that is local to each host: created on rank 0, unseen by the other, and the
     message says the parent is not the same storage (which is true here)."""

@@ -160,8 +160,8 @@ def remove_sentinels(layout: Layout, cluster: Cluster, token: str | None, hosts:
 
 
 def sentinel_cleanup(layout: Layout, facts: ClusterFacts) -> list[tuple[Host, list[str]]]:
-    """(host, argv) that removes the sentinel directories the probe reported: on rank 0's
-    host alone when every host shares the storage, else on every host that wrote one."""
+    """(host, directories) to remove: the sentinel directories the probe reported, on rank
+    0's host alone when every host shares the storage, else on every host that wrote one."""
     if not facts.token:
         return []
     hosts = {h.name: h for h in layout.hosts}
@@ -174,12 +174,13 @@ def sentinel_cleanup(layout: Layout, facts: ClusterFacts) -> list[tuple[Host, li
             path = f"{f.storage[name].where.rstrip('/')}/.ftb-check-{facts.token}"
             if path not in todo.setdefault(f.host, []):
                 todo[f.host].append(path)
-    return [(hosts[name], ["rm", "-rf", "--", *dirs]) for name, dirs in todo.items()]
+    return [(hosts[name], dirs) for name, dirs in todo.items()]
 
 
-def clean_up(cluster: Cluster, jobs: list[tuple[Host, list[str]]], timeout: float = 30) -> None:
-    if jobs:
-        cluster.run_all(jobs, timeout=timeout)
+def clean_up(cluster: Cluster, leftovers: list[tuple[Host, list[str]]], timeout: float = 30) -> None:
+    """Remove ``(host, directories)``: one ``rm -rf`` (argv, no shell) per host, at once."""
+    if leftovers:
+        cluster.run_all([(h, ["rm", "-rf", "--", *dirs]) for h, dirs in leftovers], timeout=timeout)
 
 
 def run_checks(layout: Layout, cluster: Cluster, *, nproc_per_node: int | None = None,
@@ -187,7 +188,7 @@ def run_checks(layout: Layout, cluster: Cluster, *, nproc_per_node: int | None =
                keep_sentinels: bool = False) -> tuple[CheckReport, ClusterFacts]:
     """Ask every host whether they are alike and ready: (the report, the facts). Starts
     nothing; leaves nothing behind but the shared directory it created (and, with
-    ``keep_sentinels``, the sentinels for the caller to remove, e.g. while it stages)."""
+    ``keep_sentinels``, the sentinels for the caller to remove, e.g. as it stages)."""
     started = time.monotonic()
     token = sentinel_token(layout)
     try:

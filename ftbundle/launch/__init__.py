@@ -7,8 +7,8 @@
 The node side is ``ftbundle/remote/node.sh``.
 """
 
-from .supervisor import (Outcome, Supervisor, fence, launch, launch_detached, read_tail,
+from .supervisor import (Outcome, StagingError, Supervisor, fence, launch, launch_detached, read_tail,
                          stage_files, stage_run_dir)
 
-__all__ = ["Outcome", "Supervisor", "fence", "launch", "launch_detached", "read_tail",
+__all__ = ["Outcome", "StagingError", "Supervisor", "fence", "launch", "launch_detached", "read_tail",
            "stage_files", "stage_run_dir"]

@@ -139,6 +139,50 @@ class LineSplitter:
             self._emit(rest)
 
 
+class Gate:
+    """Holds node programs at the door while the run directory is staged.
+
+    Their channels open at once (the node program then waits for its environment, the
+    first line of its stdin, before it does anything), so the channel round trip and the
+    host's session setup overlap the staging instead of following it. ``open()`` lets the
+    environments go; ``cancel()`` (staging failed or was interrupted) closes the channels,
+    and every node program exits without having started anything."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self._cancelled = False
+
+    def open(self) -> None:
+        self._event.set()
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._event.set()
+
+    def wait(self) -> bool:
+        """Block until the gate opens (True) or is cancelled (False)."""
+        self._event.wait()
+        return not self._cancelled
+
+
+def start_behind(runners: list[NodeRunner], before) -> None:
+    """Start every runner; with ``before`` (staging), the node programs start only after it
+    returns. The channels of hosts other than rank 0's open while it runs; rank 0's host is
+    left alone until then, so ``before``'s own channel there is the only one."""
+    gate = Gate() if before is not None else None
+    rank0 = runners[0].node.host.name if runners else None
+    for runner in runners:
+        runner.start(gate, early=runner.node.host.name != rank0)
+    if gate is None:
+        return
+    try:
+        before()
+    except BaseException:
+        gate.cancel()
+        raise
+    gate.open()
+
+
 class NodeRunner:
     """One node of one attempt: starts its program, turns its channels into events."""
 
@@ -156,6 +200,7 @@ class NodeRunner:
         self.log_proc: Proc | None = None
         self._log_thread: threading.Thread | None = None
         self.messages: list[str] = []  # the wrapper's own last words (stderr, not heartbeats)
+        self._started = False  # the environment was sent: the node program runs
 
     @property
     def rank(self) -> int:
@@ -164,17 +209,26 @@ class NodeRunner:
     def _emit(self, kind: str, text: str = "", code: int | None = None) -> None:
         self.events.put(Event(kind, self.rank, text, code))
 
-    def start(self) -> None:
-        threading.Thread(target=self._control, daemon=True, name=f"node{self.rank}").start()
+    def start(self, gate: Gate | None = None, *, early: bool = False) -> None:
+        """Run the node program. With a ``gate``, it starts only once the gate opens; with
+        ``early`` too, its channel opens now and waits there (see :class:`Gate`)."""
+        threading.Thread(target=self._control, args=(gate, early), daemon=True, name=f"node{self.rank}").start()
 
-    def _control(self) -> None:
+    def _control(self, gate: Gate | None, early: bool) -> None:
         env = node_env(self.node, self.plan, self.files, self.attempt, detach=self.detach)
+        if gate is not None and not early and not gate.wait():
+            return
         try:
             self.proc = self.cluster.start(self.node.host, node_argv("node", *self.node.argv))
         except HostUnreachable as exc:
-            self._emit("lost", str(exc))
+            if gate is None or gate.wait():
+                self._emit("lost", str(exc))
+            return
+        if gate is not None and not gate.wait():
+            self.proc.close()  # the node program reads no environment and exits: nothing ran
             return
         self.proc.send(env_payload(env))
+        self._started = True
         pending = b""
         try:
             while chunk := self.proc.read_err():
@@ -237,7 +291,7 @@ class NodeRunner:
 
     # -- from the supervisor ----------------------------------------------------------
     def ping(self) -> None:
-        if self.proc is not None:
+        if self._started:  # (never before the environment: it must be the first line)
             self.proc.send(b"\n")
 
     def close_stdin(self) -> None:

@@ -39,7 +39,7 @@ from ..plan import ATTEMPT_FILE, NodeFiles, Plan
 from ..ui.progress import Progress
 from .display import Display, ProgressFeed
 from .failure import rank_failure
-from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv
+from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
 
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", "5"))
 START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
@@ -166,12 +166,13 @@ class Supervisor:
         self._log_follower.start()
 
     # -- the loop ---------------------------------------------------------------------
-    def run(self) -> Outcome:
+    def run(self, before=None) -> Outcome:
+        """The attempt, to its end. ``before`` (staging the run directory) runs first, while
+        the node channels open (:func:`.node.start_behind`); if it fails, nothing started."""
+        start_behind(self.runners, before)
         started = time.monotonic()
         for st in self.status:
             st.since = started
-        for runner in self.runners:
-            runner.start()
         threading.Thread(target=self._pinger, daemon=True, name="pinger").start()
         self._show_nodes()
         try:
@@ -397,9 +398,15 @@ def read_tail(plan: Plan, cluster: Cluster, rank: int, path: str, lines: int) ->
 # Staging, restarts, detach
 
 
-def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, str]) -> None:
+class StagingError(RuntimeError):
+    """The run directory could not be written (nothing was started)."""
+
+
+def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, str],
+                leftovers: tuple[str, ...] = ()) -> None:
     """Write files into a directory on shared storage, in one round trip through ``host``
-    (rank 0's: every node sees the same directory)."""
+    (rank 0's: every node sees the same directory); ``leftovers`` (paths on that host, the
+    check's sentinels) are removed in the same command."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, text in files.items():
@@ -409,19 +416,22 @@ def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, s
             info.mode = 0o644
             info.mtime = int(time.time())
             tar.addfile(info, io.BytesIO(data))
-    result = cluster.run(host, node_argv("stage", directory), stdin=buf.getvalue(), timeout=60)
+    try:
+        result = cluster.run(host, node_argv("stage", directory, *leftovers), stdin=buf.getvalue(), timeout=60)
+    except (HostUnreachable, TimeoutError) as exc:
+        raise StagingError(f"could not write {directory} through {host.name}: {first_line(exc)}") from exc
     if not result.ok:
-        raise RuntimeError(f"could not write {directory} on {host.name}: {result.stderr.strip() or result.code}")
+        raise StagingError(f"could not write {directory} on {host.name}: {result.stderr.strip() or result.code}")
 
 
-def stage_run_dir(cluster: Cluster, plan: Plan) -> None:
+def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = ()) -> None:
     """The run directory: the staged files, plan.json (redacted) and the attempt number."""
     import json
 
     files = dict(plan.files)
     files["plan.json"] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
     files[ATTEMPT_FILE] = "1\n"
-    stage_files(cluster, plan.nodes[0].host, plan.run_dir, files)
+    stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, leftovers)
 
 
 def fence(plan: Plan, cluster: Cluster, attempt: int) -> list[str]:
@@ -462,8 +472,11 @@ RESTART_DELAY_S = 1.0
 
 
 def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | None = None,
-           err: TextIO | None = None, ui=None, verbose: bool = True) -> int:
+           err: TextIO | None = None, ui=None, verbose: bool = True, before=None) -> int:
     """Run the plan to its end, restarting every node up to ``restarts`` times; the exit code.
+
+    ``before`` (staging the run directory) runs while the first attempt's node channels
+    open; it raising means nothing was started.
 
     With ``ui`` (:class:`ftbundle.ui.Phases`) the run shows its phases and ends with a
     summary, and its record (summary.json, metrics.jsonl) is left in the run directory for
@@ -487,7 +500,8 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
     for attempt in range(1, attempts + 1):
         if attempt > 1:
             stage_files(cluster, plan.nodes[0].host, plan.run_dir, {ATTEMPT_FILE: f"{attempt}\n"})
-        outcome = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose).run()
+        outcome = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui,
+                             verbose=verbose).run(before if attempt == 1 else None)
         if outcome.exit_code == 0:
             if ui is not None:
                 ui.final_progress()
@@ -553,14 +567,14 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
         pass
 
 
-def launch_detached(plan: Plan, cluster: Cluster, err: TextIO | None = None) -> int:
+def launch_detached(plan: Plan, cluster: Cluster, err: TextIO | None = None, before=None) -> int:
     """Start every node's job and return once all have started; each node's watcher then
-    stops its job when a peer fails or goes silent (heartbeat files on shared storage)."""
+    stops its job when a peer fails or goes silent (heartbeat files on shared storage).
+    ``before`` as for :func:`launch`."""
     err = err or sys.stderr
     events: queue.Queue[Event] = queue.Queue()
     runners = [NodeRunner(n, plan, cluster, events, detach=True) for n in plan.nodes]
-    for runner in runners:
-        runner.start()
+    start_behind(runners, before)
     pending = {r.rank for r in runners}
     failed = []
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -173,9 +173,12 @@ mode_resume_point() {  # DIR: drop an incomplete newest checkpoint, print the ne
   exit 0
 }
 
-mode_stage() {  # DIR: create DIR and unpack the tar archive on stdin into it
-  mkdir -p -- "$1" && tar -xf - -C "$1"
-  exit $?
+mode_stage() {  # DIR [LEFTOVER...]: create DIR, unpack the tar archive on stdin into it,
+  # then remove the LEFTOVER paths (the check's sentinels: one round trip for both)
+  local dir=$1; shift
+  mkdir -p -- "$dir" && tar -xf - -C "$dir" || exit $?
+  if [ $# -gt 0 ]; then rm -rf -- "$@"; fi
+  exit 0
 }
 
 mode=${1:-}; shift || true
