@@ -25,6 +25,7 @@ class Measured:
     code: int
     stdout: bytes = b""
     stderr: bytes = b""
+    self_cpu_s: float = 0.0  # the child's own CPU, without its children (sampled from /proc)
 
 
 def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdout=None, cwd=None) -> Measured:
@@ -50,7 +51,9 @@ def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdou
             on_stdout(chunk)
 
     hwm = [0]
+    own_cpu = [0.0]
     done = threading.Event()
+    tick = os.sysconf("SC_CLK_TCK")
 
     def watch_memory():
         path = f"/proc/{proc.pid}/status"
@@ -59,7 +62,10 @@ def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdou
                 for line in open(path):
                     if line.startswith("VmHWM:"):
                         hwm[0] = max(hwm[0], int(line.split()[1]))
-            except (OSError, ValueError):
+                # utime and stime (fields 14, 15 of stat): this process alone, not its children
+                fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+                own_cpu[0] = max(own_cpu[0], (int(fields[11]) + int(fields[12])) / tick)
+            except (OSError, ValueError, IndexError):
                 pass
             done.wait(0.05)
 
@@ -78,7 +84,7 @@ def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdou
     for t in readers:
         t.join(10)
     return Measured(wall, usage.ru_utime + usage.ru_stime, hwm[0] / 1024, proc.returncode,
-                    b"".join(bufs["out"]), b"".join(bufs["err"]))
+                    b"".join(bufs["out"]), b"".join(bufs["err"]), own_cpu[0])
 
 
 def median(values) -> float:

@@ -4,7 +4,7 @@ The quickstart (a real LoRA SFT of the tiny local model, 2 ranks on this machine
 `ftbundle run`, against the very same staged config and entry run by plain torchrun
 (`python -m torch.distributed.run --nproc_per_node 2 ...`). Compared: LlamaFactory's own
 train_samples_per_second; the target ratio is at least 0.98. Runs alternate; median of
---runs each. The output directory is cleared before every run (a fresh fine-tune, never a
+--runs each, and the median of the paired ratios. The output directory is cleared before every run (a fresh fine-tune, never a
 resume).
 
     make model && .venv/bin/python bench/overhead.py [--runs 5]
@@ -18,7 +18,7 @@ import re
 import shutil
 import sys
 
-from common import REPO, measure, median, table, write_section
+from common import REPO, Measured, measure, median, table, write_section
 
 import tempfile
 from pathlib import Path
@@ -50,14 +50,14 @@ def samples_per_second(text: str) -> float:
     return float(found[-1])
 
 
-def via_ftbundle() -> tuple[float, str]:
+def via_ftbundle() -> tuple[float, str, Measured]:
     shutil.rmtree(OUTPUT, ignore_errors=True)
     m = measure([sys.executable, "-m", "ftbundle", "run", "-v", str(QUICKSTART / "job.yaml"), "--no-check"])
     if m.code != 0:
         raise RuntimeError(m.stderr.decode()[-3000:])
     run_dir = re.search(r"logs in (\S+)", m.stderr.decode()).group(1)
     log = next(p for p in os.scandir(run_dir) if p.name.startswith("node-0-")).path
-    return samples_per_second(open(log).read()), run_dir
+    return samples_per_second(open(log).read()), run_dir, m
 
 
 def via_torchrun(run_dir: str, unbuffered: bool = False) -> float:
@@ -81,17 +81,19 @@ def via_torchrun(run_dir: str, unbuffered: bool = False) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--unbuffered", action="store_true",
                         help="also plain torchrun with PYTHONUNBUFFERED=1 (ftbundle sets it on every node)")
     args = parser.parse_args()
     if not (EXAMPLE / ".shared" / "tiny-llama").exists():
         raise SystemExit("no tiny model: run `make model` first")
     prepare()
-    ours, plain, unbuf = [], [], []
+    ours, plain, unbuf, own, walls = [], [], [], [], []
     for i in range(args.runs):
-        sps, run_dir = via_ftbundle()
+        sps, run_dir, m = via_ftbundle()
         ours.append(sps)
+        own.append(m.self_cpu_s)
+        walls.append(m.wall_s)
         plain.append(via_torchrun(run_dir))
         if args.unbuffered:
             unbuf.append(via_torchrun(run_dir, unbuffered=True))
@@ -99,6 +101,9 @@ def main() -> None:
               + (f"  torchrun+PYTHONUNBUFFERED {unbuf[-1]:.2f}" if unbuf else "") + " samples/s", flush=True)
     shutil.rmtree(QUICKSTART.parent, ignore_errors=True)
     ratio = median(ours) / median(plain)
+    # each ftbundle run next to the torchrun run just after it: drift on this shared machine
+    # (other jobs, thermal, page cache) hits both sides of a pair alike
+    pairs = sorted(o / p for o, p in zip(ours, plain))
     md = ["## Overhead on training (issue 9)", "",
           f"The quickstart LoRA SFT, {STEPS} steps (2 ranks, CPU, gloo), {args.runs} alternating runs each; LlamaFactory's "
           "train_samples_per_second. Target: ratio at least 0.98.", "",
@@ -107,7 +112,12 @@ def main() -> None:
                  ["plain torchrun", f"{median(plain):.2f}", ", ".join(f"{x:.2f}" for x in plain)]]
                 + ([["plain torchrun, PYTHONUNBUFFERED=1", f"{median(unbuf):.2f}", ", ".join(f"{x:.2f}" for x in unbuf)]]
                    if unbuf else [])), "",
-          f"ratio ftbundle / torchrun: **{ratio:.3f}**"]
+          f"ratio of the medians, ftbundle / torchrun: **{ratio:.3f}**; median of the {len(pairs)} paired ratios "
+          f"(each ftbundle run / the torchrun run right after it): **{median(pairs):.3f}** "
+          f"(range {pairs[0]:.3f}-{pairs[-1]:.3f}).", "",
+          f"ftbundle's own process (children excluded, sampled from /proc) used a median {median(own):.2f} s of "
+          f"CPU per run, whose median wall time was {median(walls):.1f} s: what the launcher itself takes from the "
+          "training on this 2-core machine."]
     write_section("overhead", "\n".join(md))
 
 

@@ -302,10 +302,16 @@ class Cluster:
         transport = self._transport(host)
         if transport is None:
             raise HostUnreachable(self.errors.get(host.name) or f"no connection to {host.name}")
+        chan = None
         try:
             chan = transport.open_session(timeout=timeout or self.connect_timeout)
             chan.exec_command(shlex.join(argv))
         except Exception as exc:
+            if chan is not None and chan.closed and transport.is_active():
+                # paramiko's "Channel closed.": sshd answered the exec request with a failure
+                # (it could not fork the session: process limits, PAM), the connection is fine
+                raise HostUnreachable(f"{host.name}: sshd refused to start the command (its exec request "
+                                      "failed; the reason is in that host's sshd log)") from exc
             raise HostUnreachable(f"{host.name}: {first_line(exc)}") from exc
         return ChannelProc(chan)
 

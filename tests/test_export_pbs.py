@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
-import sys
 
 import pytest
 import yaml
 
 from ftbundle.cli import main
-from tests.test_export_slurm import ALLREDUCE, SECRET
+from tests.test_export_slurm import SECRET, gloo_job
 
 pytestmark = pytest.mark.cluster
 
@@ -22,16 +20,7 @@ pytestmark = pytest.mark.cluster
 def test_pbs_script_runs_a_two_node_job_from_the_nodefile(make_cluster, tmp_path):
     cluster = make_cluster(2)
     shared = cluster.shared_dir
-    work = shared / "pbs"
-    (work / "out").mkdir(parents=True)
-    (work / "allreduce.py").write_text(ALLREDUCE)
-    job = {"name": "pbs-gloo", "nproc_per_node": 2, "master_port": random.randint(20000, 29000),
-           "shared_dir": str(shared), "workdir": str(work),
-           "env": {"GLOO_SOCKET_IFNAME": "eth0", "OUT": str(work / "out"), "OMP_NUM_THREADS": 1,
-                   "HF_TOKEN": SECRET},
-           "runtime": {"kind": "host", "python": sys.executable},
-           "train": {"script": "allreduce.py"}}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    work = gloo_job(shared, "pbs-gloo", tmp_path / "job.yaml")
     script = tmp_path / "job.pbs"
     assert main(["export", str(tmp_path / "job.yaml"), "--to", "pbs", "--nodes", "2", "-o", str(script)]) == 0
     text = script.read_text()

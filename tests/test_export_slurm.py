@@ -77,18 +77,25 @@ def sbatch_env(slurm: SlurmCluster, script: Path, *, wait: bool, timeout: float 
     return int(p.stdout.split(";")[0]), p.returncode
 
 
-def test_gloo_job_on_two_nodes(slurm, shellcheck, tmp_path):
-    shared = slurm.shared_dir
-    work = shared / "gloo"
+def gloo_job(shared: Path, name: str, job_file: Path) -> Path:
+    """A 2-rank-per-node gloo all-reduce job (the secret in its env) writing one JSON per
+    rank into ``<shared>/<name>/out``; the work directory."""
+    work = shared / name
     (work / "out").mkdir(parents=True)
     (work / "allreduce.py").write_text(ALLREDUCE)
-    job = {"name": "gloo-check", "nproc_per_node": 2, "master_port": random.randint(20000, 29000),
+    job = {"name": name, "nproc_per_node": 2, "master_port": random.randint(20000, 29000),
            "shared_dir": str(shared), "workdir": str(work),
            "env": {"GLOO_SOCKET_IFNAME": "eth0", "OUT": str(work / "out"), "OMP_NUM_THREADS": 1,
                    "HF_TOKEN": SECRET},
            "runtime": {"kind": "host", "python": sys.executable},
            "train": {"script": "allreduce.py"}}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    job_file.write_text(yaml.safe_dump(job))
+    return work
+
+
+def test_gloo_job_on_two_nodes(slurm, shellcheck, tmp_path):
+    shared = slurm.shared_dir
+    work = gloo_job(shared, "gloo-check", tmp_path / "job.yaml")
     script = work / "job.sbatch"
     text = export(tmp_path / "job.yaml", script, "--nodes", "2", "--partition", "debug", "--time", "10:00")
     assert SECRET not in text
