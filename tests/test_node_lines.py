@@ -80,3 +80,35 @@ def test_display_redacts():
     d.line("token hunter2")
     d.close()
     assert out.getvalue() == "token <redacted>\n"
+
+
+def test_stop_grace_is_wall_time_even_when_each_look_at_proc_is_slow(tmp_path):
+    """node.sh's stop: SIGTERM, then SIGKILL once the grace period (wall time) is over. On a
+    loaded host every scan of /proc is slow; here each `grep` is made to take 0.3 s, and a
+    job that ignores SIGTERM must still be killed about 1 s (FTB_STOP_GRACE) after the stop,
+    not after 10 slow scans (the grace used to be counted in scans)."""
+    import os
+    import secrets
+    import subprocess
+    import time
+
+    marker = f"ftb-test-{secrets.token_hex(4)}"
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    real_grep = subprocess.run(["bash", "-c", "command -v grep"], capture_output=True, text=True).stdout.strip()
+    (shim / "grep").write_text(f"#!/bin/sh\nsleep 0.3\nexec {real_grep} \"$@\"\n")
+    (shim / "grep").chmod(0o755)
+    job = subprocess.Popen(["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"],
+                           env=dict(os.environ, FTB_JOB=marker), start_new_session=True)
+    try:
+        time.sleep(0.2)
+        env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", FTB_STOP_GRACE="1")
+        started = time.monotonic()
+        stop = subprocess.run(N.node_argv("stop", marker, ""), env=env, capture_output=True, text=True, timeout=30)
+        took = time.monotonic() - started
+        assert job.wait(timeout=5) == -9  # SIGKILLed: it ignored SIGTERM
+        assert stop.returncode == 0, stop.stderr
+        assert took < 3.5, f"stop took {took:.1f}s for a 1 s grace"  # 1 s + a few 0.3 s scans (was 5 s)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)

@@ -34,16 +34,24 @@ set -u
 
 ftb_pids() { grep -lzxF "FTB_JOB=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
 
+ftb_now_us() {  # microseconds (bash 5's EPOCHREALTIME; whole seconds on an older bash)
+  local t=${EPOCHREALTIME:-}
+  if [ -n "$t" ]; then echo "${t/[.,]/}"; else echo $(( SECONDS * 1000000 )); fi
+}
+
 ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
-  local p n
+  local p end
   p=$(ftb_pids "$1")
   [ -n "$p" ] && kill -TERM $p 2>/dev/null
   [ -n "${2:-}" ] && docker rm -f "$2" >/dev/null 2>&1
-  n=$(( ${FTB_STOP_GRACE:-3} * 10 ))
-  while [ "$n" -gt 0 ]; do
+  # the grace period is wall time: on a loaded host each look at /proc takes a while, and
+  # counting looks instead would stretch the grace far past what the controller waits for
+  end=$(( $(ftb_now_us) + ${FTB_STOP_GRACE:-3} * 1000000 ))
+  while [ "$(ftb_now_us)" -lt "$end" ]; do
     p=$(ftb_pids "$1"); [ -z "$p" ] && return 0
-    sleep 0.1; n=$((n - 1))
+    sleep 0.1
   done
+  p=$(ftb_pids "$1")
   kill -KILL $p 2>/dev/null
   [ -n "${2:-}" ] && docker rm -f "$2" >/dev/null 2>&1
   sleep 0.2
