@@ -300,7 +300,8 @@ class Supervisor:
 
         runner = self.runners[first.rank]
         node = self.plan.nodes[first.rank]
-        full = read_tail(self.plan, self.cluster, first.rank, runner.files.log, FAILURE_TAIL_LINES) or []
+        full = read_tail(self.plan, self.cluster, first.rank, runner.files.log, FAILURE_TAIL_LINES,
+                         lost=self.status[first.rank].state is State.LOST) or []
         found = rank_failure(self.plan, self.cluster, first.rank, full)
         tail = full[-TAIL_LINES:] if full else None
         lines = failure_summary(
@@ -353,7 +354,8 @@ class Supervisor:
     def _print_log_tail(self, rank: int) -> None:
         runner = self.runners[rank]
         path = runner.files.log
-        lines = read_tail(self.plan, self.cluster, rank, path, TAIL_LINES)
+        lines = read_tail(self.plan, self.cluster, rank, path, TAIL_LINES,
+                          lost=self.status[rank].state is State.LOST)
         if lines is None:
             self.say(f"could not read {path}")
         else:
@@ -371,9 +373,11 @@ def _exit_reason(code: int) -> str:
     return f"exited with code {code}"
 
 
-def read_tail(plan: Plan, cluster: Cluster, rank: int, path: str, lines: int) -> list[str] | None:
+def read_tail(plan: Plan, cluster: Cluster, rank: int, path: str, lines: int, *,
+              lost: bool = False) -> list[str] | None:
     """The end of a file on shared storage: here if we can, else through the node's own
-    host, else through any other reachable host."""
+    host, else through any other reachable host. ``lost``: the node's host is likely cut
+    off (its transport may not know it yet), so it is asked last, not first."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -381,7 +385,8 @@ def read_tail(plan: Plan, cluster: Cluster, rank: int, path: str, lines: int) ->
             return f.read().decode(errors="replace").splitlines()[-lines:]
     except OSError:
         pass
-    hosts = [plan.nodes[rank].host] + [n.host for n in plan.nodes if n.rank != rank]
+    others = [n.host for n in plan.nodes if n.rank != rank]
+    hosts = others + [plan.nodes[rank].host] if lost else [plan.nodes[rank].host] + others
     for host in dict.fromkeys(hosts):
         if not cluster.alive(host):
             continue
