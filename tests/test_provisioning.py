@@ -105,8 +105,11 @@ def molecule(testhost_image) -> Molecule:
                FTB_MOLECULE_WORKDIR=str(workdir), PATH=f"{BIN}:{os.environ['PATH']}",
                ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
     mol = Molecule(env, workdir, image)
-    mol("destroy", timeout=300)  # debris of an earlier, interrupted session
-    remove_scenario_debris()  # ... even one run from another checkout (another state dir)
+    # debris of an earlier, interrupted session, even one run from another checkout (another
+    # state dir); the containers go first, with their volumes (molecule's destroy keeps each
+    # host's /var/lib/docker volume: 1.3 GB a host, a full disk after a dozen runs)
+    remove_scenario_debris()
+    mol("destroy", timeout=300)
     try:
         created = mol("create")
         assert created.returncode == 0, tail(created)
@@ -121,8 +124,8 @@ def molecule(testhost_image) -> Molecule:
         print(f"converge of site.yml on 3 fresh hosts: {took:.0f}s")
         yield mol
     finally:
+        remove_scenario_debris()  # first: with the volumes (see above)
         mol("destroy", timeout=300)
-        remove_scenario_debris()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -12,13 +12,16 @@ converge with changed=0, and a `--limit` converge that keeps the cluster whole.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.test_provisioning import BIN, recap, run, tail
 
@@ -59,16 +62,16 @@ def livedin(testhost_image):
                FTB_LIVEDIN_WORKDIR=str(workdir), PATH=f"{BIN}:{os.environ['PATH']}",
                ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
     scenario = Scenario(env)
+    remove_debris()  # first, with the hosts' volumes: molecule's destroy keeps them
     scenario("destroy", timeout=300)
-    remove_debris()
     try:
         for step in ("create", "prepare"):
             proc = scenario(step)
             assert proc.returncode == 0, tail(proc, 12000)
         yield scenario
     finally:
-        scenario("destroy", timeout=300)
         remove_debris()
+        scenario("destroy", timeout=300)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -131,3 +134,122 @@ def test_a_limit_converge_keeps_the_cluster_whole(livedin):
     assert "bastion.example.com" in known
     verified = livedin("verify")
     assert verified.returncode == 0, tail(verified, 12000)
+
+
+def connects(address: str, port: int, host: str | None = None) -> bool:
+    """Whether a TCP connection to address:port is accepted, from the controller or from a host."""
+    code = (f"import socket; s = socket.create_connection(({address!r}, {port}), timeout=3); "
+            "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print(s.recv(12).decode())")
+    argv = ["docker", "exec", host, "python3", "-c", code] if host else [sys.executable, "-c", code]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return proc.returncode == 0 and proc.stdout.startswith("HTTP/1.0 200")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_a_port_a_container_publishes_is_open_to_members_only(livedin):
+    """`docker run -p` DNATs around the input chain: the firewall's forward chain must
+    still keep non-members (here the controller, 198.18.249.1) out, and let members in."""
+    image = docker_exec(HOSTS[0], "cat /etc/ftbundle/image.ref").strip()
+    docker_exec(HOSTS[0], f"docker rm -f published >/dev/null 2>&1; docker run -d --name published -p 18080:18080 "
+                          f"--pull=never {image} python3 -m http.server 18080")
+    try:
+        address = "198.18.249.11"
+        deadline = time.monotonic() + 60
+        while not connects(address, 18080, host=HOSTS[1]) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert connects(address, 18080, host=HOSTS[1])  # a member: node1
+        assert connects("127.0.0.1", 18080, host=HOSTS[0])  # the host itself (docker-proxy)
+        assert not connects(address, 18080)  # a non-member: the controller
+    finally:
+        docker_exec(HOSTS[0], "docker rm -f published >/dev/null 2>&1; true")
+
+
+# ---------------------------------------------------------------------------------------
+# A registry that requires a login (.ci/registry-auth.sh: htpasswd, bcrypt), credentials
+# from an Ansible Vault file. Runs last: it changes the recorded reference.
+
+AUTH_REGISTRY = "198.18.249.1:5001"  # the controller's login-only registry, as these hosts reach it
+AUTH_USER = "ftbundle-test"
+AUTH_PASSWORD_FILE = Path("/var/lib/ftbundle-registry-auth/password")
+
+
+@pytest.fixture(scope="module")
+def auth_registry() -> tuple[str, str]:
+    """(the image pushed there as repo@digest, as the hosts reach it; the tag it was pushed as)."""
+    pushed = run(["bash", ".ci/registry-auth.sh"], env=dict(os.environ, FTB_PYTHON=sys.executable), timeout=1200)
+    assert pushed.returncode == 0, tail(pushed)
+    image = f"{AUTH_REGISTRY}/{pushed.stdout.strip().splitlines()[-1]}"
+    tag = run(["bash", ".ci/train-image.sh"]).stdout.strip().splitlines()[-1].split(":")[-1]
+    return image, f"{image.split('@')[0]}:{tag}"
+
+
+def vault_vars(tmp_path: Path, password: str) -> list[str]:
+    """ftb_registry_username/password in an ansible-vault encrypted vars file: the
+    arguments that hand it to ansible-playbook."""
+    vault_pass = tmp_path / "vault-pass"
+    vault_pass.write_text(secrets.token_urlsafe(16) + "\n")
+    vault_pass.chmod(0o600)
+    creds = tmp_path / "registry.yml"
+    creds.write_text(yaml.safe_dump({"ftb_registry_username": AUTH_USER, "ftb_registry_password": password}))
+    encrypted = run([str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(vault_pass), str(creds)])
+    assert encrypted.returncode == 0, tail(encrypted)
+    assert creds.read_text().startswith("$ANSIBLE_VAULT;") and password not in creds.read_text()
+    return ["-e", f"@{creds}", "--vault-password-file", str(vault_pass)]
+
+
+def no_credentials_left(host: str) -> None:
+    """No docker config of the pull's is left, and none with the registry's login."""
+    left = docker_exec(host, f"ls -d /tmp/ftbundle-docker-* 2>/dev/null; grep -rl '{AUTH_REGISTRY}' "
+                             "/root/.docker /home/trainer/.docker 2>/dev/null; true")
+    assert left.strip() == "", f"{host}: {left}"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(1200)
+def test_a_wrong_registry_password_fails_clearly_and_shows_no_password(livedin, auth_registry, tmp_path):
+    image, tagged = auth_registry
+    wrong = "wrong-" + secrets.token_urlsafe(12)
+    right = AUTH_PASSWORD_FILE.read_text().strip()
+    before = {host: docker_exec(host, "cat /etc/ftbundle/image.ref") for host in HOSTS}
+
+    proc = livedin("converge", "--", "--tags", "image", "-e", f"ftb_image={image}", *vault_vars(tmp_path, wrong))
+    assert proc.returncode != 0, tail(proc)
+    out = proc.stdout + proc.stderr
+    for host in HOSTS:
+        assert f"{host}: docker login to {AUTH_REGISTRY} as {AUTH_USER} failed:" in proc.stdout, tail(proc, 12000)
+    assert "401 Unauthorized" in proc.stdout and "Nothing was pulled" in proc.stdout, tail(proc, 12000)
+    assert wrong not in out and right not in out
+    for host in HOSTS:
+        assert docker_exec(host, "cat /etc/ftbundle/image.ref") == before[host]
+        assert docker_exec(host, f"docker image inspect {image} >/dev/null 2>&1 && echo present; true") == ""
+        no_credentials_left(host)
+
+    # a tag, resolved on the controller, with no credentials at all: the registry asks for a login
+    anonymous = livedin("converge", "--", "--tags", "image", "-e", f"ftb_image={tagged}",
+                        "-e", "ftb_image_resolve_tag=true", "-e", "training_image_registry_scheme=http")
+    assert anonymous.returncode != 0, tail(anonymous)
+    assert f"{AUTH_REGISTRY} refused to show ftbundle/train-cpu:{tagged.split(':')[-1]} (HTTP 401)" in anonymous.stdout, \
+        tail(anonymous, 12000)
+    assert "to an anonymous client: set ftb_registry_username and ftb_registry_password" in anonymous.stdout
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(1200)
+def test_registry_login_from_vault_resolves_the_tag_and_pulls_the_digest(livedin, auth_registry, tmp_path):
+    """The controller resolves the tag through the registry's Basic login, every host logs
+    in through a throwaway docker config and pulls the digest; no credentials stay."""
+    image, tagged = auth_registry
+    right = AUTH_PASSWORD_FILE.read_text().strip()
+    proc = livedin("converge", "--", "--tags", "image", "-e", f"ftb_image={tagged}", "-e", "ftb_image_resolve_tag=true",
+                   "-e", "training_image_registry_scheme=http", *vault_vars(tmp_path, right))
+    assert proc.returncode == 0, tail(proc, 12000)
+    assert right not in proc.stdout + proc.stderr
+    hosts = recap(proc.stdout)
+    assert sorted(hosts) == HOSTS and all(h["changed"] >= 1 for h in hosts.values()), proc.stdout[-3000:]  # pulled
+    ids = set()
+    for host in HOSTS:
+        assert docker_exec(host, "cat /etc/ftbundle/image.ref") == image + "\n"
+        ids.add(docker_exec(host, f"docker image inspect -f '{{{{.Id}}}}' {image}").strip())
+        no_credentials_left(host)
+    assert len(ids) == 1, ids
