@@ -104,7 +104,10 @@ def write_section(name: str, markdown: str) -> Path:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{name}.md"
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    path.write_text(markdown.rstrip() + f"\n\n_measured {stamp}; rerun: `.venv/bin/python bench/{name}.py`_\n")
+    # the machine is shared: how loaded it was tells how far the absolute figures can be trusted
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    path.write_text(markdown.rstrip() + f"\n\n_measured {stamp}, load average (1/5/15 min) at the end "
+                    f"{load}; rerun: `.venv/bin/python bench/{name}.py`_\n")
     print(markdown)
     return path
 
