@@ -303,10 +303,24 @@ class Cluster:
         if transport is None:
             raise HostUnreachable(self.errors.get(host.name) or f"no connection to {host.name}")
         chan = None
+        limit = timeout or self.connect_timeout
         try:
-            chan = transport.open_session(timeout=timeout or self.connect_timeout)
-            chan.exec_command(shlex.join(argv))
+            chan = transport.open_session(timeout=limit)
+            # paramiko waits for sshd's answer to the exec request without a limit: a session
+            # process that never answers would hold the caller (a stop, a teardown) forever.
+            # Closing the channel at the limit ends that wait with an error.
+            fired = threading.Event()
+            guard = threading.Timer(limit, lambda: (fired.set(), chan.close()))
+            guard.daemon = True
+            guard.start()
+            try:
+                chan.exec_command(shlex.join(argv))
+            finally:
+                guard.cancel()
         except Exception as exc:
+            if chan is not None and fired.is_set():
+                raise HostUnreachable(f"{host.name}: sshd did not answer the request to start the command "
+                                      f"within {limit:g}s") from exc
             if chan is not None and chan.closed and transport.is_active():
                 # paramiko's "Channel closed.": sshd answered the exec request with a failure
                 # (it could not fork the session: process limits, PAM), the connection is fine

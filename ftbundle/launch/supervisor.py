@@ -408,7 +408,7 @@ class StagingError(RuntimeError):
 
 
 def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, str],
-                leftovers: tuple[str, ...] = ()) -> None:
+                leftovers: tuple[str, ...] = (), timeout: float = 60) -> None:
     """Write files into a directory on shared storage, in one round trip through ``host``
     (rank 0's: every node sees the same directory); ``leftovers`` (paths on that host, the
     check's sentinels) are removed in the same command."""
@@ -422,7 +422,7 @@ def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, s
             info.mtime = int(time.time())
             tar.addfile(info, io.BytesIO(data))
     try:
-        result = cluster.run(host, node_argv("stage", directory, *leftovers), stdin=buf.getvalue(), timeout=60)
+        result = cluster.run(host, node_argv("stage", directory, *leftovers), stdin=buf.getvalue(), timeout=timeout)
     except (HostUnreachable, TimeoutError) as exc:
         raise StagingError(f"could not write {directory} through {host.name}: {first_line(exc)}") from exc
     if not result.ok:
@@ -474,6 +474,7 @@ def resume_point(plan: Plan, cluster: Cluster) -> tuple[str | None, list[str]]:
 
 
 RESTART_DELAY_S = 1.0
+RECORD_TIMEOUT_S = 5.0  # writing summary.json at the end of a run
 
 
 def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | None = None,
@@ -566,8 +567,8 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
     files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
     if progress.records:
         files[METRICS_FILE] = "".join(json.dumps(r) + "\n" for r in progress.records)
-    try:
-        stage_files(cluster, plan.nodes[0].host, plan.run_dir, files)
+    try:  # (briefly: an interrupted ftbundle must not wait long on a record)
+        stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, timeout=RECORD_TIMEOUT_S)
     except Exception:
         pass
 
