@@ -182,6 +182,7 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, v
         say(f"warning: {warning}")
     if _UI is not None:
         _UI.staging()
+
     def stage() -> None:
         stage_run_dir(cluster, plan, leftovers)
 
