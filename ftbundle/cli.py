@@ -7,6 +7,7 @@ anything is started anywhere.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import secrets
 import shlex
@@ -497,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     # a closed terminal (SIGHUP) or a kill (SIGTERM) stops the run as Ctrl-C does
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGHUP, _on_sigterm)
+    # `kill -USR1 <pid>`: every thread's stack on stderr, for a launcher that seems stuck
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return args.func(args)
     except UserError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 import time
 
 import pytest
@@ -109,7 +110,14 @@ def test_interrupt_leaves_no_process_anywhere_within_5s(cluster3, tmp_path, sig)
         wait_for_steps(proc)
         sent_at = time.monotonic()
         proc.send_signal(sig)
-        proc.wait(timeout=20)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:  # say where it waits: ftbundle dumps its threads on SIGUSR1
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            proc.kill()
+            raise AssertionError(f"ftbundle still runs 20 s after {sig.name}; its stderr:\n"
+                                 + proc.communicate()[1][-6000:]) from None
         # ftbundle has returned: nothing of the job may be left on any host
         left = job_processes(cluster3)
         took = time.monotonic() - sent_at
