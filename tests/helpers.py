@@ -49,8 +49,18 @@ def ftbundle(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProc
                           timeout=timeout, cwd=REPO, **kw)
 
 
+def sigint_ready(argv: list[str]) -> list[str]:
+    """``argv`` with SIGINT at its default, as a terminal gives it. A shell starts background
+    jobs with SIGINT ignored (`nohup make test &`), every child inherits that, and Python
+    installs no KeyboardInterrupt handler for an ignored SIGINT: a Ctrl-C test would then
+    send a signal nobody hears."""
+    return [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+            "os.execv(sys.argv[1], sys.argv[1:])", *argv]
+
+
 def start_ftbundle(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ftbundle", *args], stdout=subprocess.PIPE,
+    """`ftbundle ARGS` running, its output on pipes, SIGINT as in a terminal."""
+    return subprocess.Popen(sigint_ready([sys.executable, "-m", "ftbundle", *args]), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 

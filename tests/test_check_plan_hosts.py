@@ -79,13 +79,15 @@ def test_secrets_reach_no_file_no_terminal_and_no_command_line(cluster2, tmp_pat
     job_path = write_job(tmp_path / "job.yaml", job)
 
     seen_in_cmdline: list[str] = []
+    samples: list[str] = []  # what the watcher read: proof that it ran, not just that it found nothing
     stop = threading.Event()
 
     def watch():
         while not stop.is_set():
             for h in cluster2.hosts:
                 out = cluster2.exec(h, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", check=False).stdout
-                seen_in_cmdline += [f"{h.name}: {v}" for v in (token, env_secret) if v in out]
+                seen_in_cmdline.extend(f"{h.name}: {v}" for v in (token, env_secret) if v in out)
+                samples.append(out)
             time.sleep(0.5)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -98,6 +100,8 @@ def test_secrets_reach_no_file_no_terminal_and_no_command_line(cluster2, tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (shared / "output/lora/adapter_model.safetensors").exists()
     assert seen_in_cmdline == []
+    # the watcher saw the job itself running (LlamaFactory's entry on the hosts' command lines)
+    assert len(samples) >= 4 and any("ftb_llamafactory.py" in out for out in samples), len(samples)
     for value in (token, env_secret):
         assert value not in proc.stdout and value not in proc.stderr
         hits = subprocess.run(["grep", "-rl", "--", value, str(shared)], capture_output=True, text=True).stdout

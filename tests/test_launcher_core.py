@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, base_job, ftbundle, job_processes, logins, logins_per_host, only_run_dir, write_job
+from tests.helpers import (REPO, base_job, ftbundle, job_processes, logins, logins_per_host, only_run_dir,
+                           sigint_ready, write_job)
 
 pytestmark = pytest.mark.cluster
 
@@ -139,12 +140,6 @@ def test_unshared_parent_is_named_as_such(cluster2, tmp_path):
     assert "not the same storage" not in result.stderr
 
 
-def _sigint_ready(argv: list[str]) -> list[str]:
-    """A child whose SIGINT is the default even when pytest runs in the background."""
-    return [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-            "os.execv(sys.argv[1], sys.argv[1:])", *argv]
-
-
 def test_ctrl_c_during_the_check_exits_within_2s(cluster2, tmp_path):
     """The probe hangs (an interpreter that takes 60 s to answer): Ctrl-C still ends ftbundle
     at once, exit 130, and no run was started."""
@@ -152,7 +147,7 @@ def test_ctrl_c_during_the_check_exits_within_2s(cluster2, tmp_path):
     slow.write_text(f"#!/bin/sh\nsleep 60\nexec {sys.executable} \"$@\"\n")
     slow.chmod(0o755)
     job = command_job(cluster2, tmp_path, "slowcheck", "sleep 60", runtime={"kind": "host", "python": str(slow)})
-    proc = subprocess.Popen(_sigint_ready([sys.executable, "-m", "ftbundle", "run", "-v", str(job)]), cwd=REPO,
+    proc = subprocess.Popen(sigint_ready([sys.executable, "-m", "ftbundle", "run", "-v", str(job)]), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
