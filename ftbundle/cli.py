@@ -499,7 +499,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGHUP, _on_sigterm)
     # `kill -USR1 <pid>`: every thread's stack on stderr, for a launcher that seems stuck
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # (not where stderr has no file descriptor: main() called in-process, its stderr captured)
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both OSError and ValueError
+        pass
     try:
         return args.func(args)
     except UserError as exc:
