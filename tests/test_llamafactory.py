@@ -121,3 +121,37 @@ def test_deepspeed_json_that_is_not_json_is_bad_input(tmp_path):
     with pytest.raises(UserError) as info:
         plan(tmp_path, {**GOOD, "deepspeed": "z3.json"})
     assert info.value.key == "deepspeed" and str(tmp_path / "z3.json") in str(info.value)
+
+
+def test_a_finished_rank_leaves_after_its_exit_handlers_and_flush_without_finalization(tmp_path):
+    """The LlamaFactory entry's leave(): atexit handlers run and buffered output is flushed
+    (nothing a trainer or logger registered is lost), then the process ends without
+    interpreter finalization, where torch 2.14 sometimes aborts a rank that has finished."""
+    import subprocess
+    import sys
+
+    program = f"""
+import atexit, sys
+from ftbundle.shims.llamafactory_entry import leave
+atexit.register(lambda: open({str(tmp_path / "atexit")!r}, "w").write("ran"))
+class Finalized:
+    def __del__(self, open=open):  # builtins may be gone by then
+        open({str(tmp_path / "finalized")!r}, "w").write("ran")
+keep = Finalized()
+sys.stdout.write("saved, no newline")
+sys.stderr.write("err, no newline")
+leave(0)
+raise SystemExit(3)
+"""
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "saved, no newline"
+    assert proc.stderr.endswith("err, no newline")
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert not (tmp_path / "finalized").exists()  # finalization (and C++ static destructors) skipped
+    # the control: the same object is finalized on a normal exit
+    normal = program.replace("leave(0)\nraise SystemExit(3)", "")
+    assert subprocess.run([sys.executable, "-c", normal], capture_output=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1]).returncode == 0
+    assert (tmp_path / "finalized").read_text() == "ran"
