@@ -203,6 +203,38 @@ def test_failure_summary_shows_the_failing_ranks_own_traceback(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["state"] == "failed"
 
 
+@pytest.mark.parametrize("local_rank", [1, 0])
+def test_a_rank_that_aborts_in_native_code_is_shown_by_its_last_words_not_torchruns_traceback(tmp_path, local_rank):
+    """A rank that dies in C++ (a real std::terminate, as torch's teardown at exit did in CI)
+    has no Python traceback: the summary shows its last lines on stderr (its own file for a
+    local rank > 0, the node log for local rank 0) and a hint, never torchrun's own
+    ChildFailedError traceback as if it were the rank's."""
+    (tmp_path / "abort.py").write_text(
+        "import ctypes, sys, time\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\nrank = dist.get_rank()\ntime.sleep(1)\n"
+        f"if rank == {local_rank}:\n    print('Training completed. rank', rank, 'saved', file=sys.stderr, flush=True)\n"
+        "    ctypes.CDLL('libstdc++.so.6')._ZSt9terminatev()  # std::terminate()\n"
+        "time.sleep(60)\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "abort", "nproc_per_node": 2, "master_port": 29400 + (hash(str(tmp_path)) % 500) + 500,
+        "shared_dir": ".shared", "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+        "runtime": {"kind": "host", "python": sys.executable}, "train": {"script": "abort.py"}}))
+    proc = ftb("run", str(job), timeout=180)
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    assert f"rank {local_rank}, local rank {local_rank}; killed by SIGABRT" in out, out
+    summary = out[out.index("failed: host"):]
+    assert "ChildFailedError" not in summary and "its own traceback" not in summary, summary
+    if local_rank:
+        assert f"its last 2 line(s) on stderr ({tmp_path}/.shared/runs/" in summary, summary
+    else:
+        assert "line(s) before torchrun's report, in " in summary and "node-0-localhost.a1.log:" in summary, summary
+    assert f"| Training completed. rank {local_rank} saved" in summary, summary
+    assert "| terminate called without an active exception" in summary, summary
+    assert "hint: the rank aborted in native code (std::terminate)" in summary, summary
+
+
 def test_llamafactory_failure_comes_from_the_torch_elastic_error_file(tmp_path, tiny_model):  # noqa: F811
     job = quickstart_copy(tmp_path, tiny_model, model_name_or_path=str(tmp_path / "no-such-model"))
     proc = ftb("run", str(job), timeout=300)

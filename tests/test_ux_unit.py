@@ -17,8 +17,8 @@ from ftbundle.history import format_runs, run_row, split_tail_output
 from ftbundle.launch.failure import parse_root_cause
 from ftbundle.ui.phases import Phases, warning_key
 from ftbundle.ui.progress import Progress, parse_bar, parse_hf_dict, parse_trainer_log, status_line
-from ftbundle.ui.summary import (closing_summary, describe_exit, failure_summary, hint, parse_error_file,
-                                 traceback_from_stderr)
+from ftbundle.ui.summary import (before_torchrun_report, closing_summary, describe_exit, failure_summary, hint,
+                                 last_words, parse_error_file, traceback_from_stderr)
 
 RECORD = ('{"current_steps": 30, "total_steps": 60, "loss": 5.9, "lr": 0.0025, "epoch": 1.3, '
           '"percentage": 50.0, "elapsed_time": "0:00:12", "remaining_time": "0:00:12"}')
@@ -147,6 +147,43 @@ def test_failure_summary_from_torchrun_root_cause_and_error_file():
     assert traceback_from_stderr("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"b.py\"\n"
                                  "[rank1]: ValueError: x\nafter") == ("Traceback (most recent call last):\n"
                                                                      "  File \"b.py\"\nValueError: x")
+
+
+NODE_LOG_ABORT = """[INFO|trainer.py:3815] 2026-11-23 18:51:56,293 >> Saving model checkpoint to /s/output/lora
+  train_runtime            = 0:00:00.97
+terminate called without an active exception
+Fatal Python error: Aborted
+W1123 18:51:57.529000 67 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 74 closing signal SIGTERM
+Traceback (most recent call last):
+  File "/v/torch/distributed/launcher/api.py", line 386, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+Root Cause (first observed failure):
+[0]:
+  rank      : 4 (local_rank: 0)
+  exitcode  : -6 (pid: 73)"""
+
+
+def test_torchruns_own_traceback_is_never_taken_for_the_ranks():
+    """CI's node log of a rank that aborted at exit: torchrun's ChildFailedError traceback is
+    the agent's; what the rank said last comes before torchrun's report."""
+    lines = NODE_LOG_ABORT.splitlines()
+    assert traceback_from_stderr(NODE_LOG_ABORT) is None
+    rank_tb = "Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: x\n"
+    assert traceback_from_stderr(rank_tb + NODE_LOG_ABORT).endswith("ValueError: x")
+    said = before_torchrun_report(lines)
+    assert last_words("\n".join(said), 3) == ["  train_runtime            = 0:00:00.97",
+                                               "terminate called without an active exception",
+                                               "Fatal Python error: Aborted"]
+    assert before_torchrun_report(["just a command's output"]) is None
+    assert "std::terminate" in hint(-6, "\n".join(said))
+    lines = failure_summary(host="node2", address="a", node_rank=2, reason="exited with code 1", code=-6,
+                            rank_error=None, rank_traceback=None, tail=lines[-3:], log_path="/l",
+                            local_rank=0, global_rank=4, rank_last_words=(None, last_words("\n".join(said))))
+    text = "\n".join(lines)
+    assert "its last 4 line(s) before torchrun's report, in /l:" in text and "ChildFailedError" not in text
+    assert "  | terminate called without an active exception" in text and "killed by SIGABRT" in lines[0]
 
 
 def test_run_history_rows_from_files():

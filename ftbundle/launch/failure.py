@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from ..cluster import Cluster
 from ..plan import ATTEMPT_FILE, Plan
 from ..runtimes import RANKS_DIR
-from ..ui.summary import RankError, parse_error_file, traceback_from_stderr
+from ..ui.summary import RankError, before_torchrun_report, last_words, parse_error_file, traceback_from_stderr
 
 _ROOT = re.compile(r"Root Cause \(first observed failure\):")
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_PREFIX = re.compile(r"^\[[^\]\s]+ r\d+\] ")  # "[node0 r0] ", as the terminal shows a node's lines
 _ERROR_FILE = re.compile(r"^\s*error_file\s*:\s*(\S+)")
 
 
@@ -34,6 +35,8 @@ class RankFailure:
     error_file: str | None = None
     error: RankError | None = None
     traceback: str | None = None
+    # no traceback: (its stderr file, or None for the node log; its last lines there)
+    last_words: tuple[str | None, list[str]] | None = None
 
 
 def parse_root_cause(lines: list[str]) -> RankFailure:
@@ -115,7 +118,14 @@ def rank_failure(plan: Plan, cluster: Cluster, rank: int, tail: list[str]) -> Ra
     elif found.local_rank:  # a local rank other than 0 wrote to its own stderr file
         for path in _find(plan, cluster, rank, ranks_dir, "stderr.log"):
             if posixpath.basename(posixpath.dirname(path)) == str(found.local_rank):
-                found.traceback = traceback_from_stderr(_read(plan, cluster, rank, path) or "")
-    if found.error is None and found.traceback is None:
-        found.traceback = traceback_from_stderr("\n".join(line.split("] ", 1)[-1] for line in tail))
+                text = _read(plan, cluster, rank, path) or ""
+                found.traceback = traceback_from_stderr(text)
+                if found.traceback is None and last_words(text):
+                    found.last_words = (path, last_words(text))
+    if found.error is None and found.traceback is None and found.last_words is None:
+        own = [_PREFIX.sub("", line) for line in tail]
+        found.traceback = traceback_from_stderr("\n".join(own))
+        said = before_torchrun_report(own) if found.traceback is None and not found.local_rank else None
+        if said and last_words("\n".join(said)):
+            found.last_words = (None, last_words("\n".join(said)))
     return found

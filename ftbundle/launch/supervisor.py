@@ -308,7 +308,7 @@ class Supervisor:
             host=first.host, address=node.host.address, node_rank=first.rank, reason=first.reason,
             code=found.code if found.code is not None else first.code, rank_error=found.error,
             rank_traceback=found.traceback, tail=tail, log_path=runner.files.log, local_rank=found.local_rank,
-            global_rank=found.global_rank)
+            global_rank=found.global_rank, rank_last_words=found.last_words)
         for line in lines:
             self.ui.print(self.redact(line))
         if runner.messages:

@@ -48,18 +48,48 @@ _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torch's per-rank p
 
 
 def traceback_from_stderr(text: str) -> str | None:
-    """The last Python traceback in a rank's stderr, or None."""
-    text = "\n".join(_RANK_PREFIX.sub("", line) for line in text.splitlines())
-    start = text.rfind("Traceback (most recent call last):")
-    if start < 0:
+    """The last Python traceback in a rank's stderr, or None. torchrun's own traceback (its
+    agent's ChildFailedError, printed in the node log after any rank failed) is not a rank's
+    and is skipped."""
+    lines = [_RANK_PREFIX.sub("", line) for line in text.splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    for start in reversed(starts):
+        out = [lines[start]]
+        for line in lines[start + 1:]:
+            out.append(line)
+            if line and not line[0].isspace():  # the exception line ends the traceback
+                break
+        if "ChildFailedError" not in out[-1]:
+            return "\n".join(out)
+    return None
+
+
+LAST_WORDS = 8
+
+
+_AGENT_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/distributed/")  # torchrun's own log
+
+
+def before_torchrun_report(lines: list[str]) -> list[str] | None:
+    """A node log's lines up to torchrun's failure report (its ChildFailedError traceback),
+    without torchrun's own log lines: what the node's local rank 0 said last. None: no
+    report there (not a torchrun failure)."""
+    lines = [_RANK_PREFIX.sub("", line) for line in lines]
+    ends = [i for i, line in enumerate(lines) if "ChildFailedError" in line]
+    if not ends:
         return None
-    lines = text[start:].splitlines()
-    out = [lines[0]]
-    for line in lines[1:]:
-        out.append(line)
-        if line and not line[0].isspace():  # the exception line ends the traceback
-            break
-    return "\n".join(out)
+    start = max((i for i in range(ends[0]) if lines[i].startswith("Traceback (most recent call last):")),
+                default=ends[0])
+    return [line for line in lines[:start] if not _AGENT_LINE.match(line)]
+
+
+def last_words(text: str, n: int = LAST_WORDS) -> list[str]:
+    """The last lines a rank wrote to its stderr, for a rank that died without a Python
+    traceback (a signal, std::terminate, a fatal error): faulthandler's one-line list of
+    extension modules is left out."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    lines = [line for line in lines if line.strip() and not line.startswith("Extension modules:")]
+    return lines[-n:]
 
 
 SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 2: "SIGINT", 6: "SIGABRT", 11: "SIGSEGV", 7: "SIGBUS"}
@@ -82,6 +112,11 @@ _HINTS = (
                 r"Watchdog caught collective operation timeout", re.I),
      "a collective timed out: a peer stopped or is unreachable; check the network interface "
      "(NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) and `ftbundle check --net`"),
+    (re.compile(r"terminate called without an active exception", re.I),
+     "the rank aborted in native code (std::terminate). If its program had already returned (at interpreter "
+     "exit, after \"Training completed\"), its outputs are saved: torch's teardown at exit can abort a "
+     "finished rank; a script avoids it with torch.distributed.destroy_process_group(), flushing, and "
+     "os._exit(0) at its end (ftbundle's LlamaFactory entry does this)"),
     (re.compile(r"Address already in use|EADDRINUSE|errno 98", re.I),
      "the master port is in use on rank 0: another run still holds it; pick another master_port "
      "or stop the old run (ftbundle stop)"),
@@ -136,9 +171,12 @@ def _indented(traceback: str) -> list[str]:
 
 def failure_summary(*, host: str, address: str, node_rank: int, reason: str, code: int | None,
                     rank_error: RankError | None, rank_traceback: str | None, tail: list[str] | None,
-                    log_path: str, local_rank: int | None = None, global_rank: int | None = None) -> list[str]:
+                    log_path: str, local_rank: int | None = None, global_rank: int | None = None,
+                    rank_last_words: tuple[str | None, list[str]] | None = None) -> list[str]:
     """The lines shown when a run failed, after the "failed first" line: which rank, its
-    own traceback (else the end of its node's log), a hint, where the full log is."""
+    own traceback (else its last lines on stderr, else the end of its node's log), a hint,
+    where the full log is. ``rank_last_words``: (its stderr file, or None for the node log;
+    its last lines)."""
     who = [f"host {host} ({address})", f"node rank {node_rank}"]
     if global_rank is not None:
         who.append(f"rank {global_rank}")
@@ -154,12 +192,20 @@ def failure_summary(*, host: str, address: str, node_rank: int, reason: str, cod
         lines.append("its own traceback:")
         lines += _indented(rank_traceback)
         text += "\n" + rank_traceback
-    if tail and not (rank_error and rank_error.traceback) and not rank_traceback:
+    elif rank_last_words and rank_last_words[1]:
+        path, words = rank_last_words
+        lines.append(f"its last {len(words)} line(s) on stderr ({path}):" if path else
+                     f"its last {len(words)} line(s) before torchrun's report, in {log_path}:")
+        lines += ["  | " + line for line in words]
+        text += "\n" + "\n".join(words)
+    elif tail:
         lines.append(f"last {len(tail)} lines of {log_path}:")
         lines += ["  | " + line for line in tail]
     text += "\n" + "\n".join(tail or [])
     why = hint(code, text)
     if why:
         lines.append(f"hint: {why}")
+    if rank_last_words and rank_last_words[1] and not rank_error and not rank_traceback and tail:
+        lines.append(f"torchrun's report and the node's last lines: {log_path}")
     lines.append(f"full log: {log_path}")
     return lines
