@@ -53,6 +53,38 @@ def test_one_ssh_handshake_per_host_for_check_stage_launch_and_teardown(cluster3
     assert job_processes(cluster3) == {}
 
 
+def test_tcp_nodelay_is_set_before_the_ssh_handshake(cluster2, tmp_path, monkeypatch):
+    """paramiko makes its socket with Nagle's algorithm on: the handshake's back-to-back small
+    packets (NEWKEYS, the ssh-userauth request) then wait 40 ms for the server's delayed ACK
+    on every login. ftbundle's connections hand paramiko a socket with TCP_NODELAY already set,
+    which also ACKs at once what it reads (ftbundle.ssh.LowLatencySocket; the effect on start
+    latency is in bench/launch.py)."""
+    import socket
+
+    import paramiko
+
+    from ftbundle.cluster import Cluster
+    from ftbundle.inventory import load_hosts
+    from ftbundle.ssh import LowLatencySocket
+
+    seen = []
+    original = paramiko.Transport.__init__
+
+    def spy(self, sock, *args, **kwargs):
+        if isinstance(sock, socket.socket):
+            seen.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        original(self, sock, *args, **kwargs)
+
+    monkeypatch.setattr(paramiko.Transport, "__init__", spy)
+    hosts = load_hosts(cluster2.write_inventory(tmp_path / "hosts.yml"), "trainers")
+    with Cluster(hosts) as cluster:
+        cluster.open()
+        assert cluster.errors == {}
+        assert len(seen) == 2 and all(seen), seen  # both handshakes ran on a TCP_NODELAY socket
+        assert all(isinstance(cluster._transport(h).sock, LowLatencySocket) for h in hosts)
+        assert all(cluster.run(h, ["hostname"]).stdout.strip() == h.name for h in hosts)
+
+
 def test_chatty_rank0_is_never_taken_for_lost(cluster2, tmp_path):
     """Rank 0 prints ~1 MB/s (10,000 lines a second) and a 10 MB burst; ftbundle's stdout is
     a pipe nobody reads for a while. The run still ends with exit 0, the node log holds every
