@@ -52,6 +52,13 @@ def probe_source() -> bytes:
     return resources.files("ftbundle.remote").joinpath("probe.py").read_bytes()
 
 
+def probe_argv(host: Host, spec: str) -> list[str]:
+    """The probe's command line: its interpreter with -S (the probe is standard library only;
+    the host's site.py, .pth files and sitecustomize are not its business and cost a few ms),
+    the program on stdin, the JSON spec as its argument."""
+    return [probe_python(host), "-S", "-", spec]
+
+
 def probe_python(host: Host) -> str:
     """The interpreter the probe runs under: Ansible's for that host (the inventory's
     ``ansible_python_interpreter``), else python3; this one for this machine."""
@@ -126,7 +133,7 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
             spec = probe_spec(layout, rank, token=token, expect=reachable if sentinels else [rank],
                               port_peers=port_peers, create=full)
             try:
-                result = cluster.run(host, [probe_python(host), "-", json.dumps(spec)], stdin=probe_source(),
+                result = cluster.run(host, probe_argv(host, json.dumps(spec)), stdin=probe_source(),
                                      timeout=PROBE_TIMEOUT_S)
             except Exception as exc:  # connection dropped, timed out: this host's failure
                 return HostFacts(host.name, rank, error=f"probe failed: {first_line(exc)}")
@@ -154,7 +161,7 @@ def remove_sentinels(layout: Layout, cluster: Cluster, token: str | None, hosts:
         return
     paths = [layout.shared_dir] + ([layout.checkpoint_dir] if layout.checkpoint_dir else [])
     spec = json.dumps({"mode": "clean", "token": token, "paths": paths})
-    jobs = [(h, [probe_python(h), "-", spec]) for h in hosts if cluster.alive(h) and h.name not in cluster.errors]
+    jobs = [(h, probe_argv(h, spec)) for h in hosts if cluster.alive(h) and h.name not in cluster.errors]
     if jobs:
         cluster.run_all(jobs, timeout=timeout, stdin=probe_source())
 

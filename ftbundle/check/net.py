@@ -29,7 +29,7 @@ from typing import TextIO
 
 from ..cluster import Cluster, Result, first_line
 from ..plan import Plan
-from . import probe_python, probe_source
+from . import probe_argv, probe_source
 
 DEFAULT_MIN_GBPS = 10.0
 IPERF_SECONDS = 2
@@ -122,7 +122,7 @@ def _in_run_dir(torchrun: tuple[str, ...], job_run_dir: str, run_dir: str) -> tu
 
 
 def _probe(host, spec: dict) -> list[str]:
-    return [probe_python(host), "-", json.dumps(spec)]
+    return probe_argv(host, json.dumps(spec))
 
 
 def _answer(result) -> dict:
