@@ -95,8 +95,8 @@ class LowLatencySocket(socket.socket):
 
 
 def _connection():
-    """Fabric's Connection, whose ``open()`` hands paramiko a :class:`LowLatencySocket`.
-    Through a bastion the target's "socket" is a channel of the bastion's connection,
+    """Fabric's Connection, whose ``open()`` hands paramiko a :class:`LowLatencySocket`
+    (the one :func:`connect` was given, already connected, else a new one). Through a bastion the target's "socket" is a channel of the bastion's connection,
     which has one of its own."""
     global _connection_class
     if _connection_class is None:
@@ -104,9 +104,10 @@ def _connection():
 
         class LowLatencyConnection(Connection):
             def open(self):
-                if self.is_connected or self.gateway or "sock" in self.connect_kwargs:
+                if self.is_connected or self.gateway:
                     return super().open()
-                sock = LowLatencySocket.connect_to(self.host, int(self.port), self.connect_timeout)
+                sock = self.connect_kwargs.get("sock") or LowLatencySocket.connect_to(
+                    self.host, int(self.port), self.connect_timeout)
                 self.connect_kwargs = {**self.connect_kwargs, "sock": sock}
                 try:
                     return super().open()
@@ -120,14 +121,18 @@ def _connection():
     return _connection_class
 
 
-def connect(host: Host, *, timeout: int = CONNECT_TIMEOUT, accept_new_host_keys: bool = False):
+def connect(host: Host, *, timeout: int = CONNECT_TIMEOUT, accept_new_host_keys: bool = False,
+            sock: LowLatencySocket | None = None):
     """A Fabric Connection to ``host`` using the inventory's user, port, key, known_hosts
-    and bastion. Nothing is opened yet."""
+    and bastion. Nothing is opened yet, except ``sock``: a TCP connection to the host made
+    beforehand (:meth:`LowLatencySocket.connect_to`), which ``open()`` then uses."""
     from fabric import Config
 
     Connection = _connection()
 
     connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout}
+    if sock is not None and not host.proxy_jump:
+        connect_kwargs["sock"] = sock
     if host.key_file:
         connect_kwargs["key_filename"] = [os.path.expanduser(host.key_file)]
         connect_kwargs["look_for_keys"] = False
