@@ -132,7 +132,7 @@ mode_watch() {  # a detached node: beat into FTB_HBFILE, stop when a peer fails 
 
 mode_node() {
   ftb_env
-  mkdir -p -- "$FTB_RUN_DIR" || { echo "ftbundle: cannot create $FTB_RUN_DIR on $(hostname)" >&2; exit 96; }
+  [ -d "$FTB_RUN_DIR" ] || mkdir -p -- "$FTB_RUN_DIR" || { echo "ftbundle: cannot create $FTB_RUN_DIR on $(hostname)" >&2; exit 96; }
   cd -- "$FTB_WORKDIR" || { echo "ftbundle: workdir $FTB_WORKDIR missing on $(hostname)" >&2; exit 96; }
   rm -f -- "$FTB_EXIT"
   FTB_JOB=$FTB_MARKER setsid bash -c "$BASH_EXECUTION_STRING" ftb job "$@" </dev/null >/dev/null 2>&1 &

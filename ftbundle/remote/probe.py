@@ -24,10 +24,8 @@ question, not their sum:
 - the dataset files' sha256 (LlamaFactory's dataset_info.json rules).
 """
 
-import hashlib
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -90,6 +88,10 @@ print(json.dumps({"python": sys.version.split()[0], **{n: found.get(n, "absent")
 # the variables whose values the job will see, read after the env file is sourced
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for v; do printf "%s=%s\\0" "$v" "${!v-}"; done'
+# How often a host looks again for what its peers' probes do at the same moment (their
+# sentinels, rank 0's master port): the probes start within milliseconds of each other, and
+# every look that comes too early costs the whole round this long.
+POLL_S = 0.01
 GPU_QUERY = "name,driver_version,memory.total"
 GPU_IDS_QUERY = "index,uuid,memory.used"
 APPS_QUERY = "pid,process_name,gpu_uuid,used_memory"
@@ -124,7 +126,8 @@ def last_line(text, default):
 
 def system(spec, out):
     out["hostname"] = socket.gethostname()
-    out["kernel"] = f"{platform.system()} {platform.release()}"
+    uname = os.uname()  # (what platform.system()/release() return, without importing platform)
+    out["kernel"] = f"{uname.sysname} {uname.release}"
     try:
         out["links"] = sorted(os.listdir("/sys/class/net"))
     except OSError:
@@ -261,7 +264,7 @@ def storage(spec, out, started):
         else:  # another host may be creating it right now (rank 0, a fresh shared_dir)
             deadline = started + (wait_s if item.get("wait") else 0)
             while not os.path.isdir(path) and time.monotonic() < deadline:
-                time.sleep(0.05)
+                time.sleep(POLL_S)
         res["exists"] = os.path.isdir(path)
         parent = os.path.dirname(path.rstrip("/")) or "/"
         res["parent_exists"] = os.path.isdir(parent)
@@ -281,12 +284,13 @@ def storage(spec, out, started):
             res["write_error"] = exc.strerror
     deadline = time.monotonic() + wait_s
     for res, sdir in pending:
-        while True:
-            seen = [r for r in expect if sees(os.path.join(sdir, f"rank-{r}"))]
-            if len(seen) == len(expect) or time.monotonic() >= deadline:
+        unseen = list(expect)
+        while True:  # (only the sentinels not seen yet are looked for again)
+            unseen = [r for r in unseen if not sees(os.path.join(sdir, f"rank-{r}"))]
+            if not unseen or time.monotonic() >= deadline:
                 break
-            time.sleep(0.05)
-        res["seen"] = seen
+            time.sleep(POLL_S)
+        res["seen"] = [r for r in expect if r not in unseen]
     out["storage"] = results
 
 
@@ -352,7 +356,7 @@ def connect(addr, port_number, wait):
             last = exc.strerror or str(exc)
         if time.monotonic() >= end:
             return {"role": "connect", "reachable": False, "error": last}
-        time.sleep(0.05)
+        time.sleep(POLL_S)  # (refused: rank 0's probe has not bound the port yet)
 
 
 def datasets(spec, out):
@@ -395,6 +399,8 @@ def datasets(spec, out):
 
 
 def sha256(path):
+    import hashlib  # (only the datasets fact needs it)
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -405,6 +411,8 @@ def sha256(path):
 def digest(path):
     if os.path.isfile(path):
         return sha256(path)
+    import hashlib  # (only the datasets fact needs it)
+
     h = hashlib.sha256()
     for root, subdirs, files in os.walk(path):
         subdirs.sort()
@@ -474,9 +482,8 @@ def main():
         MODES[spec["mode"]](spec, out)
         print(json.dumps(out))
         return
-    tasks = [system, dirs, env_view, port, datasets, gpus, image]
-    if spec.get("python"):
-        tasks.append(versions)
+    # the slowest first (it starts the job's interpreter): its head start is the round's
+    tasks = ([versions] if spec.get("python") else []) + [system, dirs, env_view, port, datasets, gpus, image]
     threads = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
                for t in tasks]
     threads.append(threading.Thread(target=guarded, args=(storage, spec, out, started), daemon=True,
