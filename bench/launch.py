@@ -144,8 +144,38 @@ def main() -> None:
           "ftbundle's own cost (the `ftbundle run` process; the job is `date`):", "",
           table(["hosts", "CPU s per host, check off", "CPU s per host, check on", "peak RSS MB (check on)",
                  "SSH logins per run (off / on)", "whole run wall s, check off"], detail)]
-    md += ["", estimate(raw)]
+    md += ["", fixed_cost(raw), "", estimate(raw)]
     write_section("launch", "\n".join(md))
+
+
+def fixed_cost(raw: dict, runs: int = 7) -> str:
+    """What ftbundle pays before any network, measured here (median of ``runs``): the
+    interpreter's start (wall time of `python -c pass`), then, timed inside one process,
+    importing Fabric with paramiko and ftbundle's launch path."""
+    probe = ("import time; t0 = time.perf_counter(); import fabric; t1 = time.perf_counter(); "
+             "import ftbundle.cli, ftbundle.launch, ftbundle.check, ftbundle.ui; "
+             "print(t1 - t0, time.perf_counter() - t1)")
+    starts, fabric, own = [], [], []
+    for _ in range(runs):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True, cwd=REPO)
+        starts.append(time.perf_counter() - began)
+        a, b = subprocess.run([sys.executable, "-c", probe], check=True, cwd=REPO, capture_output=True,
+                              text=True).stdout.split()
+        fabric.append(float(a))
+        own.append(float(b))
+    rows = [["the interpreter starts (`python -c pass`, wall)", f"{median(starts):.3f}"],
+            ["import Fabric and paramiko", f"{median(fabric):.3f}"],
+            ["import ftbundle's launch path (after them)", f"{median(own):.3f}"],
+            ["sum", f"{median(starts) + median(fabric) + median(own):.3f}"]]
+    one = raw.get(1)
+    tail = (f" At 1 host the whole start took {one['off']:.2f} s with the check off, pdsh {one['pdsh']:.2f} s."
+            if one else "")
+    return "\n".join([
+        f"Where the fixed cost goes: ftbundle's Python before it can send a byte (median of {runs}, seconds; "
+        "the TCP connections are made meanwhile, the SSH handshakes need paramiko). pdsh and ssh are C; this "
+        "part keeps ftbundle behind them on 1-2 hosts, and it does not grow with the number of hosts." + tail, "",
+        table(["step", "s"], rows)])
 
 
 def estimate(raw: dict) -> str:
