@@ -176,16 +176,23 @@ def test_terminal_shows_live_progress_and_the_quickstart_fits_a_screen(tmp_path,
     print(f"quickstart on a terminal: {end} lines; {len(live)} live progress frames seen")
 
 
-def test_failure_summary_shows_the_failing_ranks_own_traceback(tmp_path):
-    (tmp_path / "boom.py").write_text(
-        "import time\nimport torch.distributed as dist\n"
+def gloo_script_job(tmp_path: Path, name: str, failing: str) -> Path:
+    """A 2-rank gloo script job on localhost. Both ranks join the group, then run ``failing``
+    (top-level code that makes one of them fail), then wait a minute."""
+    (tmp_path / f"{name}.py").write_text(
+        "import ctypes, sys, time\nimport torch.distributed as dist\n"
         "dist.init_process_group('gloo')\nrank = dist.get_rank()\ntime.sleep(1)\n"
-        "if rank == 1:\n    raise ValueError(f'boom on rank {rank}')\ntime.sleep(60)\n")
+        + failing + "time.sleep(60)\n")
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({
-        "name": "boom", "nproc_per_node": 2, "master_port": 29400 + (hash(str(tmp_path)) % 500) + 500,
+        "name": name, "nproc_per_node": 2, "master_port": 29400 + (hash(str(tmp_path)) % 500) + 500,
         "shared_dir": ".shared", "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
-        "runtime": {"kind": "host", "python": sys.executable}, "train": {"script": "boom.py"}}))
+        "runtime": {"kind": "host", "python": sys.executable}, "train": {"script": f"{name}.py"}}))
+    return job
+
+
+def test_failure_summary_shows_the_failing_ranks_own_traceback(tmp_path):
+    job = gloo_script_job(tmp_path, "boom", "if rank == 1:\n    raise ValueError(f'boom on rank {rank}')\n")
     proc = ftb("run", str(job), timeout=180)
     out = proc.stdout
     assert proc.returncode == 1, out
@@ -209,17 +216,9 @@ def test_a_rank_that_aborts_in_native_code_is_shown_by_its_last_words_not_torchr
     has no Python traceback: the summary shows its last lines on stderr (its own file for a
     local rank > 0, the node log for local rank 0) and a hint, never torchrun's own
     ChildFailedError traceback as if it were the rank's."""
-    (tmp_path / "abort.py").write_text(
-        "import ctypes, sys, time\nimport torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\nrank = dist.get_rank()\ntime.sleep(1)\n"
+    job = gloo_script_job(tmp_path, "abort", (
         f"if rank == {local_rank}:\n    print('Training completed. rank', rank, 'saved', file=sys.stderr, flush=True)\n"
-        "    ctypes.CDLL('libstdc++.so.6')._ZSt9terminatev()  # std::terminate()\n"
-        "time.sleep(60)\n")
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "name": "abort", "nproc_per_node": 2, "master_port": 29400 + (hash(str(tmp_path)) % 500) + 500,
-        "shared_dir": ".shared", "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
-        "runtime": {"kind": "host", "python": sys.executable}, "train": {"script": "abort.py"}}))
+        "    ctypes.CDLL('libstdc++.so.6')._ZSt9terminatev()  # std::terminate()\n"))
     proc = ftb("run", str(job), timeout=180)
     out = proc.stdout
     assert proc.returncode == 1, out
