@@ -96,8 +96,9 @@ class LowLatencySocket(socket.socket):
 
 def _connection():
     """Fabric's Connection, whose ``open()`` hands paramiko a :class:`LowLatencySocket`
-    (the one :func:`connect` was given, already connected, else a new one). Through a bastion the target's "socket" is a channel of the bastion's connection,
-    which has one of its own."""
+    (the one :func:`connect` was given, already connected, else a new one). Through a
+    bastion the target's "socket" is a channel of the bastion's connection, which has one
+    of its own."""
     global _connection_class
     if _connection_class is None:
         from fabric import Connection
