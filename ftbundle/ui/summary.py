@@ -65,8 +65,6 @@ def traceback_from_stderr(text: str) -> str | None:
 
 
 LAST_WORDS = 8
-
-
 _AGENT_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/distributed/")  # torchrun's own log
 
 
@@ -205,7 +203,5 @@ def failure_summary(*, host: str, address: str, node_rank: int, reason: str, cod
     why = hint(code, text)
     if why:
         lines.append(f"hint: {why}")
-    if rank_last_words and rank_last_words[1] and not rank_error and not rank_traceback and tail:
-        lines.append(f"torchrun's report and the node's last lines: {log_path}")
     lines.append(f"full log: {log_path}")
     return lines
