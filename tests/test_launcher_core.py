@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (REPO, base_job, ftbundle, job_processes, logins, logins_per_host, only_run_dir,
-                           sigint_ready, write_job)
+                           start_ftbundle, write_job)
 
 pytestmark = pytest.mark.cluster
 
@@ -179,8 +179,7 @@ def test_ctrl_c_during_the_check_exits_within_2s(cluster2, tmp_path):
     slow.write_text(f"#!/bin/sh\nsleep 60\nexec {sys.executable} \"$@\"\n")
     slow.chmod(0o755)
     job = command_job(cluster2, tmp_path, "slowcheck", "sleep 60", runtime={"kind": "host", "python": str(slow)})
-    proc = subprocess.Popen(sigint_ready([sys.executable, "-m", "ftbundle", "run", "-v", str(job)]), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_ftbundle("run", "-v", str(job))
     try:
         deadline = time.monotonic() + 30
         while not any("slow-python" in " ".join(p) for p in _procs(cluster2).values()):
@@ -240,8 +239,7 @@ def test_restart_is_a_new_attempt_that_never_replays_the_old_one(cluster2, tmp_p
 def test_no_restart_on_a_host_that_cannot_be_fenced(cluster2, tmp_path):
     """A partitioned node cannot be confirmed stopped: ftbundle does not relaunch beside it."""
     job = command_job(cluster2, tmp_path, "fence", 'echo "up $NODE_RANK"; sleep 120', restarts=2)
-    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", "-v", str(job)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_ftbundle("run", "-v", str(job))
     try:
         assert "up 0" in proc.stdout.readline()
         cluster2.partition("node1")

@@ -154,22 +154,20 @@ def system(spec, out):
 
 def versions(spec, out):
     python, packages = spec["python"], spec.get("packages", [])
-    fast = run([python, "-S", "-c", VERSIONS_PY, "--no-site", *packages], 60)
-    try:
-        found = json.loads(fast[1].strip().splitlines()[-1]) if fast[0] == 0 else None
-    except (ValueError, IndexError):
-        found = None
-    if found is not None and "absent" not in found.values():
-        out["versions"] = found
-        return
-    code, text, err, timed_out = run([python, "-c", VERSIONS_PY, *packages], 60)
-    if code == 0:
+
+    def answer(code, text):  # VERSIONS_PY's JSON line, or None
         try:
-            out["versions"] = json.loads(text.strip().splitlines()[-1])
-            return
+            return json.loads(text.strip().splitlines()[-1]) if code == 0 else None
         except (ValueError, IndexError):
-            pass
-    if timed_out:
+            return None
+
+    found = answer(*run([python, "-S", "-c", VERSIONS_PY, "--no-site", *packages], 60)[:2])
+    if found is None or "absent" in found.values():
+        code, text, err, timed_out = run([python, "-c", VERSIONS_PY, *packages], 60)
+        found = answer(code, text)
+    if found is not None:
+        out["versions"] = found
+    elif timed_out:
         out["runtime_error"] = f"{python} did not answer within 60s"
     elif code is None:
         out["runtime_error"] = f"{python}: {err or 'not found'}"
