@@ -173,8 +173,9 @@ def fixed_cost(raw: dict, runs: int = 7) -> str:
             if one else "")
     return "\n".join([
         f"Where the fixed cost goes: ftbundle's Python before it can send a byte (median of {runs}, seconds; "
-        "the TCP connections are made meanwhile, the SSH handshakes need paramiko). pdsh and ssh are C; this "
-        "part keeps ftbundle behind them on 1-2 hosts, and it does not grow with the number of hosts." + tail, "",
+        "the TCP connections are made meanwhile, the SSH handshakes need paramiko). pdsh and ssh are C and pay "
+        "almost none of it. It does not grow with the number of hosts, so it weighs most at 1-2 hosts, where the "
+        "whole start is a few tenths of a second." + tail, "",
         table(["step", "s"], rows)])
 
 
