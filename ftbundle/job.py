@@ -216,6 +216,8 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         if isinstance(value, (dict, list)) or value is None:
             raise r.error(f"env.{key}", f"must be a string, number or boolean, got {value!r}")
         env[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        if "\0" in env[key]:
+            raise r.error(f"env.{key}", "holds a NUL byte, which no environment variable can carry")
 
     runtime = _parse_runtime(r, data.get("runtime"))
     train = _parse_train(r, data.get("train"), base)

@@ -90,6 +90,7 @@ def test_script_mode_with_args(tmp_path):
         ("name: j\ntrain: {command: x}\nruntime: {kind: host, gpus: all}\n", "runtime.gpus", "only applies"),
         ("name: j\ntrain: {command: x}\nenv: {1BAD: x}\n", "env.1BAD", "not a valid environment"),
         ("name: j\ntrain: {command: x}\nenv: [A, B]\n", "env", "mapping"),
+        ("name: j\ntrain: {command: x}\nenv: {A: \"x\\0y\"}\n", "env.A", "NUL byte"),
         ("name: j\ntrain: {command: x}\nrestarts: -1\n", "restarts", "between 0"),
         ("name: j\ntrain: {command: x, args: [a]}\n", "train.args", "only applies to 'script'"),
     ],

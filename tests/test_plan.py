@@ -1,7 +1,9 @@
 """The pure core: (job, inventory) -> plan. Real Ansible inventory parsing, no hosts."""
 
 import json
+import os
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -254,7 +256,6 @@ def test_plan_file_redacts_secrets(tmp_path, inventory):
 def test_node_program_carries_no_value_and_payload_carries_the_environment(tmp_path, inventory):
     """The node program is fixed text: the job's values (secrets included) travel in the
     stdin payload as NAME=VALUE pairs, never in the command line."""
-    import base64
     import subprocess
 
     from ftbundle.launch import node as N
@@ -266,13 +267,60 @@ def test_node_program_carries_no_value_and_payload_carries_the_environment(tmp_p
     argv = N.node_argv("node", *node.argv)
     assert "hunter2" not in " ".join(argv) and argv[2] == N.program()
     env = N.node_env(node, plan, files, 1, detach=False)
-    pairs = base64.b64decode(N.env_payload(env)).split(b"\0")[:-1]
+    payload = N.env_payload(env)
+    assert payload.endswith(b"\0\0")
+    pairs = payload[:-2].split(b"\0")
     assert b"HF_TOKEN=hunter2" in pairs and b"NODE_RANK=0" in pairs
     assert b"ODD=a'b $(x) `y`" in pairs
     assert b"FTB_ENV_FILE=/etc/ftbundle/nccl.env" in pairs
     assert b"FTB_SECRET_NAMES=HF_TOKEN" in pairs
     assert b"FTB_MARKER=" + files.marker.encode() in pairs and files.marker.endswith(".a1-0")
     assert subprocess.run(["bash", "-n"], input=N.program(), text=True).returncode == 0
+
+
+def _node_program_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    run = tmp_path / "run"
+    return {"FTB_RUN_DIR": str(run), "FTB_WORKDIR": str(tmp_path), "FTB_LOG": str(run / "n.log"),
+            "FTB_EXIT": str(run / "n.exit"), "FTB_PIDFILE": str(run / "n.pid"), "FTB_HBFILE": str(run / "n.hb"),
+            "FTB_MARKER": f"test-{os.getpid()}-{tmp_path.name}", "FTB_ATTEMPT": "1", "FTB_HEARTBEAT": "1",
+            "FTB_WATCHDOG": "30", "FTB_STOP_GRACE": "1", "FTB_DETACH": "0", **extra}
+
+
+def test_node_program_exports_the_payload_as_it_is(tmp_path):
+    """The real node program (bash, here on this machine) reads the NUL-separated payload
+    and the job sees every value byte for byte: newlines, quotes, `=`, `$(...)`, UTF-8."""
+    import json
+    import subprocess
+
+    from ftbundle.launch import node as N
+
+    odd = {"ODD": "a'b \"c\" $(touch PWNED) `x`", "MULTI": "line 1\nline 2\n", "EQ": "k=v=w", "UTF": "é ✓",
+           "EMPTY": ""}
+    env = _node_program_env(tmp_path, **odd)
+    dump = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % sorted(odd)
+    proc = subprocess.Popen(N.node_argv("node", sys.executable, "-c", dump), stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={"PATH": os.environ["PATH"]})
+    proc.stdin.write(N.env_payload(env) + b"\n")  # the payload, then a ping, in one write
+    proc.stdin.flush()
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    proc.stdin.close()
+    assert json.loads((tmp_path / "run" / "n.log").read_text()) == odd
+    assert (tmp_path / "run" / "n.exit").read_text() == "0\n"
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_node_program_without_the_whole_payload_runs_nothing(tmp_path):
+    """stdin closed before the terminating NUL (a controller gone mid-write): exit 97, and
+    the job never ran."""
+    import subprocess
+
+    from ftbundle.launch import node as N
+
+    payload = N.env_payload(_node_program_env(tmp_path))
+    proc = subprocess.run(N.node_argv("node", "touch", str(tmp_path / "ran")), input=payload[:-1],
+                          capture_output=True, env={"PATH": os.environ["PATH"]}, timeout=30)
+    assert proc.returncode == 97 and b"no environment on stdin" in proc.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "run").exists()
 
 
 def test_dry_run_prints_every_host(tmp_path, inventory, capsys):

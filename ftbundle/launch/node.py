@@ -16,7 +16,6 @@ into the supervisor's queue, and hands rank 0's lines to the display.
 
 from __future__ import annotations
 
-import base64
 import codecs
 import functools
 import queue
@@ -84,10 +83,15 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
 
 
 def env_payload(env: dict[str, str]) -> bytes:
-    """The first stdin line: base64 of NUL-separated NAME=VALUE pairs (no shell syntax:
-    the node exports each pair as it is, whatever its value holds)."""
-    raw = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
-    return base64.b64encode(raw) + b"\n"
+    """What stdin starts with: each NAME=VALUE pair followed by a NUL, then one more NUL (no
+    shell syntax: the node exports each pair as it is, whatever its value holds; newlines
+    included). NUL is the one byte no environment value can hold, so bash's own ``read -d ''``
+    takes the pairs apart: no decoder process on the node."""
+    for key, value in env.items():
+        if "\0" in key or "\0" in value or "=" in key or not key:
+            raise ValueError(f"environment variable {key!r} cannot be passed: a name is non-empty and "
+                             "has no '=' or NUL, a value has no NUL")
+    return b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()) + b"\0"
 
 
 @dataclass

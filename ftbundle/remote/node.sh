@@ -17,8 +17,8 @@
 #   stage DIR                     unpack a tar archive from stdin into DIR (the run dir)
 #
 # The node channel (mode `node`), one SSH channel from the controller:
-#   stdin   first line: the environment, base64 of NUL-separated NAME=VALUE pairs (secrets
-#           never appear on a command line); every later line is a ping. When pings stop
+#   stdin   first the environment: NAME=VALUE pairs, each ended by a NUL, then one more NUL
+#           (secrets never appear on a command line); every line after it is a ping. When pings stop
 #           for FTB_WATCHDOG seconds, or stdin closes, the node stops its job: a controller
 #           that disappears (Ctrl-C, laptop lid, network cut) leaves nothing running.
 #   stderr  `ftb-pid PID` once the job runs, then `ftb-hb` every FTB_HEARTBEAT seconds,
@@ -58,11 +58,14 @@ ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
   [ -z "$(ftb_pids "$1")" ]
 }
 
-ftb_env() {  # read the first stdin line and export what it carries
-  local line kv
-  IFS= read -r line || { echo "ftbundle: no environment on stdin" >&2; exit 97; }
+ftb_env() {  # read the environment from stdin (up to the empty pair) and export it
+  local kv ended=0
   local -a pairs=()
-  while IFS= read -r -d '' kv; do pairs+=("$kv"); done < <(printf '%s' "$line" | base64 -d)
+  while IFS= read -r -d '' kv; do
+    if [ -z "$kv" ]; then ended=1; break; fi
+    pairs+=("$kv")
+  done
+  [ "$ended" = 1 ] || { echo "ftbundle: no environment on stdin" >&2; exit 97; }
   for kv in "${pairs[@]}"; do
     case $kv in FTB_ENV_FILE=?*) export -- "$kv" ;; esac
   done
@@ -134,7 +137,7 @@ mode_node() {
   ftb_env
   [ -d "$FTB_RUN_DIR" ] || mkdir -p -- "$FTB_RUN_DIR" || { echo "ftbundle: cannot create $FTB_RUN_DIR on $(hostname)" >&2; exit 96; }
   cd -- "$FTB_WORKDIR" || { echo "ftbundle: workdir $FTB_WORKDIR missing on $(hostname)" >&2; exit 96; }
-  rm -f -- "$FTB_EXIT"
+  [ ! -e "$FTB_EXIT" ] || rm -f -- "$FTB_EXIT"  # (rm is a process: only when there is one)
   FTB_JOB=$FTB_MARKER setsid bash -c "$BASH_EXECUTION_STRING" ftb job "$@" </dev/null >/dev/null 2>&1 &
   local pid=$!
   echo "$pid $FTB_MARKER $(hostname)" >"$FTB_PIDFILE"
