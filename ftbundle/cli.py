@@ -57,13 +57,13 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=N
     output_dir is shared. A failed check is a UserError: nothing has been started anywhere.
     The check's sentinel directories on rank 0's host go in staging's own command (one
     round trip for both); any on other hosts go now."""
-    from .check import clean_up, print_report, probe_hosts, run_checks, sentinel_cleanup
-
     job = layout.job
     check = job.check and not skip_check
     facts = None
     leftovers: tuple[str, ...] = ()
     if check:
+        from .check import clean_up, print_report, run_checks, sentinel_cleanup
+
         report, facts = run_checks(layout, cluster, keep_sentinels=True, on_progress=on_host)
         if _UI is not None:
             _UI.stop()
@@ -86,6 +86,8 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, on_host=N
             raise UserError("cannot reach every host, nothing was started: " + "; ".join(cluster.errors.values()),
                             file=str(job.inventory or job.path), key="hosts")
         if needs_facts(layout):
+            from .check import probe_hosts
+
             facts = probe_hosts(layout, cluster, full=False)
             lost = [f"{f.host}: {f.error}" for f in facts.hosts if f.error]
             if lost:
@@ -110,9 +112,13 @@ def open_cluster(hosts, *, accept_new_host_keys: bool = False, meanwhile=None):
     return cluster
 
 
-def _launch_imports() -> None:
-    """What a launch needs after the connections: imported while they are being made."""
-    from . import check, launch, ui  # noqa: F401
+def _launch_imports(layout: Layout, *, skip_check: bool) -> None:
+    """What a launch needs after the connections: imported while they are being made (the
+    check's modules only when it runs: about 4 ms that a `--no-check` start does not pay)."""
+    from . import launch, ui  # noqa: F401
+
+    if (layout.job.check and not skip_check) or needs_facts(layout):
+        from . import check  # noqa: F401
 
 
 def format_plan(plan: Plan) -> str:
@@ -152,7 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(format_plan(make_plan(layout)))
         return 0
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys,
-                      meanwhile=_launch_imports) as cluster:
+                      meanwhile=lambda: _launch_imports(layout, skip_check=args.no_check)) as cluster:
         if args.dry_run:  # starts nothing; the hosts are asked (read-only) what the plan needs
             plan, _ = checked_plan(layout, cluster, skip_check=True)
             print(format_plan(plan))
