@@ -105,22 +105,89 @@ def _drain(read: Callable[[], bytes], sink: Callable[[bytes], None]) -> None:
         pass
 
 
+def _ordered_send(chan, build) -> bool:
+    """Send the message ``build()`` makes on ``chan`` while holding the channel's lock, so
+    that paramiko's transport thread cannot answer the server's CLOSE in between.
+
+    Why: paramiko makes a data or EOF message under the channel lock but sends it after
+    releasing the lock (Channel._send, Channel.shutdown). When the command ends at that
+    moment, the transport thread takes the lock, answers sshd's CLOSE with its own CLOSE,
+    and sshd frees the channel; our message then refers to a channel that no longer exists,
+    and OpenSSH drops the whole connection ("ieof packet referred to nonexistent channel",
+    paramiko issues #1115 and #1705, open). With one transport per host reused for
+    everything, that cut every other channel of the host: a node channel's ping or a short
+    command's EOF could take down the log tail and the teardown's own channel. Measured on
+    the test hosts: two or three short commands at a time on one transport lost it within
+    30-130 rounds.
+
+    ``build`` runs under the lock and returns the message, or None when there is nothing to
+    send (the channel is closed, EOF already sent). A rekey in progress is waited out before
+    the lock is taken: the transport thread may need the lock to finish it. False when the
+    channel or the transport is gone."""
+    transport = chan.transport
+    while True:
+        if transport is None or not transport.is_active():
+            return False
+        if not transport.clear_to_send.wait(1.0):
+            continue
+        with chan.lock:
+            if not transport.clear_to_send.is_set():  # a rekey began meanwhile
+                continue
+            message = build()
+            if message is None:
+                return False
+            transport._send_user_message(message)
+            return True
+
+
+def _data_message(chan, data: bytes):
+    """(message, bytes it carries) for the start of ``data``, or None: call under the lock."""
+    from paramiko.common import cMSG_CHANNEL_DATA
+    from paramiko.message import Message
+
+    if chan.closed:
+        return None
+    size = chan._wait_for_send_window(len(data))
+    if size == 0:
+        return None
+    message = Message()
+    message.add_byte(cMSG_CHANNEL_DATA)
+    message.add_int(chan.remote_chanid)
+    message.add_string(data[:size])
+    return message, size
+
+
 class ChannelProc(Proc):
-    """A command on a paramiko channel of an open transport."""
+    """A command on a paramiko channel of an open transport. Data and EOF go out in order
+    with the transport thread's handling of the channel's end (see :func:`_ordered_send`)."""
 
     def __init__(self, channel):
         self.chan = channel
 
     def send(self, data: bytes) -> bool:
+        view = memoryview(data)
         try:
-            self.chan.sendall(data)
+            while view:
+                sent = 0
+
+                def build():
+                    nonlocal sent
+                    made = _data_message(self.chan, bytes(view[:READ_CHUNK]))
+                    if made is None:
+                        return None
+                    message, sent = made
+                    return message
+
+                if not _ordered_send(self.chan, build):
+                    return False
+                view = view[sent:]
             return True
         except (OSError, EOFError, socket.timeout):
             return False
 
     def close_stdin(self) -> None:
         try:
-            self.chan.shutdown_write()
+            _ordered_send(self.chan, lambda: None if self.chan.closed else self.chan._send_eof())
         except (OSError, EOFError):
             pass
 

@@ -85,6 +85,47 @@ def test_tcp_nodelay_is_set_before_the_ssh_handshake(cluster2, tmp_path, monkeyp
         assert all(cluster.run(h, ["hostname"]).stdout.strip() == h.name for h in hosts)
 
 
+@pytest.mark.parametrize("last_word", ["eof", "ping"])
+def test_a_send_as_the_command_ends_never_cuts_the_hosts_connection(cluster2, tmp_path, monkeypatch, last_word):
+    """paramiko makes a data or EOF message under the channel's lock and sends it after
+    letting go (paramiko #1115, #1705, open). A command that ends in that gap gets its
+    channel closed by both sides first, and sshd then drops the whole connection over the
+    late message ("ieof packet referred to nonexistent channel"), with every other channel
+    of that host on it. Here the gap is made wide on purpose: our sends from this thread
+    are held back 0.5 s while the command ends after 0.1 s. The connection must survive,
+    the command's exit code must arrive, and the next command must run on it."""
+    import threading
+
+    import paramiko
+    from paramiko.common import MSG_CHANNEL_DATA, MSG_CHANNEL_EOF
+
+    from ftbundle.cluster import Cluster
+    from ftbundle.inventory import load_hosts
+
+    original = paramiko.Transport._send_user_message
+
+    def late(self, message):
+        if threading.current_thread() is not self and message.asbytes()[0] in (MSG_CHANNEL_DATA, MSG_CHANNEL_EOF):
+            time.sleep(0.5)
+        return original(self, message)
+
+    monkeypatch.setattr(paramiko.Transport, "_send_user_message", late)
+    host = load_hosts(cluster2.write_inventory(tmp_path / "hosts.yml"), "trainers")[0]
+    with Cluster([host]) as cluster:
+        cluster.open()
+        assert cluster.errors == {}
+        transport = cluster._transport(host)
+        proc = cluster.start(host, ["sleep", "0.1"])
+        if last_word == "eof":
+            proc.close_stdin()
+        else:
+            proc.send(b"\n")  # a node channel's ping
+        assert proc.wait(timeout=10) == 0
+        time.sleep(0.3)  # sshd would have dropped the connection by now
+        assert transport.is_active() and cluster._transport(host) is transport
+        assert cluster.run(host, ["hostname"]).stdout.strip() == host.name
+
+
 def test_chatty_rank0_is_never_taken_for_lost(cluster2, tmp_path):
     """Rank 0 prints ~1 MB/s (10,000 lines a second) and a 10 MB burst; ftbundle's stdout is
     a pipe nobody reads for a while. The run still ends with exit 0, the node log holds every
