@@ -147,7 +147,7 @@ class Gate:
     """Holds node programs at the door while the run directory is staged.
 
     Their channels open at once (the node program then waits for its environment, the
-    first line of its stdin, before it does anything), so the channel round trip and the
+    start of its stdin, before it does anything), so the channel round trip and the
     host's session setup overlap the staging instead of following it. ``open()`` lets the
     environments go; ``cancel()`` (staging failed or was interrupted) closes the channels,
     and every node program exits without having started anything."""
@@ -171,12 +171,11 @@ class Gate:
 
 def start_behind(runners: list[NodeRunner], before) -> None:
     """Start every runner; with ``before`` (staging), the node programs start only after it
-    returns. The channels of hosts other than rank 0's open while it runs; rank 0's host is
-    left alone until then, so ``before``'s own channel there is the only one."""
+    returns. Every node channel opens while it runs (rank 0's beside staging's own channel on
+    the same host), so the programs start the moment the gate opens."""
     gate = Gate() if before is not None else None
-    rank0 = runners[0].node.host.name if runners else None
     for runner in runners:
-        runner.start(gate, early=runner.node.host.name != rank0)
+        runner.start(gate)
     if gate is None:
         return
     try:
@@ -213,15 +212,13 @@ class NodeRunner:
     def _emit(self, kind: str, text: str = "", code: int | None = None) -> None:
         self.events.put(Event(kind, self.rank, text, code))
 
-    def start(self, gate: Gate | None = None, *, early: bool = False) -> None:
-        """Run the node program. With a ``gate``, it starts only once the gate opens; with
-        ``early`` too, its channel opens now and waits there (see :class:`Gate`)."""
-        threading.Thread(target=self._control, args=(gate, early), daemon=True, name=f"node{self.rank}").start()
+    def start(self, gate: Gate | None = None) -> None:
+        """Run the node program. With a ``gate``, its channel opens now and the program
+        starts only once the gate opens (see :class:`Gate`)."""
+        threading.Thread(target=self._control, args=(gate,), daemon=True, name=f"node{self.rank}").start()
 
-    def _control(self, gate: Gate | None, early: bool) -> None:
+    def _control(self, gate: Gate | None) -> None:
         env = node_env(self.node, self.plan, self.files, self.attempt, detach=self.detach)
-        if gate is not None and not early and not gate.wait():
-            return
         try:
             self.proc = self.cluster.start(self.node.host, node_argv("node", *self.node.argv))
         except HostUnreachable as exc:
