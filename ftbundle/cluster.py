@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -30,6 +31,7 @@ from .inventory import Host
 CONNECT_TIMEOUT_S = 10
 KEEPALIVE_S = 5
 READ_CHUNK = 64 * 1024
+REKEY_WAIT_S = 15  # paramiko's own limit for the same wait is 30 s
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -125,10 +127,13 @@ def _ordered_send(chan, build) -> bool:
     the lock is taken: the transport thread may need the lock to finish it. False when the
     channel or the transport is gone."""
     transport = chan.transport
+    deadline = time.monotonic() + REKEY_WAIT_S
     while True:
         if transport is None or not transport.is_active():
             return False
-        if not transport.clear_to_send.wait(1.0):
+        if not transport.clear_to_send.wait(0.5):
+            if time.monotonic() > deadline:  # a rekey that never ends: a dead peer mid-exchange
+                raise socket.timeout(f"the connection's key exchange did not finish within {REKEY_WAIT_S}s")
             continue
         with chan.lock:
             if not transport.clear_to_send.is_set():  # a rekey began meanwhile
@@ -165,6 +170,8 @@ class ChannelProc(Proc):
         self.chan = channel
 
     def send(self, data: bytes) -> bool:
+        from paramiko.ssh_exception import SSHException
+
         view = memoryview(data)
         try:
             while view:
@@ -182,13 +189,15 @@ class ChannelProc(Proc):
                     return False
                 view = view[sent:]
             return True
-        except (OSError, EOFError, socket.timeout):
+        except (OSError, EOFError, SSHException):  # (socket.timeout is an OSError)
             return False
 
     def close_stdin(self) -> None:
+        from paramiko.ssh_exception import SSHException
+
         try:
             _ordered_send(self.chan, lambda: None if self.chan.closed else self.chan._send_eof())
-        except (OSError, EOFError):
+        except (OSError, EOFError, SSHException):
             pass
 
     def read_out(self) -> bytes:

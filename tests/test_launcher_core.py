@@ -118,11 +118,50 @@ def test_a_send_as_the_command_ends_never_cuts_the_hosts_connection(cluster2, tm
         proc = cluster.start(host, ["sleep", "0.1"])
         if last_word == "eof":
             proc.close_stdin()
+            assert proc.chan.eof_sent
         else:
-            proc.send(b"\n")  # a node channel's ping
+            assert proc.send(b"\n") is True  # a node channel's ping
         assert proc.wait(timeout=10) == 0
         time.sleep(0.3)  # sshd would have dropped the connection by now
         assert transport.is_active() and cluster._transport(host) is transport
+        assert cluster.run(host, ["hostname"]).stdout.strip() == host.name
+
+
+def test_a_send_during_a_rekey_waits_without_the_channel_lock(cluster2, tmp_path, monkeypatch):
+    """While a key exchange is in progress (paramiko clears ``clear_to_send``) our send waits
+    *without* holding the channel's lock: paramiko's transport thread may need that lock to
+    get through the exchange. It goes out once the exchange is over; one that never ends
+    gives up after REKEY_WAIT_S instead of hanging the pinger or a teardown."""
+    import threading
+
+    from ftbundle import cluster as C
+    from ftbundle.inventory import load_hosts
+
+    host = load_hosts(cluster2.write_inventory(tmp_path / "hosts.yml"), "trainers")[0]
+    with C.Cluster([host]) as cluster:
+        cluster.open()
+        transport = cluster._transport(host)
+        proc = cluster.start(host, ["bash", "-c", "read -r line; echo \"got $line\""])
+        transport.clear_to_send.clear()  # as paramiko does when a key exchange begins
+        result = []
+        sender = threading.Thread(target=lambda: result.append(proc.send(b"ping\n")))
+        sender.start()
+        time.sleep(0.7)
+        assert sender.is_alive() and proc.chan.lock.acquire(blocking=False)  # waiting, lock free
+        proc.chan.lock.release()
+        transport.clear_to_send.set()  # the exchange is over
+        sender.join(5)
+        assert result == [True]
+        proc.close_stdin()
+        assert proc.wait(timeout=10) == 0 and proc.read_out().strip() == b"got ping"
+
+        monkeypatch.setattr(C, "REKEY_WAIT_S", 1)
+        proc = cluster.start(host, ["cat"])
+        transport.clear_to_send.clear()
+        began = time.monotonic()
+        assert proc.send(b"x") is False and 0.9 < time.monotonic() - began < 5
+        transport.clear_to_send.set()
+        proc.close()
         assert cluster.run(host, ["hostname"]).stdout.strip() == host.name
 
 
