@@ -107,7 +107,7 @@ def _drain(read: Callable[[], bytes], sink: Callable[[bytes], None]) -> None:
         pass
 
 
-def _ordered_send(chan, build) -> bool:
+def _ordered_send(chan, build):
     """Send the message ``build()`` makes on ``chan`` while holding the channel's lock, so
     that paramiko's transport thread cannot answer the server's CLOSE in between.
 
@@ -122,15 +122,17 @@ def _ordered_send(chan, build) -> bool:
     the test hosts: two or three short commands at a time on one transport lost it within
     30-130 rounds.
 
-    ``build`` runs under the lock and returns the message, or None when there is nothing to
-    send (the channel is closed, EOF already sent). A rekey in progress is waited out before
-    the lock is taken: the transport thread may need the lock to finish it. False when the
-    channel or the transport is gone."""
+    ``build`` runs under the lock and returns (message, bytes of data it carries), or None
+    when there is nothing to send (the channel is closed, EOF already sent). A rekey in
+    progress is waited out before the lock is taken: the transport thread may need the lock
+    to finish it. Returns what ``build`` returned once its message is sent; None when the
+    channel or the transport is gone; socket.timeout when a rekey does not end within
+    REKEY_WAIT_S."""
     transport = chan.transport
     deadline = time.monotonic() + REKEY_WAIT_S
     while True:
         if transport is None or not transport.is_active():
-            return False
+            return None
         if not transport.clear_to_send.wait(0.5):
             if time.monotonic() > deadline:  # a rekey that never ends: a dead peer mid-exchange
                 raise socket.timeout(f"the connection's key exchange did not finish within {REKEY_WAIT_S}s")
@@ -138,15 +140,14 @@ def _ordered_send(chan, build) -> bool:
         with chan.lock:
             if not transport.clear_to_send.is_set():  # a rekey began meanwhile
                 continue
-            message = build()
-            if message is None:
-                return False
-            transport._send_user_message(message)
-            return True
+            made = build()
+            if made is not None:
+                transport._send_user_message(made[0])
+            return made
 
 
 def _data_message(chan, data: bytes):
-    """(message, bytes it carries) for the start of ``data``, or None: call under the lock."""
+    """(message, bytes of ``data`` it carries: its start), or None: call under the lock."""
     from paramiko.common import cMSG_CHANNEL_DATA
     from paramiko.message import Message
 
@@ -162,6 +163,15 @@ def _data_message(chan, data: bytes):
     return message, size
 
 
+def _eof_message(chan):
+    """(the EOF message, 0), or None once EOF was sent or the channel closed: call under the
+    lock."""
+    if chan.closed:
+        return None
+    message = chan._send_eof()  # (paramiko's name: it makes the message and marks EOF as sent)
+    return None if message is None else (message, 0)
+
+
 class ChannelProc(Proc):
     """A command on a paramiko channel of an open transport. Data and EOF go out in order
     with the transport thread's handling of the channel's end (see :func:`_ordered_send`)."""
@@ -172,22 +182,13 @@ class ChannelProc(Proc):
     def send(self, data: bytes) -> bool:
         from paramiko.ssh_exception import SSHException
 
-        view = memoryview(data)
+        rest = memoryview(data)  # (slices of it copy nothing)
         try:
-            while view:
-                sent = 0
-
-                def build():
-                    nonlocal sent
-                    made = _data_message(self.chan, bytes(view[:READ_CHUNK]))
-                    if made is None:
-                        return None
-                    message, sent = made
-                    return message
-
-                if not _ordered_send(self.chan, build):
+            while rest:
+                made = _ordered_send(self.chan, lambda: _data_message(self.chan, bytes(rest[:READ_CHUNK])))
+                if made is None:
                     return False
-                view = view[sent:]
+                rest = rest[made[1]:]
             return True
         except (OSError, EOFError, SSHException):  # (socket.timeout is an OSError)
             return False
@@ -196,7 +197,7 @@ class ChannelProc(Proc):
         from paramiko.ssh_exception import SSHException
 
         try:
-            _ordered_send(self.chan, lambda: None if self.chan.closed else self.chan._send_eof())
+            _ordered_send(self.chan, lambda: _eof_message(self.chan))
         except (OSError, EOFError, SSHException):
             pass
 
