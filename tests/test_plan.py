@@ -289,7 +289,6 @@ def _node_program_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_node_program_exports_the_payload_as_it_is(tmp_path):
     """The real node program (bash, here on this machine) reads the NUL-separated payload
     and the job sees every value byte for byte: newlines, quotes, `=`, `$(...)`, UTF-8."""
-    import json
     import subprocess
 
     from ftbundle.launch import node as N
