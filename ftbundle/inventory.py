@@ -17,9 +17,12 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from .job import Job
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -78,6 +81,17 @@ def _ssh_options(hostvars: dict[str, Any]) -> dict[str, str]:
 def localhost_only() -> list[Host]:
     """The embedded default: this machine, as rank 0 of a one-node job."""
     return [Host(name="localhost", address="127.0.0.1", local=True, vars={})]
+
+
+def resolve_hosts(job: Job, inventory: str | None) -> list[Host]:
+    """A job's hosts: `-i` wins over the job's `inventory:`; with neither, this machine alone."""
+    source = inventory or job.inventory
+    if source is None:
+        if job.hosts not in ("all", "localhost"):
+            raise UserError(f"hosts: {job.hosts!r} needs an inventory (job key 'inventory' or -i)",
+                            file=str(job.path), key="hosts")
+        return localhost_only()
+    return load_hosts(source, job.hosts)
 
 
 def load_hosts(inventory: str | Path, pattern: str = "all") -> list[Host]:

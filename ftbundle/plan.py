@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import posixpath
+import secrets
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -215,6 +217,12 @@ class Layout:
     @property
     def docker(self) -> bool:
         return self.job.runtime.kind == "docker"
+
+
+def new_run_id(job_name: str) -> str:
+    """A fresh run id (the run directory's name): the job's name, the time, 4 random hex digits.
+    The one impure helper here: callers make it and hand it to :func:`make_layout`."""
+    return f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def make_layout(job: Job, hosts: list[Host], run_id: str) -> Layout:

@@ -17,7 +17,7 @@ import pytest
 
 from ftbundle.check import print_report, run_checks
 from ftbundle.check.net import run_net_check
-from ftbundle.cli import load_layout, open_cluster
+from ftbundle.commands.common import load_layout, open_cluster
 from ftbundle.plan import make_plan
 from tests.helpers import base_job, ftbundle, write_job
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ftbundle.cli import load_layout, main
+from ftbundle.cli import main
+from ftbundle.commands.common import load_layout
 from ftbundle.plan import make_plan
 
 

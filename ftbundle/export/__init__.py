@@ -1,8 +1,10 @@
 """`ftbundle export`: the same job.yaml as a Slurm, Kubeflow or PBS job.
 
 This package owns turning a :class:`~ftbundle.plan.Plan` into a scheduler's text. The
-renderers (slurm.py, k8s.py, pbs.py) are pure functions of an :class:`ExportSpec`;
-:func:`export_plan` is the one place that builds the plan (job + hosts -> plan) for them.
+renderers (slurm.py, k8s.py, pbs.py) are pure functions of an :class:`ExportSpec`, which
+this module makes from the job and its plan (:func:`spec_from`); the command
+(ftbundle/commands/export.py) builds the plan and picks the renderer. This module imports
+none of its renderers: they import it.
 
 On a scheduler the hosts are not known when the file is written: the plan is made for N
 placeholder hosts (N from ``--nodes``, else the inventory's host count) that keep the
@@ -12,10 +14,10 @@ and the master address from the scheduler at run time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .. import runtimes
-from ..errors import UserError, did_you_mean
+from ..errors import UserError
 from ..job import Job, check_pinned_image, is_secret
 from ..plan import Plan
 
@@ -25,25 +27,6 @@ NODE_RANK = "@FTB_NODE_RANK@"
 MASTER_ADDR = "@FTB_MASTER_ADDR@"
 # Set per node by each renderer from what the scheduler says, never from the plan.
 PER_NODE_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
-
-
-def export_plan(job_path: str, inventory: str | None, nodes: int | None) -> tuple[Job, Plan]:
-    """The job and its plan for ``nodes`` scheduler nodes: the only use of the plan-building
-    API in this package (load_job, resolve_hosts, make_plan), so it can follow it."""
-    from ..cli import new_run_id, resolve_hosts
-    from ..job import load_job
-    from ..plan import make_layout, make_plan
-
-    job = load_job(job_path)
-    if job.nproc_per_node == "auto":
-        raise UserError("export needs a number of ranks per node: the scheduler's nodes are not known "
-                        "when the file is written; set nproc_per_node to the GPUs per node",
-                        file=str(job.path), key="nproc_per_node")
-    hosts = resolve_hosts(job, inventory)
-    count = nodes if nodes is not None else len(hosts)
-    placeholders = [replace(hosts[i % len(hosts)], name=f"node{i}", address=f"ftb-export-node{i}",
-                            local=False, port=22) for i in range(count)]
-    return job, make_plan(make_layout(job, placeholders, new_run_id(job.name)))
 
 
 @dataclass(frozen=True)
@@ -123,48 +106,3 @@ def check_image(image: str, where: str) -> str:
     """A tag is refused here as `ftbundle run` refuses it."""
     check_pinned_image(image, lambda msg: UserError(msg, file=where, key="--image"))
     return image
-
-
-def check_target(to: str) -> str:
-    if to not in TARGETS:
-        raise UserError(f"unknown export target {to!r}{did_you_mean(to, TARGETS)}; valid: {', '.join(TARGETS)}",
-                        key="--to")
-    return to
-
-
-def parse_nodes(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        nodes = int(value)
-    except ValueError:
-        nodes = 0
-    if not 1 <= nodes <= 100000:
-        raise UserError(f"must be a whole number of nodes (1 or more), got {value!r}", key="--nodes")
-    return nodes
-
-
-def export(job_path: str, *, to: str, inventory: str | None = None, nodes: str | None = None,
-           partition: str | None = None, time: str | None = None, container: str = "pyxis",
-           image: str | None = None, pvc: str | None = None, secret: str | None = None) -> tuple[str, tuple[str, ...]]:
-    """The scheduler's text for a job, and the plan's warnings. Raises UserError before
-    anything is written."""
-    check_target(to)
-    count = parse_nodes(nodes)
-    if image is not None:
-        check_image(image, "--image")
-    job, plan = export_plan(job_path, inventory, count)
-    spec = spec_from(job, plan)
-    if to == "slurm":
-        from .slurm import render
-
-        return render(spec, partition=partition, time=time, container=container), spec.warnings
-    if to == "pbs":
-        from .pbs import render as render_pbs
-
-        return render_pbs(spec, queue=partition, time=time), spec.warnings
-    from . import k8s
-
-    make = k8s.pytorchjob if to == "k8s" else k8s.trainjob
-    objects = make(spec, image=image, pvc=pvc, secret=secret)
-    return k8s.to_yaml(objects, spec, to, k8s.names(spec, pvc, secret)), spec.warnings

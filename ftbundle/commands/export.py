@@ -1,0 +1,97 @@
+"""`ftbundle export`: the job as an sbatch script, Kubeflow manifests or a qsub script.
+
+The plan is built here for N placeholder hosts (the scheduler's nodes are not known when
+the file is written); the text comes from the pure renderers in ftbundle/export/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from ..errors import UserError, did_you_mean
+from ..export import TARGETS, check_image, spec_from
+from ..inventory import resolve_hosts
+from ..job import Job, load_job
+from ..plan import Plan, make_layout, make_plan, new_run_id
+from .common import say
+
+
+def export_plan(job_path: str, inventory: str | None, nodes: int | None) -> tuple[Job, Plan]:
+    """The job and its plan for ``nodes`` scheduler nodes: placeholder hosts that keep the
+    inventory's variables (ftb_shared_dir, ftb_image)."""
+    job = load_job(job_path)
+    if job.nproc_per_node == "auto":
+        raise UserError("export needs a number of ranks per node: the scheduler's nodes are not known "
+                        "when the file is written; set nproc_per_node to the GPUs per node",
+                        file=str(job.path), key="nproc_per_node")
+    hosts = resolve_hosts(job, inventory)
+    count = nodes if nodes is not None else len(hosts)
+    placeholders = [replace(hosts[i % len(hosts)], name=f"node{i}", address=f"ftb-export-node{i}",
+                            local=False, port=22) for i in range(count)]
+    return job, make_plan(make_layout(job, placeholders, new_run_id(job.name)))
+
+
+def check_target(to: str) -> str:
+    if to not in TARGETS:
+        raise UserError(f"unknown export target {to!r}{did_you_mean(to, TARGETS)}; valid: {', '.join(TARGETS)}",
+                        key="--to")
+    return to
+
+
+def parse_nodes(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        nodes = int(value)
+    except ValueError:
+        nodes = 0
+    if not 1 <= nodes <= 100000:
+        raise UserError(f"must be a whole number of nodes (1 or more), got {value!r}", key="--nodes")
+    return nodes
+
+
+def export(job_path: str, *, to: str, inventory: str | None = None, nodes: str | None = None,
+           partition: str | None = None, time: str | None = None, container: str = "pyxis",
+           image: str | None = None, pvc: str | None = None, secret: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """The scheduler's text for a job, and the plan's warnings. Raises UserError before
+    anything is written."""
+    check_target(to)
+    count = parse_nodes(nodes)
+    if image is not None:
+        check_image(image, "--image")
+    job, plan = export_plan(job_path, inventory, count)
+    spec = spec_from(job, plan)
+    if to == "slurm":
+        from ..export.slurm import render
+
+        return render(spec, partition=partition, time=time, container=container), spec.warnings
+    if to == "pbs":
+        from ..export.pbs import render as render_pbs
+
+        return render_pbs(spec, queue=partition, time=time), spec.warnings
+    from ..export import k8s
+
+    make = k8s.pytorchjob if to == "k8s" else k8s.trainjob
+    objects = make(spec, image=image, pvc=pvc, secret=secret)
+    return k8s.to_yaml(objects, spec, to, k8s.names(spec, pvc, secret)), spec.warnings
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """The job as an sbatch script, Kubeflow manifests or a qsub script: to -o or stdout."""
+    text, warnings = export(args.job, to=args.to, inventory=args.inventory, nodes=args.nodes,
+                            partition=args.partition, time=args.time, container=args.container,
+                            image=args.image, pvc=args.pvc, secret=args.secret)
+    for warning in warnings:
+        say(f"warning: {warning}")
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        try:
+            with open(args.output, "w") as out:
+                out.write(text)
+        except OSError as exc:
+            raise UserError(f"cannot write: {exc.strerror}", file=args.output, key="-o") from None
+        say(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,178 @@
+"""`ftbundle run`: the one-way flow of a launch, top to bottom.
+
+job + hosts -> layout (:func:`~.common.load_layout`) -> facts (the check, or a short probe
+when the plan needs them) -> plan (:func:`~ftbundle.plan.make_plan`) -> launch (stage the
+run directory, start every node, supervise) -> report (the closing summary). The display
+(:class:`ftbundle.ui.Phases`) is handed down explicitly; its messages replace the plain
+``ftbundle: ...`` lines while it is shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from ..errors import UserError
+from ..job import Job, is_secret
+from ..plan import Layout, Plan, make_plan
+from .common import load_layout, open_cluster, say
+
+
+def needs_facts(layout: Layout) -> bool:
+    """The plan cannot be made from the files alone: ``auto`` ranks, or the docker runtime
+    with no image but the one site.yml recorded on the hosts."""
+    return layout.job.nproc_per_node == "auto" or (layout.docker and layout.image is None)
+
+
+def _say(ui, message: str) -> None:
+    if ui is not None:
+        ui.say(message)
+    else:
+        say(message)
+
+
+def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None) -> tuple[Plan, tuple[str, ...]]:
+    """The plan to launch, and what the check left on rank 0's host for staging to remove.
+
+    The hosts are checked first unless the job says `check: false` or ``skip_check``;
+    their facts resolve ``auto``, the docker runtime's GPUs and image, bf16 and whether
+    output_dir is shared. A failed check is a UserError: nothing has been started anywhere.
+    The check's sentinel directories on rank 0's host go in staging's own command (one
+    round trip for both); any on other hosts go now."""
+    job = layout.job
+    check = job.check and not skip_check
+    facts = None
+    leftovers: tuple[str, ...] = ()
+    if check:
+        from ..check import clean_up, print_report, run_checks, sentinel_cleanup
+
+        report, facts = run_checks(layout, cluster, keep_sentinels=True,
+                                   on_progress=ui.checking if ui is not None else None)
+        if ui is not None:
+            ui.stop()
+        sentinels = sentinel_cleanup(layout, facts)
+        if not report.ok:
+            clean_up(cluster, sentinels)
+            print_report(report, sys.stderr)
+            raise UserError(f"{len(report.failures)} problem(s) found on the hosts before launch (see above); "
+                            "nothing was started. Fix them, or set 'check: false' in the job to skip the check",
+                            file=str(job.path), key="check")
+        rank0 = layout.hosts[0].name
+        leftovers = tuple(d for h, dirs in sentinels if h.name == rank0 for d in dirs)
+        clean_up(cluster, [(h, dirs) for h, dirs in sentinels if h.name != rank0])
+        _say(ui, f"check passed: {len(layout.hosts)} host(s) alike and ready ({len(report.checks)} checks, "
+                 f"{report.seconds:.1f}s)")
+        for warning in report.warnings:
+            _say(ui, f"warning: {warning}")
+    else:
+        if cluster.errors:
+            raise UserError("cannot reach every host, nothing was started: " + "; ".join(cluster.errors.values()),
+                            file=str(job.inventory or job.path), key="hosts")
+        if needs_facts(layout):
+            from ..check import probe_hosts
+
+            facts = probe_hosts(layout, cluster, full=False)
+            lost = [f"{f.host}: {f.error}" for f in facts.hosts if f.error]
+            if lost:
+                raise UserError("cannot ask every host, nothing was started: " + "; ".join(lost),
+                                file=str(job.inventory or job.path), key="hosts")
+    return make_plan(layout, facts), leftovers
+
+
+def _launch_imports(layout: Layout, *, skip_check: bool) -> None:
+    """What a launch needs after the connections: imported while they are being made (the
+    check's modules only when it runs: about 4 ms that a `--no-check` start does not pay)."""
+    from .. import launch, ui  # noqa: F401
+
+    if (layout.job.check and not skip_check) or needs_facts(layout):
+        from .. import check  # noqa: F401
+
+
+def format_plan(plan: Plan) -> str:
+    """Human-readable --dry-run output: per host, where, what and with which environment."""
+    lines = [
+        f"job {plan.job_name}  run {plan.run_id}",
+        f"world size {plan.world_size} = {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s); "
+        f"master {plan.master_addr}:{plan.master_port}",
+        f"run directory {plan.run_dir}",
+    ]
+    lines += plan.notes
+    for warning in plan.warnings:
+        lines.append(f"warning: {warning}")
+    for node in plan.nodes:
+        where = "local process" if node.host.local else (
+            f"ssh {node.host.user + '@' if node.host.user else ''}{node.host.address}:{node.host.port}")
+        lines.append("")
+        lines.append(f"rank {node.rank}  {node.host.name}  ({where})")
+        lines.append(f"  cd {node.workdir}")
+        if node.env_file:
+            lines.append(f"  env file {node.env_file} (if present)")
+        for key, value in node.env.items():
+            lines.append(f"  {key}={'<redacted>' if is_secret(key) else plan.redact(value)}")
+        lines.append(f"  {plan.redact(shlex.join(node.argv))}")
+        lines.append(f"  log {node.log_path}")
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    job, layout = load_layout(args.job, args.inventory)
+    if args.detach and job.restarts:
+        raise UserError(f"restarts: {job.restarts} needs ftbundle to stay and supervise the run; --detach cannot "
+                        "restart nodes. Drop --detach, or set restarts: 0 for a detached run",
+                        file=str(job.path), key="restarts")
+    if args.dry_run and not needs_facts(layout):
+        print(format_plan(make_plan(layout)))
+        return 0
+    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys,
+                      meanwhile=lambda: _launch_imports(layout, skip_check=args.no_check)) as cluster:
+        if args.dry_run:  # starts nothing; the hosts are asked (read-only) what the plan needs
+            plan, _ = checked_plan(layout, cluster, skip_check=True)
+            print(format_plan(plan))
+            return 0
+        from ..ui import Phases
+
+        # -v: rank 0's raw output on stdout, so the phases are plain lines (no live line to fight it)
+        ui = Phases(sys.stderr, tty=False if args.verbose else None, nnodes=len(layout.hosts))
+        try:
+            plan, leftovers = checked_plan(layout, cluster, skip_check=args.no_check, ui=ui)
+            return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, verbose=args.verbose,
+                               leftovers=leftovers, ui=ui)
+        finally:
+            ui.stop()
+
+
+def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, verbose: bool = True,
+                leftovers: tuple[str, ...] = (), ui=None) -> int:
+    """Stage the run directory (removing ``leftovers`` on rank 0's host in the same round
+    trip) while the node channels open, then run or detach."""
+    from ..launch import StagingError, launch, launch_detached, stage_run_dir
+
+    _say(ui, f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
+    for note in plan.notes:
+        _say(ui, note)
+    for warning in plan.warnings:
+        _say(ui, f"warning: {warning}")
+    if ui is not None:
+        ui.staging()
+
+    def stage() -> None:
+        stage_run_dir(cluster, plan, leftovers)
+
+    try:
+        if not detach:
+            return launch(plan, cluster, restarts=job.restarts, ui=ui, verbose=verbose, before=stage)
+        if ui is not None:
+            ui.stop()
+        code = launch_detached(plan, cluster, before=stage)
+    except StagingError as exc:
+        if ui is not None:
+            ui.stop()
+        _say(ui, f"error: {exc}; nothing was started")
+        return 1
+    if code == 0:
+        _say(ui, f"run {plan.run_id} started on all {plan.nnodes} node(s) and detached; follow it with\n"
+                 f"  ftbundle status {job_file} --run {plan.run_id}\n"
+                 f"  ftbundle logs {job_file} --run {plan.run_id} -f\n"
+                 f"  ftbundle stop {job_file} --run {plan.run_id}")
+    return code

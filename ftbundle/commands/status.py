@@ -1,0 +1,40 @@
+"""`ftbundle status`, `logs` and `stop`: a run after launch (attached, detached or finished),
+found in the job's run directories through one connection per host."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UserError
+from .common import load_layout, open_cluster
+
+
+def with_run(args: argparse.Namespace, action) -> int:
+    """``action(ref, cluster)`` on the run named by ``--run`` (default: the job's latest)."""
+    from ..runs import find_run
+
+    job, layout = load_layout(args.job, args.inventory)
+    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
+        if layout.hosts[0].name in cluster.errors:
+            raise UserError(f"cannot read the run directory through rank 0's host: "
+                            f"{cluster.errors[layout.hosts[0].name]}", file=str(job.inventory or job.path))
+        ref = find_run(job.name, layout.shared_dir, list(layout.hosts), args.run, cluster)
+        return action(ref, cluster)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ..runs import print_status
+
+    return with_run(args, print_status)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from ..runs import show_logs
+
+    return with_run(args, lambda ref, cluster: show_logs(ref, cluster, args.rank, args.follow, args.lines))
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from ..runs import stop_run
+
+    return with_run(args, stop_run)
