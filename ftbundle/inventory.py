@@ -242,10 +242,18 @@ def _vault_secrets(loader, inventory: str) -> None:
     if not path:
         return
     from ansible.cli import CLI
+    from ansible.parsing.vault import VaultSecretsContext
 
     if not os.path.exists(path):
         raise UserError(f"vault password file not found: {path}", key="--vault-password-file")
-    CLI.setup_vault_secrets(loader, vault_ids=[], vault_password_files=[path])
+    secrets = CLI.setup_vault_secrets(loader, vault_ids=[], vault_password_files=[path], initialize_context=False)
+    # Ansible decrypts through one context per process, which it lets be initialized once:
+    # a second inventory read in the same process adds its secrets to it instead.
+    context = VaultSecretsContext.current(optional=True)
+    if context is None:
+        VaultSecretsContext.initialize(VaultSecretsContext(secrets))
+    else:
+        context.secrets[:0] = secrets
 
 
 def _plain(value: Any) -> Any:
