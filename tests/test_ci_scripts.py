@@ -1,0 +1,62 @@
+""".ci/venv.sh fails on a failed install, and checks every module the tests would skip
+without. Runs a copy of the script against a fake interpreter (the real .venv is shared and
+must not be rebuilt by a test): pure, about a second."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import REPO
+
+# The fake base interpreter: `-m venv DIR` makes DIR/bin/python, a fake whose pip install
+# of the project prints what pip prints on a failure and exits 1; everything else succeeds.
+FAKE_PYTHON = r'''#!/usr/bin/env bash
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+    mkdir -p "$3/bin"
+    cat >"$3/bin/python" <<'EOF'
+#!/usr/bin/env bash
+echo "$*" >>"$(dirname "$0")/calls"
+if [ "$1 $2 $3" = "-m pip install" ] && [ "$4 $5" = "-q -e" ]; then
+    echo "ERROR: Could not find a version that satisfies the requirement llamafactory==0.9.5" >&2
+    exit 1
+fi
+exit 0
+EOF
+    chmod +x "$3/bin/python"
+    exit 0
+fi
+exec "$REAL_PYTHON" "$@"
+'''
+
+
+def test_venv_script_fails_when_pip_install_fails(tmp_path):
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(REPO / ".ci" / "venv.sh", tmp_path / ".ci" / "venv.sh")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    fake = tmp_path / "fake-python3"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    p = subprocess.run(["bash", str(tmp_path / ".ci" / "venv.sh")], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "REAL_PYTHON": sys.executable})
+    calls = (tmp_path / ".venv" / "bin" / "calls").read_text()
+    assert "-m pip install -q -e" in calls, calls  # it got as far as the install
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "Could not find a version" in p.stdout + p.stderr  # pip's own message is shown
+    assert not (tmp_path / ".venv" / ".ftbundle-deps").exists()  # no stamp: the next run tries again
+
+
+def test_venv_script_checks_every_module_a_test_may_skip_without():
+    """A module that a test imports with importorskip, missing from the script's import
+    check, would turn a broken install into skipped tests instead of a failure."""
+    checked_line = re.search(r"\.venv/bin/python -c 'import ([^']+)'", (REPO / ".ci" / "venv.sh").read_text())
+    assert checked_line, "no import check in .ci/venv.sh"
+    checked = {m.strip() for m in checked_line.group(1).split(",")}
+    skipped = set()
+    for path in (REPO / "tests").glob("*.py"):
+        skipped |= set(re.findall(r"importorskip\(\s*[\"']([\w.]+)[\"']", path.read_text()))
+    assert skipped, "no importorskip found: the pattern is stale"
+    assert {s.split(".")[0] for s in skipped} <= checked, sorted(skipped - checked)
