@@ -34,6 +34,27 @@ if (
     )
 
 
+def gpu_present() -> bool:
+    """A real NVIDIA GPU: nvidia-smi lists at least one (the tests' stand-in is never on PATH
+    here; it is installed only on containerized hosts and in a test's own bin directory)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0 and "GPU " in p.stdout
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests run only where a GPU is present."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and not gpu_present():
+        skip = pytest.mark.skip(reason="no GPU here (nvidia-smi -L lists none); runs on a GPU machine")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def docker_engine() -> None:
     """A running Docker engine (started by .ci/docker-engine.sh if needed). Fails, never skips."""

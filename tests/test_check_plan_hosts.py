@@ -1,5 +1,5 @@
 """Issue 10 on containerized hosts: values never become shell, secrets reach no artefact,
-GPU facts come from a stand-in nvidia-smi replaying recorded outputs (a hung one included),
+GPU facts come from a stand-in nvidia-smi replaying hand-made sample outputs (a hung one included),
 the inventory is read as Ansible reads it (templated vars, vault, a bastion), and unknown
 host keys are refused unless accepted."""
 
@@ -123,8 +123,8 @@ def install_smi(cluster, host, sample: str) -> None:
     cluster.exec(host, f"echo {sample} > /etc/ftb-smi/sample")
 
 
-def test_gpu_facts_from_recorded_nvidia_smi_on_the_hosts(cluster2, tmp_path):
-    """A stand-in nvidia-smi on each host replays recorded outputs: `auto` becomes the GPUs the
+def test_gpu_facts_from_a_stand_in_nvidia_smi_on_the_hosts(cluster2, tmp_path):
+    """A stand-in nvidia-smi on each host replays hand-made sample outputs: `auto` becomes the GPUs the
     job sees (the job's CUDA_VISIBLE_DEVICES counts), the docker runtime gets them by default,
     a leftover process is named with its pid, and a hung driver is reported as a hung driver
     (not as an unreachable host) within the probe's timeout."""

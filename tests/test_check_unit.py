@@ -1,9 +1,10 @@
 """`ftbundle check`'s parts without hosts: the probe run for real on this machine, the facts
 parsed from it, the rules, the report, and the pure parts of `--net`.
 
-The nvidia-smi samples in tests/data/nvidia-smi/ are format samples written in the exact
-format nvidia-smi prints for the probe's queries; they were not captured in this
-repository's CI (no GPU there). tests/assets/nvidia-smi-replay replays them, so the probe's
+The nvidia-smi samples in tests/data/nvidia-smi/ are hand-made format samples, written in
+the exact format nvidia-smi prints for the probe's queries; they were not captured in this
+repository's CI (no GPU there; real outputs are recorded into tests/data/nvidia-smi/recorded/
+by tests/test_gpu.py where a GPU is present). tests/assets/nvidia-smi-replay replays them, so the probe's
 whole GPU path runs, hung driver included.
 """
 

@@ -1,0 +1,95 @@
+"""Real GPUs, where there are any (the ``gpu`` marker: skipped on machines without one).
+
+On a machine with a GPU (a lent GPU machine), the probe's three nvidia-smi queries are
+run for real, their outputs recorded into tests/data/nvidia-smi/recorded/ (with where and
+when in recorded/SOURCES.md), and read back by the same parsers `ftbundle check` uses;
+then the probe itself runs and must report the same GPUs. The hand-made samples beside
+them (tests/data/nvidia-smi/*.csv) are format samples; the recorded ones are the check
+that the format is the real one. Commit what was recorded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ftbundle.check.facts import add_gpu_ids, parse_compute_apps, parse_facts, parse_nvidia_smi
+from ftbundle.remote.probe import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY
+from tests.test_check_unit import REPLAY, SMI, local_spec, run_probe
+
+RECORDED = Path(os.environ.get("FTB_SMI_RECORD_DIR") or SMI / "recorded")
+BASE = ["nvidia-smi", "--format=csv,noheader,nounits"]
+QUERIES = {  # file suffix -> the probe's query, as ftbundle/remote/probe.py asks it
+    ".csv": f"--query-gpu={GPU_QUERY},compute_cap",
+    ".ids.csv": f"--query-gpu={GPU_IDS_QUERY}",
+    ".apps.csv": f"--query-compute-apps={APPS_QUERY}",
+}
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def record_nvidia_smi(out_dir: Path, env: dict | None = None) -> tuple[str, dict[str, str]]:
+    """Run the probe's queries on this machine and write each output as nvidia-smi printed
+    it: ``<gpu-name>-x<count><suffix>``. Returns (sample name, suffix -> text)."""
+    outputs = {}
+    for suffix, query in QUERIES.items():
+        proc = subprocess.run([*BASE, query], capture_output=True, text=True, timeout=60, env=env, check=False)
+        assert proc.returncode == 0, f"nvidia-smi {query}: exit {proc.returncode}: {proc.stdout}{proc.stderr}"
+        outputs[suffix] = proc.stdout
+    gpus = parse_nvidia_smi(outputs[".csv"])
+    assert gpus, outputs[".csv"]
+    sample = f"{slug(gpus[0].name)}-x{len(gpus)}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for suffix, text in outputs.items():
+        (out_dir / f"{sample}{suffix}").write_text(text)
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, env=env,
+                             check=False).stdout.strip().splitlines()
+    with open(out_dir / "SOURCES.md", "a") as sources:
+        sources.write(f"- `{sample}.*`: recorded {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC "
+                      f"on {socket.gethostname()} by tests/test_gpu.py, driver {gpus[0].driver}; "
+                      f"`nvidia-smi -L`: {'; '.join(listing) or '(nothing)'}\n")
+    return sample, outputs
+
+
+@pytest.mark.gpu
+def test_real_nvidia_smi_is_recorded_and_read_as_the_check_reads_it(tmp_path):
+    sample, out = record_nvidia_smi(RECORDED)
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60,
+                             check=True).stdout
+    uuids = re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)", listing)
+    gpus = add_gpu_ids(parse_nvidia_smi(out[".csv"]), out[".ids.csv"])
+    assert len(gpus) == len(uuids) > 0, (listing, out)
+    assert [g.uuid for g in gpus] == uuids  # the ids query lined up with the GPU list
+    for g in gpus:
+        assert g.memory_mib and g.memory_mib > 1024 and g.compute_cap_tuple is not None, g
+        assert g.memory_used_mib is not None, g
+    parse_compute_apps(out[".apps.csv"])  # may be empty; must parse
+    # the probe, for real, sees the same GPUs
+    facts = parse_facts("here", 0, run_probe(local_spec(tmp_path)))
+    assert facts.gpu_error is None and [g.uuid for g in facts.gpus] == uuids, facts
+    assert (RECORDED / f"{sample}.csv").read_text() == out[".csv"]
+
+
+def test_the_recorder_writes_what_nvidia_smi_prints(tmp_path):
+    """The recorder itself, without a GPU: the replaying stand-in plays nvidia-smi (its
+    hand-made a100-x4 sample), and what is written is byte for byte what it printed."""
+    bin_dir, data = tmp_path / "bin", tmp_path / "smi"
+    bin_dir.mkdir()
+    shutil.copy(REPLAY, bin_dir / "nvidia-smi")
+    shutil.copytree(SMI, data, ignore=shutil.ignore_patterns("recorded"))
+    (data / "sample").write_text("a100-x4")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FTB_SMI_DIR": str(data)}
+    sample, _ = record_nvidia_smi(tmp_path / "out", env=env)
+    assert sample == "nvidia-a100-sxm4-80gb-x4"
+    for suffix in QUERIES:
+        assert (tmp_path / "out" / f"{sample}{suffix}").read_bytes() == (SMI / f"a100-x4{suffix}").read_bytes()
+    assert "`nvidia-a100-sxm4-80gb-x4.*`: recorded" in (tmp_path / "out" / "SOURCES.md").read_text()
