@@ -10,7 +10,7 @@ demo: venv model  ## a real LoRA fine-tune of a tiny local model, 2 ranks on loc
 	@rm -rf $(QUICKSTART)/.shared/output/quickstart-lora  # a fresh fine-tune, not a resume of the last one
 	$(VENV)/bin/ftbundle run $(QUICKSTART)/job.yaml  # ends with a summary: final loss, adapter path, run dir
 
-test: venv engine image tools  ## everything CI runs
+test: tools venv engine image  ## everything CI runs
 	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 tests
 
 unit: venv  ## the fast tests: no Docker, no training
@@ -22,7 +22,7 @@ venv:
 engine:  ## a Docker engine (installed and started when missing)
 	@bash .ci/docker-engine.sh
 
-tools:  ## command-line tools the tests drive (tmux)
+tools:  ## command-line tools the tests drive (tmux, curl, ssh), installed when missing
 	@bash .ci/tools.sh
 
 image: engine  ## the containerized test hosts' image, built locally, cached by recipe

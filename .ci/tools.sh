@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Command-line tools the tests drive (idempotent): tmux, for the test that reads the
-# terminal screen of `ftbundle run` (tests/test_ux_run.py).
+# Command-line tools the tests drive (idempotent), installed when missing: tmux (the test
+# that reads the terminal screen of `ftbundle run`, tests/test_ux_run.py), curl (the local
+# registry's liveness, .ci/registry.sh), ssh and ssh-keygen (the containerized hosts'
+# keys and logins, tests/cluster.py).
 set -euo pipefail
-if ! command -v tmux >/dev/null; then
-    echo "tools: installing tmux" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q tmux >&2 || {
-        apt-get update -q >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -q tmux >&2; }
-fi
+# shellcheck source=.ci/apt.sh
+. "${BASH_SOURCE[0]%/*}/apt.sh"
+ftb_need tmux:tmux curl:curl ssh:openssh-client ssh-keygen:openssh-client

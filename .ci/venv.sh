@@ -12,6 +12,12 @@ if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     exit 0
 fi
 echo "venv: creating .venv for dependency set $want (takes a few minutes the first time)"
+# Debian's python3 makes no venv without python3-venv (ensurepip): installed when missing
+if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+    # shellcheck source=.ci/apt.sh
+    . .ci/apt.sh
+    ftb_install python3-venv
+fi
 rm -rf .venv
 "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip

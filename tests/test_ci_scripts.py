@@ -60,3 +60,48 @@ def test_venv_script_checks_every_module_a_test_may_skip_without():
         skipped |= set(re.findall(r"importorskip\(\s*[\"']([\w.]+)[\"']", path.read_text()))
     assert skipped, "no importorskip found: the pattern is stale"
     assert {s.split(".")[0] for s in skipped} <= checked, sorted(skipped - checked)
+
+
+def fake_apt(tmp_path: Path) -> tuple[Path, Path]:
+    """A bin directory whose apt-get only records its arguments (and nothing else: the
+    commands the scripts look for are all missing there)."""
+    bin_dir, log = tmp_path / "fakebin", tmp_path / "apt.log"
+    bin_dir.mkdir()
+    (bin_dir / "apt-get").write_text(f'#!/bin/bash\necho "$*" >>{log}\n')
+    (bin_dir / "apt-get").chmod(0o755)
+    return bin_dir, log
+
+
+def test_tools_script_installs_tmux_curl_and_openssh_client_when_missing(tmp_path):
+    bin_dir, log = fake_apt(tmp_path)
+    p = subprocess.run(["/bin/bash", str(REPO / ".ci" / "tools.sh")], capture_output=True, text=True, timeout=60,
+                       env={"PATH": str(bin_dir)})
+    assert p.returncode == 0, p.stderr
+    installed = log.read_text().split()
+    assert installed[:3] == ["install", "-y", "-q"], installed
+    assert set(installed[3:]) == {"tmux", "curl", "openssh-client"}, installed
+    # where they are present, nothing is installed
+    log.unlink()
+    for cmd in ("tmux", "curl", "ssh", "ssh-keygen"):
+        (bin_dir / cmd).write_text("#!/bin/sh\n")
+        (bin_dir / cmd).chmod(0o755)
+    p = subprocess.run(["/bin/bash", str(REPO / ".ci" / "tools.sh")], capture_output=True, text=True, timeout=60,
+                       env={"PATH": str(bin_dir)})
+    assert p.returncode == 0 and not log.exists(), p.stderr
+
+
+def test_venv_script_installs_python3_venv_when_the_interpreter_cannot_make_one(tmp_path):
+    """Debian's python3 without python3-venv has no ensurepip: the script installs it first."""
+    (tmp_path / ".ci").mkdir()
+    for name in ("venv.sh", "apt.sh"):
+        shutil.copy(REPO / ".ci" / name, tmp_path / ".ci" / name)
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    bin_dir, log = fake_apt(tmp_path)
+    fake = tmp_path / "fake-python3"
+    # no ensurepip (as before python3-venv), and `-m venv` fails as Debian's does without it
+    fake.write_text('#!/bin/bash\ncase "$*" in *ensurepip*|"-m venv"*) exit 1;; esac\nexec "$REAL_PYTHON" "$@"\n')
+    fake.chmod(0o755)
+    p = subprocess.run(["bash", str(tmp_path / ".ci" / "venv.sh")], capture_output=True, text=True, timeout=60,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(fake), "REAL_PYTHON": sys.executable})
+    assert log.read_text().split() == ["install", "-y", "-q", "python3-venv"], p.stderr
+    assert p.returncode != 0  # this fake still cannot make a venv: the script stops there
