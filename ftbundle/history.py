@@ -34,8 +34,10 @@ def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, starte
         "run_id": plan.run_id, "job": plan.job_name, "state": state, "exit_code": exit_code,
         "attempt": attempt, "started": started, "duration_s": round(duration_s, 1),
         "hosts": [n.host.name for n in plan.nodes], "nproc_per_node": plan.nproc_per_node,
-        "steps": progress.step, "total_steps": progress.total, "final_loss": progress.loss,
-        "samples_per_s": progress.samples_per_s, "output_dir": plan.checkpoint_dir, "failed_host": failed_host,
+        "steps": progress.shown_step, "total_steps": progress.total, "final_loss": progress.loss,
+        "resumed_at": progress.start_step or None,
+        "samples_per_s": progress.samples_per_s or progress.live_samples_per_s(),
+        "output_dir": plan.checkpoint_dir, "failed_host": failed_host,
     }
 
 

@@ -87,6 +87,9 @@ class Plan:
     image: str | None = None  # docker runtime: the pinned image every node runs
     effective_batch: int | None = None  # samples per optimizer step (LlamaFactory jobs), for samples/s
     finetuning_type: str | None = None  # LlamaFactory's (lora, full, ...): whether an adapter is the result
+    # LlamaFactory resumes from output_dir's newest checkpoint-N by itself (overwrite_output_dir
+    # false, no resume_from_checkpoint): ftbundle says so before launch, or refuses a finished one
+    resumes: bool = False
 
     @property
     def world_size(self) -> int:
@@ -293,6 +296,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
     warnings: list[str] = []
     notes: list[str] = []
     effective_batch = finetuning_type = None
+    resumes = False
     if layout.lf_config is not None:
         shared = facts.storage_shared("output_dir") if facts is not None else None
         prepared = llamafactory.prepare(
@@ -305,6 +309,8 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
                                          infiniband=_infiniband(layout, facts))
         effective_batch = prepared.effective_batch
         finetuning_type = str(prepared.config.get("finetuning_type") or "lora")
+        resumes = (layout.checkpoint_dir is not None and not prepared.config.get("overwrite_output_dir")
+                   and not prepared.config.get("resume_from_checkpoint"))
         notes.append(llamafactory.effective_batch_line(prepared.config, len(layout.hosts), nproc,
                                                        prepared.effective_batch))
 
@@ -355,7 +361,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         master_addr=layout.master_addr, master_port=job.master_port, nnodes=len(layout.hosts),
         nproc_per_node=nproc, nodes=tuple(nodes), files=dict(layout.files), warnings=tuple(warnings),
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
-        finetuning_type=finetuning_type,
+        finetuning_type=finetuning_type, resumes=resumes,
     )
 
 

@@ -97,7 +97,7 @@ def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
     assert "restarting all nodes" in err and "node node1 (rank 1" in err
-    resumed = re.search(r"resuming from \S+/checkpoint-(\d+)", err)
+    resumed = re.search(rf"resuming from checkpoint-(\d+) of 400 in {re.escape(str(output))}", err)
     assert resumed, err
     step = int(resumed.group(1))
     assert step >= 10

@@ -136,19 +136,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         ui = Phases(sys.stderr, tty=False if args.verbose else None, nnodes=len(layout.hosts))
         try:
             plan, leftovers = checked_plan(layout, cluster, skip_check=args.no_check, ui=ui)
+            resume = starting_point(plan, cluster, str(job.path), leftovers)
             return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, verbose=args.verbose,
-                               leftovers=leftovers, ui=ui)
+                               leftovers=leftovers, ui=ui, resume=resume)
         finally:
             ui.stop()
 
 
+def starting_point(plan: Plan, cluster, job_path: str, leftovers: tuple[str, ...] = ()):
+    """Where a LlamaFactory run starts in its output_dir (the newest checkpoint, read on
+    rank 0's host), or None. A finished training is refused (exit 2) with nothing started,
+    the check's leftovers removed."""
+    from ..launch.resume import read_resume_state, refuse_finished
+
+    resume = read_resume_state(plan, cluster)
+    if resume is not None and resume.finished:
+        if leftovers:
+            from ..check import clean_up
+
+            clean_up(cluster, [(plan.nodes[0].host, list(leftovers))])
+        refuse_finished(resume, job_path)
+    return resume
+
+
 def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, verbose: bool = True,
-                leftovers: tuple[str, ...] = (), ui=None) -> int:
+                leftovers: tuple[str, ...] = (), ui=None, resume=None) -> int:
     """Stage the run directory (removing ``leftovers`` on rank 0's host in the same round
     trip) while the node channels open, then run or detach."""
     from ..launch import StagingError, launch, launch_detached, stage_run_dir
 
     _say(ui, f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
+    if resume is not None:
+        for line in resume.cleaned:
+            _say(ui, line)
+        if resume.announcement():
+            _say(ui, resume.announcement())
     for note in plan.notes:
         _say(ui, note)
     for warning in plan.warnings:
@@ -161,7 +183,8 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, v
 
     try:
         if not detach:
-            return launch(plan, cluster, restarts=job.restarts, ui=ui, verbose=verbose, before=stage)
+            return launch(plan, cluster, restarts=job.restarts, ui=ui, verbose=verbose, before=stage,
+                          start_step=resume.step if resume is not None else 0)
         if ui is not None:
             ui.stop()
         code = launch_detached(plan, cluster, before=stage)

@@ -92,7 +92,8 @@ class Supervisor:
     """One attempt of a run on an open cluster."""
 
     def __init__(self, plan: Plan, cluster: Cluster, *, attempt: int = 1, out: TextIO | None = None,
-                 err: TextIO | None = None, lost_after: float = LOST_AFTER_S, ui=None, verbose: bool = True):
+                 err: TextIO | None = None, lost_after: float = LOST_AFTER_S, ui=None, verbose: bool = True,
+                 start_step: int = 0):
         self.plan = plan
         self.cluster = cluster
         self.attempt = attempt
@@ -105,8 +106,8 @@ class Supervisor:
         # ui (ftbundle.ui.Phases): phases and summaries on it. Without verbose, rank 0's output
         # feeds a progress display instead of the terminal (the log keeps every line).
         self.ui = ui
-        self.progress = Progress(effective_batch=plan.effective_batch,
-                                 from_jsonl=bool(plan.checkpoint_dir))  # LlamaFactory: trainer_log.jsonl
+        self.progress = Progress(effective_batch=plan.effective_batch,  # LlamaFactory: trainer_log.jsonl
+                                 from_jsonl=bool(plan.checkpoint_dir), start_step=start_step)
         self._log_follower: threading.Thread | None = None
         if ui is not None and not verbose:
             self.display = ProgressFeed(ui, self.progress, self._show_progress)
@@ -478,11 +479,12 @@ RECORD_TIMEOUT_S = 5.0  # writing summary.json at the end of a run
 
 
 def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | None = None,
-           err: TextIO | None = None, ui=None, verbose: bool = True, before=None) -> int:
+           err: TextIO | None = None, ui=None, verbose: bool = True, before=None, start_step: int = 0) -> int:
     """Run the plan to its end, restarting every node up to ``restarts`` times; the exit code.
 
     ``before`` (staging the run directory) runs while the first attempt's node channels
-    open; it raising means nothing was started.
+    open; it raising means nothing was started. ``start_step``: the checkpoint's step the
+    first attempt resumes from (:mod:`.resume`); a restart reads its own.
 
     With ``ui`` (:class:`ftbundle.ui.Phases`) the run shows its phases and ends with a
     summary, and its record (summary.json, metrics.jsonl) is left in the run directory for
@@ -506,8 +508,8 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
     for attempt in range(1, attempts + 1):
         if attempt > 1:
             stage_files(cluster, plan.nodes[0].host, plan.run_dir, {ATTEMPT_FILE: f"{attempt}\n"})
-        outcome = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui,
-                             verbose=verbose).run(before if attempt == 1 else None)
+        outcome = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
+                             start_step=start_step).run(before if attempt == 1 else None)
         if outcome.exit_code == 0:
             if ui is not None:
                 ui.final_progress()
@@ -527,7 +529,15 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             return outcome.exit_code
         say(f"every process of attempt {attempt} is gone; restarting all nodes "
             f"(restart {attempt} of {restarts})")
-        if plan.checkpoint_dir:
+        if plan.resumes:
+            from .resume import read_resume_state
+
+            state = read_resume_state(plan, cluster, writer=False)
+            for line in state.cleaned:
+                say(line)
+            say(state.announcement() or "no checkpoint yet: starting from the beginning")
+            start_step = state.step
+        elif plan.checkpoint_dir:
             last, cleaned = resume_point(plan, cluster)
             for line in cleaned:
                 say(line)

@@ -86,6 +86,9 @@ class Progress:
     records: list[dict] = field(default_factory=list)  # trainer_log.jsonl-shaped, for plots
     last_line: str = ""
     from_jsonl: bool = False  # trainer_log.jsonl seen, or expected (LlamaFactory): it wins over stdout
+    # the step this attempt resumed from (a checkpoint's global_step): rates count from here,
+    # as the trainer's own numbers do not (its samples/s counts every step since 0)
+    start_step: int = 0
 
     def _loss(self, value) -> None:
         if isinstance(value, (int, float)):
@@ -118,13 +121,15 @@ class Progress:
             return False
         self.last_line = stripped[-200:]
         samples = _SAMPLES.search(line)
-        if samples:  # the trainer's closing metrics table
-            self.samples_per_s = float(samples.group(1))
+        if samples:  # the trainer's closing metrics table (all steps since 0: not a resumed attempt's)
+            if not self.start_step:
+                self.samples_per_s = float(samples.group(1))
             return True
         values = parse_hf_dict(line)
         if values is not None:
             if "train_samples_per_second" in values:
-                self.samples_per_s = float(values["train_samples_per_second"])
+                if not self.start_step:
+                    self.samples_per_s = float(values["train_samples_per_second"])
                 return True
             if self.from_jsonl:
                 return True
@@ -147,20 +152,32 @@ class Progress:
     def elapsed(self, now: float | None = None) -> float:
         return (now or time.monotonic()) - self.started
 
+    @property
+    def shown_step(self) -> int | None:
+        """The step as shown: never past the total (a resumed, finished trainer logs one more)."""
+        if self.step is None:
+            return None
+        return min(self.step, self.total) if self.total else self.step
+
+    @property
+    def steps_done(self) -> int:
+        """Steps made by this attempt (since the checkpoint it resumed from)."""
+        return max(0, (self.shown_step or 0) - self.start_step)
+
     def steps_per_s(self, now: float | None = None) -> float | None:
-        elapsed = self.elapsed_s or self.elapsed(now)
-        return self.step / elapsed if self.step and elapsed > 0 else None
+        elapsed = self.elapsed_s or self.elapsed(now)  # the trainer's clock starts with this attempt
+        return self.steps_done / elapsed if self.steps_done and elapsed > 0 else None
 
     def live_samples_per_s(self, now: float | None = None) -> float | None:
         rate = self.steps_per_s(now)
         return rate * self.effective_batch if rate and self.effective_batch else None
 
     def eta(self, now: float | None = None) -> float | None:
-        if self.remaining_s is not None:
+        if self.remaining_s is not None and not self.start_step:  # LlamaFactory's assumes a start at 0
             return self.remaining_s
         rate = self.steps_per_s(now)
         if rate and self.total and self.step is not None:
-            return (self.total - self.step) / rate
+            return max(0, self.total - self.step) / rate
         return None
 
     @property
@@ -181,7 +198,7 @@ def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None =
     """(label, value) pairs of the live status, in display order; pure formatting."""
     fields = []
     if p.step is not None and p.total:
-        fields.append(("step", f"{p.step}/{p.total}"))
+        fields.append(("step", f"{p.shown_step}/{p.total}"))
     elif p.step is not None:
         fields.append(("step", str(p.step)))
     if p.epoch is not None:

@@ -140,8 +140,10 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
                     output_dir: str | None, adapter: str | None, nnodes: int) -> list[str]:
     """The lines shown when every node finished."""
     lines = [f"finished run {run_id} on {nnodes} node(s) in {clock(duration_s)}"]
+    if progress.start_step:
+        lines.append(f"  resumed at   step {progress.start_step} ({progress.steps_done} step(s) this run)")
     if progress.step is not None:
-        lines.append(f"  steps        {progress.step}" + (f"/{progress.total}" if progress.total else ""))
+        lines.append(f"  steps        {progress.shown_step}" + (f"/{progress.total}" if progress.total else ""))
     if progress.loss is not None:
         lines.append(f"  final loss   {progress.loss:.4f}")
     rate = progress.samples_per_s or progress.live_samples_per_s()
