@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -148,6 +149,7 @@ def test_terminal_shows_live_progress_and_the_quickstart_fits_a_screen(tmp_path,
                       "echo FTB-EXIT=$?\nsleep 600\n")
     assert _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "80", "bash", str(script)).returncode == 0
     live = []
+    before_steps = set()  # the live line's text in the training phase before the first step
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -157,6 +159,10 @@ def test_terminal_shows_live_progress_and_the_quickstart_fits_a_screen(tmp_path,
             if any(line.lstrip()[:1] in SPINNER and "training" in line and "step" in line
                    for line in screen.splitlines()):
                 live.append(screen)
+            for line in screen.splitlines():
+                body = line.strip()
+                if body[:1] in SPINNER and body[1:].strip().startswith("training") and "step " not in body:
+                    before_steps.add(re.sub(r"\s+\d+s$", "", body[1:].strip()[len("training"):].strip()))
             time.sleep(0.25)
         whole = _tmux("capture-pane", "-p", "-S", "-", "-t", session).stdout
     finally:
@@ -173,7 +179,13 @@ def test_terminal_shows_live_progress_and_the_quickstart_fits_a_screen(tmp_path,
     shown = "\n".join(lines[:end])
     assert "finished run quickstart-lora-" in shown and "final loss" in shown and "adapter" in shown
     assert "{'loss'" not in shown
-    print(f"quickstart on a terminal: {end} lines; {len(live)} live progress frames seen")
+    # before the first step: phases from what the ranks do, never a (truncated) raw log line
+    assert before_steps, whole
+    phases = ("starting the ranks", "waiting for ranks", "loading tokenizer (2 ranks connected)", "loading dataset",
+              "tokenizing dataset", "loading model", "preparing the model (LoRA)", "starting the first step")
+    assert before_steps <= set(phases), before_steps
+    print(f"quickstart on a terminal: {end} lines; {len(live)} live progress frames seen; "
+          f"before the first step: {sorted(before_steps, key=phases.index)}")
 
 
 def gloo_script_job(tmp_path: Path, name: str, failing: str) -> Path:

@@ -306,3 +306,45 @@ def test_init_on_a_terminal_asks_and_takes_the_answers(tmp_path):
     assert yaml.safe_load((tmp_path / "p/inventory.yml").read_text())["all"]["children"]["trainers"]["hosts"].keys() \
         == {"gpu1", "gpu2"}
     assert yaml.safe_load((tmp_path / "p/train.yaml").read_text())["finetuning_type"] == "full"
+
+
+# Lines of rank 0's output before the first step, as LlamaFactory 0.9.5 and transformers 5.6
+# printed them in a real quickstart run (2 CPU ranks; copied from its node log).
+REAL_START = """\
+[INFO|2026-11-24 22:40:13] llamafactory.hparams.parser:144 >> Set `ddp_find_unused_parameters` to False in DDP training since LoRA is enabled.
+[INFO|2026-11-24 22:40:13] llamafactory.hparams.parser:523 >> Process rank: 0, world size: 2, device: cpu:0, distributed training: True, compute dtype: None
+[INFO|configuration_utils.py:769] 2026-11-24 22:40:13,671 >> loading configuration file /tmp/w24q/qs/.shared/tiny-llama/config.json
+[INFO|2026-11-24 22:40:13] llamafactory.data.loader:144 >> Loading dataset support.json...
+Generating train split: 184 examples [00:00, 13021.83 examples/s]
+Converting format of dataset: 100%|██████████| 184/184 [00:00<00:00, 7372.98 examples/s]
+Running tokenizer on dataset: 100%|██████████| 184/184 [00:00<00:00, 1603.43 examples/s]
+training example:
+[INFO|modeling_utils.py:748] 2026-11-24 22:40:15,065 >> loading weights file /tmp/w24q/qs/.shared/tiny-llama/model.safetensors
+Loading weights: 100%|██████████| 21/21 [00:00<00:00, 10052.54it/s]
+[INFO|2026-11-24 22:40:15] llamafactory.model.adapter:144 >> Fine-tuning method: LoRA
+[INFO|2026-11-24 22:40:15] llamafactory.model.loader:144 >> trainable params: 23,552 || all params: 220,480 || trainable%: 10.6821
+[INFO|trainer.py:1469] 2026-11-24 22:40:17,803 >> ***** Running training *****
+  2%|▏         | 1/60 [00:00<00:10,  5.43it/s]
+"""
+
+
+def test_the_stages_before_the_first_step_come_from_what_the_ranks_print():
+    from ftbundle.ui import Phases, Progress
+
+    p = Progress()
+    out = io.StringIO()
+    ui = Phases(out, tty=False, nnodes=1)
+    ui.training(p, alive=1)
+    stages = []
+    for line in REAL_START.splitlines():
+        p.feed_line(line)
+        ui.training(p, alive=1)
+        if p.stage and (not stages or stages[-1] != p.stage):
+            stages.append(p.stage)
+    assert stages == ["waiting for ranks", "loading tokenizer (2 ranks connected)", "loading dataset",
+                      "tokenizing dataset", "loading model", "preparing the model (LoRA)", "starting the first step"]
+    assert p.step == 1 and p.total == 60
+    said = [line for line in out.getvalue().splitlines() if line.startswith("ftbundle: training: ")]
+    assert said[:3] == ["ftbundle: training: ranks starting", "ftbundle: training: waiting for ranks",
+                        "ftbundle: training: loading tokenizer (2 ranks connected)"], said
+    assert not any("llamafactory" in line or "INFO" in line for line in out.getvalue().splitlines())

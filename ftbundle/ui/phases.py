@@ -48,6 +48,7 @@ class Phases:
         self.warnings_hidden = 0
         self._last_plain = 0.0
         self._last_plain_step: int | None = None
+        self._last_plain_stage: str | None = None
         self._live = None
         self._console = None
         if self.tty:
@@ -98,8 +99,8 @@ class Phases:
             grid.add_row(*row)
             return Group(grid, second)
         detail = self.detail
-        if self.phase == "training" and p is not None and p.last_line:
-            detail = p.last_line[-80:]
+        if self.phase == "training" and p is not None and p.stage:
+            detail = p.stage  # a phrase, never a raw line of the log
         row.append(Text(f"{detail}  {time.monotonic() - self._phase_started:.0f}s", style="dim",
                         no_wrap=True, overflow="ellipsis"))
         grid.add_row(*row)
@@ -167,6 +168,9 @@ class Phases:
             if self._console is not None:
                 return  # the live line redraws itself
             if not progress.known:
+                if progress.stage and progress.stage != self._last_plain_stage:
+                    self._last_plain_stage = progress.stage
+                    self.say(f"training: {progress.stage}")
                 return
             now = time.monotonic()
             if progress.step == self._last_plain_step or now - self._last_plain < PLAIN_EVERY_S:

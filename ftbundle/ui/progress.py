@@ -24,6 +24,31 @@ _DICT = re.compile(r"\{'(?:loss|train_runtime|eval_loss)'.*\}")
 _SAMPLES = re.compile(r"train_samples_per_second\s*=\s*([\d.]+)")
 
 
+# What the ranks are doing before the first step, from LlamaFactory's and transformers' own
+# log lines on rank 0 (first match wins; in the order they come: LlamaFactory loads the
+# tokenizer, the dataset, then the model). A stage is a fixed phrase, never the raw line.
+_STAGES = (
+    (re.compile(r"\*\*\*\*\* Running training \*\*\*\*\*"), "starting the first step"),
+    (re.compile(r"Fine-tuning method: (\w+)"), "preparing the model ({0})"),
+    (re.compile(r"loading weights file|Loading weights|Loading checkpoint shards|Instantiating \w+ model"),
+     "loading model"),
+    (re.compile(r"Running tokenizer on dataset"), "tokenizing dataset"),
+    (re.compile(r"Loading dataset |Generating train split|Converting format of dataset"), "loading dataset"),
+    (re.compile(r"Process rank: \d+, world size: (\d+)"), "loading tokenizer ({0} ranks connected)"),
+    # LlamaFactory parsed its arguments: next it joins the process group, which waits for every rank
+    (re.compile(r"llamafactory\.hparams\.parser"), "waiting for ranks"),
+)
+
+
+def stage_of(line: str) -> str | None:
+    """The stage a line of rank 0's output tells of before training, or None."""
+    for pattern, text in _STAGES:
+        match = pattern.search(line)
+        if match:
+            return text.format(*match.groups())
+    return None
+
+
 def parse_trainer_log(line: str) -> dict | None:
     """One trainer_log.jsonl record, or None when the line is not one."""
     try:
@@ -86,6 +111,7 @@ class Progress:
     records: list[dict] = field(default_factory=list)  # trainer_log.jsonl-shaped, for plots
     last_line: str = ""
     from_jsonl: bool = False  # trainer_log.jsonl seen, or expected (LlamaFactory): it wins over stdout
+    stage: str | None = None  # before the first step: what the ranks are doing (stage_of)
     # the step this attempt resumed from (a checkpoint's global_step): rates count from here,
     # as the trainer's own numbers do not (its samples/s counts every step since 0)
     start_step: int = 0
@@ -120,6 +146,8 @@ class Progress:
         if not stripped:
             return False
         self.last_line = stripped[-200:]
+        if not self.known and (stage := stage_of(stripped)) is not None:
+            self.stage = stage
         samples = _SAMPLES.search(line)
         if samples:  # the trainer's closing metrics table (all steps since 0: not a resumed attempt's)
             if not self.start_step:
