@@ -43,6 +43,7 @@ examples:
   ftbundle run job.yaml --dry-run            print every host's command and environment
   ftbundle run job.yaml -v                   rank 0's raw output instead of the progress display
   ftbundle logs job.yaml -f                  follow the latest run's rank 0 log
+  ftbundle logs job.yaml --all -f            every rank's output, merged, prefixed host:rank
   ftbundle runs job.yaml                     past runs: state, duration, final loss
   ftbundle plot job.yaml -o loss.png         loss and learning rate of the latest run
   source <(ftbundle completion bash)         shell completion (bash; zsh via bashcompinit)
@@ -88,14 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     chk.set_defaults(func=cmd_check)
 
     for name, func, text in (("status", cmd_status, "state of every node of a run"),
-                             ("logs", cmd_logs, "a node's log (rank 0's by default)"),
+                             ("logs", cmd_logs, "a rank's output (rank 0's by default), or --all ranks'"),
                              ("stop", cmd_stop, "stop every node of a run")):
         p = sub.add_parser(name, help=text, parents=[hosts])
         p.add_argument("job", help="the job file the run was started from")
         p.add_argument("--run", help="run id (default: the job's latest run)")
         if name == "logs":
-            p.add_argument("--rank", type=int, default=0, help="node rank (default 0)")
-            p.add_argument("-f", "--follow", action="store_true", help="follow until the node's job ends")
+            p.add_argument("--rank", help="a global rank (5) or NODE:LOCAL (2:1); default: node 0's log")
+            p.add_argument("--all", action="store_true",
+                           help="every node's and local rank's output, merged in time order, prefixed host:rank")
+            p.add_argument("-f", "--follow", action="store_true", help="follow until the job ends (every node's)")
             p.add_argument("-n", "--lines", type=int, default=50, help="lines to show first (default 50)")
         p.set_defaults(func=func)
 

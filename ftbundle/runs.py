@@ -20,6 +20,7 @@ from .inventory import Host
 from .launch.node import STOP_GRACE_S, STOP_REQUEST, node_argv
 from .launch.supervisor import stage_files
 from .plan import ATTEMPT_FILE, NodeFiles, NodePlan
+from .runtimes import RANKS_DIR
 
 
 @dataclass(frozen=True)
@@ -106,11 +107,193 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     return 1 if failed or summary == "stopped" else 0
 
 
-def show_logs(ref: RunRef, cluster: Cluster, rank: int, follow: bool, lines: int, out=None) -> int:
+def parse_rank(text: str | None, nnodes: int, nproc: int) -> tuple[int, int]:
+    """``--rank``: a global rank ("5") or node:local ("2:1") -> (node rank, local rank)."""
+    if text is None:
+        return 0, 0
+    node_text, sep, local_text = text.partition(":")
+    try:
+        if sep:
+            node, local = int(node_text), int(local_text)
+        else:
+            node, local = divmod(int(text), nproc)
+    except ValueError:
+        node = local = -1
+    if not (0 <= node < nnodes and 0 <= local < nproc):
+        raise UserError(f"no rank {text!r} in this run: give a global rank 0-{nnodes * nproc - 1} or "
+                        f"NODE:LOCAL with NODE 0-{nnodes - 1} and LOCAL 0-{nproc - 1}", key="--rank")
+    return node, local
+
+
+# On a node's host: for each local rank asked, its output file(s): local rank 0's is the
+# node's log (with torchrun's own lines), another's are its stdout and stderr in torchrun's
+# --log-dir (the newest attempt's); then `tail -v` of them all (==> path <== headers), and
+# with FOLLOW=1 `tail -F` until the node's job is gone.
+# Args: LINES FOLLOW MARKER LOG RANKS_DIR LOCAL...
+_TAIL_RANKS = r"""lines=$1 follow=$2 marker=$3 log=$4 ranks=$5; shift 5
+collect() {
+  files=() want=0
+  for l in "$@"; do
+    if [ "$l" = 0 ]; then files+=("$log"); want=$((want + 1)); continue; fi
+    want=$((want + 2))
+    d=$(ls -1td -- "$ranks"/*/attempt_*/"$l" 2>/dev/null | head -n 1)
+    if [ -n "$d" ]; then files+=("$d/stdout.log" "$d/stderr.log"); fi
+  done
+}
+running() { [ -n "$(grep -lzxF "FTB_JOB=$marker" /proc/[0-9]*/environ 2>/dev/null)" ]; }
+collect "$@"
+if [ "$follow" = 1 ]; then  # a job just started: torchrun makes the ranks' files a moment later
+  for _ in $(seq 60); do
+    [ "${#files[@]}" -ge "$want" ] && break
+    running || break
+    sleep 0.5; collect "$@"
+  done
+fi
+[ "${#files[@]}" -gt 0 ] || exit 0
+if [ "$follow" = 0 ]; then exec tail -v -n "$lines" -- "${files[@]}" 2>/dev/null; fi
+tail -v -n "$lines" -F -- "${files[@]}" 2>/dev/null &
+t=$!
+while running; do sleep 1; done
+sleep 1; kill "$t" 2>/dev/null; wait "$t" 2>/dev/null
+exit 0"""
+
+_HEADER = re.compile(r"^==> (.*) <==$")
+_TIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
+_RANK_FILE = re.compile(r"/attempt_\d+/(\d+)/(stdout|stderr)\.log$")
+
+
+def _timestamp(line: str) -> str | None:
+    match = _TIME.search(line)
+    return f"{match.group(1)} {match.group(2)}.{(match.group(3) or '0').ljust(6, '0')}" if match else None
+
+
+def merge_by_time(streams: list[tuple[str, list[str]]]) -> list[tuple[str, str]]:
+    """(prefix, lines) per file -> (prefix, line) in time order. Pure. A line's time is the
+    newest timestamp at or before it in its file (the logging formats of LlamaFactory,
+    transformers and Python's logging print one); lines before a file's first timestamp take
+    that one. So a traceback stays right after the line before it, and files without any
+    timestamp keep their own order, one after the other."""
+    keyed = []
+    for index, (prefix, lines) in enumerate(streams):
+        current = next((t for t in map(_timestamp, lines) if t), "")
+        for number, line in enumerate(lines):
+            current = _timestamp(line) or current
+            keyed.append(((current, index, number), prefix, line))
+    keyed.sort(key=lambda item: item[0])
+    return [(prefix, line) for _, prefix, line in keyed]
+
+
+class _Prefixer:
+    """One host's `tail -v` output -> (file path, line) as it comes: a header says which
+    file the lines after it are from."""
+
+    def __init__(self):
+        self.path = ""
+        self.partial = ""
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        out = []
+        lines = (self.partial + text).split("\n")
+        self.partial = lines.pop()
+        for line in lines:
+            match = _HEADER.match(line)
+            if match:
+                self.path = match.group(1)
+            else:
+                out.append((self.path, line))
+        return out
+
+
+def _prefix_of(ref: RunRef, node: NodePlan, nproc: int, path: str) -> str:
+    """`host:global-rank` of a file: the node's log is its local rank 0."""
+    match = _RANK_FILE.search(path)
+    local = int(match.group(1)) if match and path != ref.files(node).log else 0
+    return f"{node.host.name}:{node.rank * nproc + local}"
+
+
+def _tail_argv(ref: RunRef, node: NodePlan, lines: int, follow: bool, locals_: list[int]) -> list[str]:
+    files = ref.files(node)
+    ranks_dir = posixpath.join(ref.run_dir, RANKS_DIR, f"node-{node.rank}")
+    return ["bash", "-c", _TAIL_RANKS, "ftb", str(lines), "1" if follow else "0", files.marker, files.log,
+            ranks_dir, *map(str, locals_)]
+
+
+def _start_on(cluster: Cluster, ref: RunRef, node: NodePlan, argv: list[str]):
+    """A command about ``node``'s files: on its own host, else rank 0's (shared storage)."""
+    for host in dict.fromkeys([node.host, ref.nodes[0].host]):
+        if not cluster.alive(host):
+            continue
+        try:
+            proc = cluster.start(host, argv)
+        except Exception:  # noqa: BLE001 - the next host may do
+            continue
+        proc.close_stdin()
+        return proc
+    raise UserError(f"cannot reach {node.host.name} or rank 0's host to read its logs in {ref.run_dir}")
+
+
+def show_all_logs(ref: RunRef, cluster: Cluster, follow: bool, lines: int, out=None,
+                  only: tuple[int, int] | None = None) -> int:
+    """Every node's and local rank's output (or only (node, local)'s), each line prefixed
+    ``host:rank`` (its global rank): the last ``lines`` of each file merged in time order;
+    with ``follow``, the last lines and then the new ones of every file as they come (that
+    is their time order), until every node's job has ended. One command per host, over the one connection the cluster holds to it."""
     out = out or sys.stdout
-    if not 0 <= rank < len(ref.nodes):
-        raise UserError(f"rank must be between 0 and {len(ref.nodes) - 1}", key="--rank")
-    node = ref.nodes[rank]
+    nproc = int(ref.record.get("nproc_per_node") or 1)
+    nodes = [n for n in ref.nodes if only is None or n.rank == only[0]]
+    locals_ = [only[1]] if only is not None else list(range(nproc))
+
+    def backlog(node: NodePlan) -> list[tuple[str, list[str]]]:
+        proc = _start_on(cluster, ref, node, _tail_argv(ref, node, lines, False, locals_))
+        text = b""
+        while chunk := proc.read_out():
+            text += chunk
+        proc.wait(5)
+        files: dict[str, list[str]] = {}
+        for path, line in _Prefixer().feed(text.decode(errors="replace") + "\n"):
+            if path and line:
+                files.setdefault(path, []).append(line)
+        return [(_prefix_of(ref, node, nproc, path), file_lines) for path, file_lines in files.items()]
+
+    if not follow:
+        streams = [stream for per_node in parallel(backlog, nodes) for stream in per_node]
+        for prefix, line in merge_by_time(streams):
+            out.write(f"{prefix} {line}\n")
+        out.flush()
+        return 0
+    import threading  # following: each file's last lines, then its new ones, all as they come
+
+    lock = threading.Lock()
+
+    def pump(node: NodePlan) -> None:
+        proc = _start_on(cluster, ref, node, _tail_argv(ref, node, lines, True, locals_))
+        prefixer = _Prefixer()
+        while chunk := proc.read_out():
+            with lock:
+                for path, line in prefixer.feed(chunk.decode(errors="replace")):
+                    if path and line:
+                        out.write(f"{_prefix_of(ref, node, nproc, path)} {line}\n")
+                out.flush()
+        proc.wait(5)
+
+    parallel(pump, nodes)
+    return 0
+
+
+def show_logs(ref: RunRef, cluster: Cluster, rank: str | None, follow: bool, lines: int, out=None,
+              all_ranks: bool = False) -> int:
+    """One rank's output (``--rank``: global, or node:local; default: rank 0's node log), or
+    with ``all_ranks`` every rank's, merged (:func:`show_all_logs`)."""
+    nproc = int(ref.record.get("nproc_per_node") or 1)
+    if all_ranks:
+        if rank is not None:
+            raise UserError("--all shows every rank: drop --rank, or drop --all for one rank", key="--rank")
+        return show_all_logs(ref, cluster, follow, lines, out)
+    node_rank, local = parse_rank(rank, len(ref.nodes), nproc)
+    if local:
+        return show_all_logs(ref, cluster, follow, lines, out, only=(node_rank, local))
+    out = out or sys.stdout
+    node = ref.nodes[node_rank]
     files = ref.files(node)
     argv = (node_argv("follow", files.marker, files.log, str(lines)) if follow
             else ["tail", "-n", str(lines), "--", files.log])

@@ -31,7 +31,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from ..runs import show_logs
 
-    return with_run(args, lambda ref, cluster: show_logs(ref, cluster, args.rank, args.follow, args.lines))
+    return with_run(args, lambda ref, cluster: show_logs(ref, cluster, args.rank, args.follow, args.lines,
+                                                        all_ranks=args.all))
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
