@@ -19,9 +19,12 @@
 #
 # The node channel (mode `node`), one SSH channel from the controller:
 #   stdin   first the environment: NAME=VALUE pairs, each ended by a NUL, then one more NUL
-#           (secrets never appear on a command line); every line after it is a ping. When pings stop
-#           for FTB_WATCHDOG seconds, or stdin closes, the node stops its job: a controller
-#           that disappears (Ctrl-C, laptop lid, network cut) leaves nothing running.
+#           (secrets never appear on a command line); every line after it is a ping, but
+#           `stop` (the controller's teardown). When pings stop for FTB_WATCHDOG seconds, or
+#           stdin closes, or says stop, the node stops its job: a controller that disappears
+#           (Ctrl-C, laptop lid, network cut) leaves nothing running; without `stop`, the node
+#           says "launcher lost" in the log and in node-R.aN.stopped. A node program that
+#           finds `stop` or a closed stdin already waiting never starts its job.
 #   stderr  `ftb-pid PID` once the job runs, then `ftb-hb` every FTB_HEARTBEAT seconds,
 #           and `ftbundle: ...` messages. Rank 0's log travels on a channel of its own
 #           (`tail`), so output can never hold a heartbeat back.
