@@ -2,7 +2,7 @@
 
 Each node goes STARTING -> RUNNING (its first heartbeat) -> EXITED (an exit code) or LOST
 (its connection dropped, or no heartbeat for ``LOST_AFTER_S``). Only the loop changes a
-state; the node runners (:mod:`.node`) and the pinger thread only emit events or send.
+state; the node runners (:mod:`.node`) and the pinger threads (one a node) only send or emit.
 
 The first node that exits non-zero or is lost stops the run at once: every node's stdin is
 closed (its watchdog stops the job), a stop also goes down a channel of its own on each
