@@ -389,14 +389,29 @@ class Cluster:
             # paramiko waits for sshd's answer to the exec request without a limit: a session
             # process that never answers would hold the caller (a stop, a teardown) forever.
             # Closing the channel at the limit ends that wait with an error.
+            # The guard and the exec's success exclude each other: a guard that fires once the
+            # exec has returned closes nothing (its channel runs the command).
             fired = threading.Event()
-            guard = threading.Timer(limit, lambda: (fired.set(), chan.close()))
+            settled = threading.Lock()
+            started = False
+
+            def expire() -> None:
+                with settled:
+                    if not started:
+                        fired.set()
+                        chan.close()
+
+            guard = threading.Timer(limit, expire)
             guard.daemon = True
             guard.start()
             try:
                 chan.exec_command(shlex.join(argv))
             finally:
                 guard.cancel()
+            with settled:
+                started = not fired.is_set()
+            if not started:
+                raise EOFError("the channel was closed at the time limit")
         except Exception as exc:
             if chan is not None and fired.is_set():
                 raise HostUnreachable(f"{host.name}: sshd did not answer the request to start the command "

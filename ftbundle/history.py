@@ -86,7 +86,11 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
             text = (files.get(f"node-{rank}.a{attempt}.exit") or "").strip()
             codes.append(int(text) if text.lstrip("-").isdigit() else None)
         failed = [c for c in codes if c not in (None, 0)]
-        if failed:
+        stopped = [files.get(f"node-{rank}.a{attempt}.stopped", "").strip() for rank in range(len(hosts))]
+        why = next((w for w in stopped if w), "")
+        if why:  # a node stopped its job by itself: the launcher was gone
+            state, code = "stopped: " + why.split(":", 1)[0], failed[0] if failed else None
+        elif failed:
             state, code = "failed", failed[0]
         elif codes and all(c == 0 for c in codes):
             state, code = "finished", 0
@@ -152,7 +156,7 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
               host: Host | None = None) -> list[RunRow]:
     """Every run of ``job_name`` (every job's, with None), oldest first."""
     runs_dir = posixpath.join(shared_dir, "runs")
-    files = read_run_files(cluster, host, runs_dir, ("plan.json", SUMMARY_FILE, "*.exit", "attempt"))
+    files = read_run_files(cluster, host, runs_dir, ("plan.json", SUMMARY_FILE, "*.exit", "*.stopped", "attempt"))
     rows = []
     for run_id in sorted(files):
         row = run_row(run_id, files[run_id])

@@ -101,10 +101,11 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
         summary = "finished"
     elif any(state == "running" for _, state, _ in states):
         summary = "running" if not failed else "failing"
-    else:
-        summary = "failed" if failed else "stopped"
+    else:  # a node that stopped its job by itself says why (node.sh: "stopped: launcher lost: ...")
+        why = next((state.split(":")[1].strip() for _, state, _ in states if state.startswith("stopped: ")), "")
+        summary = "failed" if failed else (f"stopped: {why}" if why else "stopped")
     print(f"state: {summary}", file=out)
-    return 1 if failed or summary == "stopped" else 0
+    return 1 if failed or summary.startswith("stopped") else 0
 
 
 def parse_rank(text: str | None, nnodes: int, nproc: int) -> tuple[int, int]:

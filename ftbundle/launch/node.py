@@ -37,6 +37,7 @@ LOG_POLL_S = 0.2  # tail's poll interval for rank 0's log
 LINE_MAX = 64 * 1024  # a "line" longer than this (no newline in sight) is cut into pieces
 PROGRESS_EVERY_S = 1.0  # how often a carriage-return progress bar is shown
 
+STOP_LINE = b"stop\n"  # on the node's stdin: the launcher stops the job (see node.sh's watchdog)
 HEARTBEAT = b"ftb-hb"
 PID = b"ftb-pid "
 
@@ -187,7 +188,7 @@ class NodeRunner:
     """One node of one attempt: starts its program, turns its channels into events."""
 
     def __init__(self, node: NodePlan, plan: Plan, cluster: Cluster, events: queue.Queue[Event],
-                 *, attempt: int = 1, display=None, detach: bool = False):
+                 *, attempt: int = 1, display=None, detach: bool = False, fence: threading.Event | None = None):
         self.node = node
         self.plan = plan
         self.cluster = cluster
@@ -201,6 +202,9 @@ class NodeRunner:
         self._log_thread: threading.Thread | None = None
         self.messages: list[str] = []  # the wrapper's own last words (stderr, not heartbeats)
         self._started = False  # the environment was sent: the node program runs
+        # up once the run's teardown began: a channel that opens later starts nothing
+        self.fence = fence or threading.Event()
+        self._start_lock = threading.Lock()  # sending the environment vs. the stop at teardown
 
     @property
     def rank(self) -> int:
@@ -225,8 +229,13 @@ class NodeRunner:
         if gate is not None and not gate.wait():
             self.proc.close()  # the node program reads no environment and exits: nothing ran
             return
-        self.proc.send(env_payload(env))
-        self._started = True
+        with self._start_lock:
+            if self.fence.is_set():  # the teardown began while this channel opened: too late
+                self.proc.close()
+                self._emit("fenced", f"not started on {self.node.host.name}: the run was already stopping")
+                return
+            self.proc.send(env_payload(env))
+            self._started = True
         pending = b""
         try:
             while chunk := self.proc.read_err():
@@ -240,7 +249,12 @@ class NodeRunner:
         if pending:
             self._on_line(pending)
         code = self.proc.wait(timeout=5)
-        if code is None or code < 0:
+        if (code is None or code < 0) and self.cluster.alive(self.node.host):
+            # sshd sent exit-signal, not exit-status (paramiko keeps only the latter): the
+            # node program was killed, its host answers, its job may still run
+            self._emit("killed", f"its node program on {self.node.host.name} was killed by a signal "
+                                 "(the host answers; its job is stopped like the others)")
+        elif code is None or code < 0:
             self._emit("lost", f"connection to {self.node.host.name} lost (no exit status)")
         else:
             self._emit("exit", code=code)
@@ -293,9 +307,13 @@ class NodeRunner:
             self.proc.send(b"\n")
 
     def close_stdin(self) -> None:
-        """The node's watchdog stops the job at once when its stdin closes."""
-        if self.proc is not None:
-            self.proc.close_stdin()
+        """The node's watchdog stops the job at once when its stdin closes; ``stop`` first
+        tells it that this is the launcher's own decision (it records nothing then)."""
+        with self._start_lock:
+            if self.proc is not None:
+                if self._started:
+                    self.proc.send(STOP_LINE)
+                self.proc.close_stdin()
 
     def stop(self, timeout: float = STOP_GRACE_S + 3) -> bool:
         """Stop the job through a channel of its own (belt and braces beside the watchdog);

@@ -2,7 +2,7 @@
 
 Each node goes STARTING -> RUNNING (its first heartbeat) -> EXITED (an exit code) or LOST
 (its connection dropped, or no heartbeat for ``LOST_AFTER_S``). Only the loop changes a
-state; the node runners (:mod:`.node`) and the pinger thread only emit events or send.
+state; the node runners (:mod:`.node`) and the pinger threads (one a node) only send or emit.
 
 The first node that exits non-zero or is lost stops the run at once: every node's stdin is
 closed (its watchdog stops the job), a stop also goes down a channel of its own on each
@@ -46,6 +46,7 @@ START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never 
 PING_INTERVAL_S = 1.0
 TEARDOWN_SILENT_S = 2 * HEARTBEAT_S + 0.5  # while stopping: silent this long = unreachable
 LOST_EXIT_CODE = 255  # like ssh, for a node whose connection or heartbeat was lost
+PAUSED_AFTER_S = 2.0  # the loop wakes every 0.2 s: a gap this long means ftbundle itself did not run
 TAIL_LINES = 20
 DRAIN_S = 3.0  # how long rank 0's log may take to reach its end after the job
 FAILURE_TAIL_LINES = 300  # of the failed node's log, read for torchrun's root-cause report
@@ -113,11 +114,13 @@ class Supervisor:
             self.display = ProgressFeed(ui, self.progress, self._show_progress)
         else:
             self.display = Display(self.out, redact=self.redact, log_hint=rank0.log)
-        self.runners = [NodeRunner(n, plan, cluster, self.events, attempt=attempt, display=self.display)
-                        for n in plan.nodes]
+        self.fence = threading.Event()  # up once the teardown began: no node may start after it
+        self.runners = [NodeRunner(n, plan, cluster, self.events, attempt=attempt, display=self.display,
+                                   fence=self.fence) for n in plan.nodes]
         self.status = [NodeStatus() for _ in plan.nodes]
         self.failures: list[Failure] = []
         self._stop_pinging = threading.Event()
+        self._awake = time.monotonic()  # when the loop last looked at its events
 
     def say(self, message: str) -> None:
         if self.ui is not None:
@@ -171,10 +174,11 @@ class Supervisor:
         """The attempt, to its end. ``before`` (staging the run directory) runs first, while
         the node channels open (:func:`.node.start_behind`); if it fails, nothing started."""
         start_behind(self.runners, before)
-        started = time.monotonic()
+        started = self._awake = time.monotonic()
         for st in self.status:
             st.since = started
-        threading.Thread(target=self._pinger, daemon=True, name="pinger").start()
+        for rank in range(len(self.runners)):  # one each: no host's pings wait on another's
+            threading.Thread(target=self._pinger, args=(rank,), daemon=True, name=f"pinger{rank}").start()
         self._show_nodes()
         try:
             outcome = self._loop()
@@ -194,11 +198,14 @@ class Supervisor:
             self.display.close(timeout=2)
         return outcome
 
-    def _pinger(self) -> None:
+    def _pinger(self, rank: int) -> None:
+        """One node's pings. A thread per node: a send can wait (a key exchange on that
+        host's transport, up to cluster.REKEY_WAIT_S), and no other host may wait behind it."""
+        runner, st = self.runners[rank], self.status[rank]
         while not self._stop_pinging.wait(PING_INTERVAL_S):
-            for runner, st in zip(self.runners, self.status):
-                if st.state in (State.STARTING, State.RUNNING):
-                    runner.ping()
+            if st.state in (State.EXITED, State.LOST):
+                return
+            runner.ping()
 
     def _next_event(self, timeout: float) -> Event | None:
         try:
@@ -206,11 +213,38 @@ class Supervisor:
         except queue.Empty:
             return None
 
+    def _take_events(self, timeout: float) -> None:
+        """Handle every event that is waiting (after a wait of up to ``timeout`` for the
+        first), so that silence is judged only on what the nodes have really said; and
+        notice when ftbundle itself did not run for a while."""
+        event = self._next_event(timeout)
+        now = time.monotonic()
+        if now - self._awake > PAUSED_AFTER_S + timeout:
+            self._pardon(now - self._awake)
+        while event is not None:
+            self._handle(event)
+            event = self._next_event(0)
+        self._awake = time.monotonic()
+
+    def _pardon(self, gap: float) -> None:
+        """ftbundle was paused (SIGSTOP, a laptop lid, a VM migration, a starved CPU): the
+        nodes' silence meanwhile is ours, not theirs. Their clocks start again now."""
+        now = time.monotonic()
+        for st in self.status:
+            if st.state is State.RUNNING:
+                st.last_heartbeat = max(st.last_heartbeat or now, now)
+            elif st.state is State.STARTING:
+                st.since = max(st.since, now)
+        if gap >= WATCHDOG_S:
+            self.say(f"ftbundle itself was paused for {gap:.1f}s, longer than the nodes' watchdog "
+                     f"({WATCHDOG_S}s): they will have stopped their jobs")
+        else:
+            self.say(f"ftbundle itself was paused for {gap:.1f}s (stopped, suspended or starved of CPU); "
+                     "not counting that silence against the nodes")
+
     def _loop(self) -> Outcome:
         while True:
-            event = self._next_event(0.2)
-            if event is not None:
-                self._handle(event)
+            self._take_events(0.2)
             self._check_silence(self.lost_after)
             if self.failures:
                 return self._fail()
@@ -259,6 +293,11 @@ class Supervisor:
         elif event.kind == "lost":
             at = st.last_heartbeat if st.last_heartbeat is not None else event.at
             self._lose(event.rank, event.text, at)
+        elif event.kind == "fenced":  # its channel opened after the teardown began: nothing started
+            self._set(event.rank, State.EXITED, reason=event.text)
+        elif event.kind == "killed":  # its node program died, its host answers: stopped like the others
+            self._set(event.rank, State.EXITED, code=LOST_EXIT_CODE, reason=event.text)
+            self._fail_node(event.rank, event.text, LOST_EXIT_CODE, event.at)
 
     def _lose(self, rank: int, reason: str, at: float) -> None:
         """A node given up on: LOST, its channels dropped, its failure dated ``at`` (its last
@@ -285,6 +324,8 @@ class Supervisor:
         node = self.plan.nodes[first.rank]
         if self.ui is not None:
             self.ui.stop()
+        if self._lost_all_at_once():
+            return self._lost_all(first, took)
         self.say(f"node {first.host} (rank {first.rank}, {node.host.address}) failed first: {first.reason}")
         for f in sorted((f for f in self.failures if f is not first), key=lambda f: f.at):
             self.say(f"  then {f.host} (rank {f.rank}): {f.reason}")
@@ -294,6 +335,22 @@ class Supervisor:
         else:
             self._print_log_tail(first.rank)
         return Outcome(first.code, first, teardown_s=took, lost=tuple(lost), progress=self.progress)
+
+    def _lost_all_at_once(self) -> bool:
+        """Every node of a multi-node run went silent, none said a word about failing: it
+        is this machine that lost them (its network, its VPN), not each of them."""
+        return (len(self.status) > 1 and all(st.state is State.LOST for st in self.status)
+                and all(f.code == LOST_EXIT_CODE and "heartbeat" in f.reason for f in self.failures))
+
+    def _lost_all(self, first: Failure, took: float) -> Outcome:
+        spread = max(f.at for f in self.failures) - first.at
+        self.say(f"lost every node at once: no heartbeat from any of the {len(self.status)} nodes "
+                 f"(they fell silent within {spread:.1f}s of each other); the network between this machine "
+                 "and the nodes is likely cut, not the nodes")
+        self.say(f"each node stops its job by itself within {WATCHDOG_S}s of its last ping (its watchdog) "
+                 "and writes why into its log; `ftbundle runs` shows the run as stopped: launcher lost")
+        lost = list(range(len(self.status)))
+        return Outcome(LOST_EXIT_CODE, first, teardown_s=took, lost=tuple(lost), progress=self.progress)
 
     def _print_failure_summary(self, first: Failure) -> None:
         """Who failed, the failing rank's own traceback, a hint (:mod:`ftbundle.ui.summary`)."""
@@ -309,7 +366,7 @@ class Supervisor:
             host=first.host, address=node.host.address, node_rank=first.rank, reason=first.reason,
             code=found.code if found.code is not None else first.code, rank_error=found.error,
             rank_traceback=found.traceback, tail=tail, log_path=runner.files.log, local_rank=found.local_rank,
-            global_rank=found.global_rank, rank_last_words=found.last_words)
+            global_rank=found.global_rank, rank_last_words=found.last_words, wrapper_said=tuple(runner.messages))
         for line in lines:
             self.ui.print(self.redact(line))
         if runner.messages:
@@ -321,22 +378,25 @@ class Supervisor:
                 "losing the controller)")
 
     def _teardown(self) -> list[int]:
-        """Stop every node over the open connections; the ranks that could not be reached."""
-        for runner in self.runners:
-            runner.close_stdin()
+        """Stop every node over the open connections; the ranks that could not be reached.
+
+        The fence goes up first: a node whose channel opens from now on never starts its
+        job (:meth:`.node.NodeRunner.fenced`). Then, on a thread per node (a send can wait
+        on its host's transport), its stdin says stop and closes (its watchdog stops the
+        job) and a stop goes down a channel of its own."""
+        self.fence.set()
         stoppers = []
         for runner, st in zip(self.runners, self.status):
-            if st.state is not State.LOST:
-                t = threading.Thread(target=runner.stop, daemon=True)
-                t.start()
+            reachable = st.state is not State.LOST
+            t = threading.Thread(target=_stop_node, args=(runner, reachable), daemon=True, name=f"stop{runner.rank}")
+            t.start()
+            if reachable:
                 stoppers.append(t)
         deadline = time.monotonic() + STOP_GRACE_S + 2
         while time.monotonic() < deadline:
             if all(st.state in (State.EXITED, State.LOST) for st in self.status):
                 break
-            event = self._next_event(0.1)
-            if event is not None:
-                self._handle(event)
+            self._take_events(0.1)
             # stopping anyway: a node silent for a few heartbeats is not waited for
             self._check_silence(TEARDOWN_SILENT_S)
         for t in stoppers:
@@ -365,6 +425,12 @@ class Supervisor:
                 print(f"  | {self.redact(line)}", file=self.err)
         if runner.messages:
             self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
+
+
+def _stop_node(runner: NodeRunner, reachable: bool) -> None:
+    runner.close_stdin()
+    if reachable:
+        runner.stop()
 
 
 def _exit_reason(code: int) -> str:
@@ -408,11 +474,16 @@ class StagingError(RuntimeError):
     """The run directory could not be written (nothing was started)."""
 
 
+MIN_FREE_MB = 64  # a run is not started on a shared directory with less free space than this
+
+
 def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, str],
-                leftovers: tuple[str, ...] = (), timeout: float = 60) -> None:
+                leftovers: tuple[str, ...] = (), timeout: float = 60, min_free_mb: int = 0) -> None:
     """Write files into a directory on shared storage, in one round trip through ``host``
     (rank 0's: every node sees the same directory); ``leftovers`` (paths on that host, the
-    check's sentinels) are removed in the same command."""
+    check's sentinels) are removed in the same command. Each file is written whole or not
+    at all (renamed into place). With ``min_free_mb``, a filesystem with less free space
+    is refused before anything is written."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, text in files.items():
@@ -423,7 +494,8 @@ def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, s
             info.mtime = int(time.time())
             tar.addfile(info, io.BytesIO(data))
     try:
-        result = cluster.run(host, node_argv("stage", directory, *leftovers), stdin=buf.getvalue(), timeout=timeout)
+        result = cluster.run(host, node_argv("stage", directory, str(min_free_mb), *leftovers), stdin=buf.getvalue(),
+                             timeout=timeout)
     except (HostUnreachable, TimeoutError) as exc:
         raise StagingError(f"could not write {directory} through {host.name}: {first_line(exc)}") from exc
     if not result.ok:
@@ -437,7 +509,7 @@ def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = ())
     files = dict(plan.files)
     files["plan.json"] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
     files[ATTEMPT_FILE] = "1\n"
-    stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, leftovers)
+    stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, leftovers, min_free_mb=MIN_FREE_MB)
 
 
 def fence(plan: Plan, cluster: Cluster, attempt: int) -> list[str]:
@@ -608,4 +680,13 @@ def launch_detached(plan: Plan, cluster: Cluster, err: TextIO | None = None, bef
         extra = " / ".join(runners[rank].messages[-2:])
         print(f"ftbundle: rank {rank} {plan.nodes[rank].host.name} did not start: {why}"
               + (f" ({extra})" if extra else ""), file=err)
+    if failed:
+        # the others wait in torch's rendezvous for a peer that will never come (600 s):
+        # a run that did not start everywhere is stopped everywhere
+        t0 = time.monotonic()
+        stopped = parallel(lambda runner: runner.stop(), runners)
+        left = [runners[i].node.host.name for i, ok in enumerate(stopped) if not ok]
+        print(f"ftbundle: the run did not start on every node: stopped it on the others in "
+              f"{time.monotonic() - t0:.1f}s" + (f"; could not confirm it stopped on {', '.join(left)}" if left else ""),
+              file=err)
     return 1 if failed else 0

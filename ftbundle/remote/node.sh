@@ -14,13 +14,17 @@
 #   state MARKER EXITFILE LOG     a node's state and last log line (`ftbundle status`)
 #   follow MARKER LOG LINES       a node's log until its job ends (`ftbundle logs -f`)
 #   resume-point DIR              the newest complete checkpoint-N (restarts)
-#   stage DIR                     unpack a tar archive from stdin into DIR (the run dir)
+#   stage DIR MIN_FREE_MB [LEFTOVER...]
+#                                 unpack a tar archive from stdin into DIR (the run dir)
 #
 # The node channel (mode `node`), one SSH channel from the controller:
 #   stdin   first the environment: NAME=VALUE pairs, each ended by a NUL, then one more NUL
-#           (secrets never appear on a command line); every line after it is a ping. When pings stop
-#           for FTB_WATCHDOG seconds, or stdin closes, the node stops its job: a controller
-#           that disappears (Ctrl-C, laptop lid, network cut) leaves nothing running.
+#           (secrets never appear on a command line); every line after it is a ping, but
+#           `stop` (the controller's teardown). When pings stop for FTB_WATCHDOG seconds, or
+#           stdin closes, or says stop, the node stops its job: a controller that disappears
+#           (Ctrl-C, laptop lid, network cut) leaves nothing running; without `stop`, the node
+#           says "launcher lost" in the log and in node-R.aN.stopped. A node program that
+#           finds `stop` or a closed stdin already waiting never starts its job.
 #   stderr  `ftb-pid PID` once the job runs, then `ftb-hb` every FTB_HEARTBEAT seconds,
 #           and `ftbundle: ...` messages. Rank 0's log travels on a channel of its own
 #           (`tail`), so output can never hold a heartbeat back.
@@ -99,8 +103,18 @@ mode_job() {  # the job: ARGV with its whole output appended to the log, then it
     "$@" >>"$FTB_LOG" 2>&1 </dev/null
     rc=$?
   fi
-  echo "$rc" >"$FTB_EXIT"
+  ftb_write "$FTB_EXIT" "$rc"
   exit "$rc"
+}
+
+ftb_write() {  # FILE TEXT: whole or not at all (a full disk leaves no 0-byte file)
+  { echo "$2" >"$1.tmp" && mv -f -- "$1.tmp" "$1"; } 2>/dev/null || { rm -f -- "$1.tmp"; return 1; }
+}
+
+ftb_disk_full() {  # DIR: say so (exit 0) when the filesystem under DIR has no space left
+  local avail
+  avail=$(df -Pk -- "$1" 2>/dev/null | awk 'NR == 2 { print $4 }')
+  [ -n "$avail" ] && [ "$avail" -lt 64 ]
 }
 
 mode_watch() {  # a detached node: beat into FTB_HBFILE, stop when a peer fails or goes stale
@@ -135,6 +149,19 @@ mode_watch() {  # a detached node: beat into FTB_HBFILE, stop when a peer fails 
 
 mode_node() {
   ftb_env
+  # The gate: what the launcher said while this program was on its way (a slow session
+  # start, a late channel). `stop` or a closed stdin: the launcher is stopping (or gone),
+  # and a job started now would run beside the next attempt. Pings are just pings.
+  # (read -t 0 only looks: no wait when nothing is pending, the usual case)
+  local line
+  while read -r -t 0; do
+    if ! IFS= read -r line; then
+      echo "ftbundle: not starting on $(hostname): the launcher's connection closed before it began here" >&2; exit 95
+    fi
+    if [ "$line" = stop ]; then
+      echo "ftbundle: not starting on $(hostname): the launcher stopped attempt ${FTB_ATTEMPT:-?} before it began here" >&2; exit 95
+    fi
+  done
   [ -d "$FTB_RUN_DIR" ] || mkdir -p -- "$FTB_RUN_DIR" || { echo "ftbundle: cannot create $FTB_RUN_DIR on $(hostname)" >&2; exit 96; }
   cd -- "$FTB_WORKDIR" || { echo "ftbundle: workdir $FTB_WORKDIR missing on $(hostname)" >&2; exit 96; }
   [ ! -e "$FTB_EXIT" ] || rm -f -- "$FTB_EXIT"  # (rm is a process: only when there is one)
@@ -150,17 +177,36 @@ mode_node() {
   ( while kill -0 "$pid" 2>/dev/null; do echo ftb-hb >&2; sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; done ) &
   local hbpid=$!
   # (a background job reads /dev/null unless told otherwise: hand it our stdin explicitly)
-  ( while IFS= read -r -t "$FTB_WATCHDOG" _; do :; done; ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}" ) <&0 &
+  # The watchdog: `stop` from the launcher stops the job quietly; a closed stdin or no
+  # ping for FTB_WATCHDOG seconds means the launcher is lost: that is written into the
+  # job's log and beside its exit file (node-R.aN.stopped; `ftbundle runs` and `status`).
+  ( why= rc=0
+    while :; do
+      IFS= read -r -t "$FTB_WATCHDOG" line; rc=$?
+      if [ "$rc" = 0 ]; then [ "$line" = stop ] && break; continue; fi
+      if [ "$rc" -gt 128 ]; then why="no ping from the launcher for ${FTB_WATCHDOG}s"; else why="the launcher's connection closed"; fi
+      break
+    done
+    if [ -n "$why" ]; then
+      echo "ftbundle: launcher lost ($why): stopping the job on $(hostname)" >>"$FTB_LOG"
+      ftb_write "${FTB_EXIT%.exit}.stopped" "launcher lost: $why"
+    fi
+    ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}" ) <&0 &
   local wdpid=$!
   wait "$pid"
   local rc=$?
   kill "$hbpid" "$wdpid" 2>/dev/null
+  if [ "$rc" != 0 ] && ftb_disk_full "$FTB_RUN_DIR"; then
+    echo "ftbundle: no space left on the device under $FTB_RUN_DIR on $(hostname) (ENOSPC): the job's log and exit record may be cut" >&2
+  fi
   exit "$rc"
 }
 
-mode_state() {  # MARKER EXITFILE LOG: running | exited N | stopped, then the log's last line
+mode_state() {  # MARKER EXITFILE LOG: running | exited N | stopped[: why], then the log's last line
   if [ -n "$(ftb_pids "$1")" ]; then echo running
   elif [ -s "$2" ]; then echo "exited $(cat -- "$2")"
+  elif [ -s "${2%.exit}.stopped" ]; then echo "stopped: $(cat -- "${2%.exit}.stopped")"
+  elif ftb_disk_full "$(dirname -- "$2")"; then echo "stopped: no space left on the device (ENOSPC)"
   else echo stopped; fi
   tail -n 1 -- "$3" 2>/dev/null | tr '\r' '\n' | grep -v '^[[:space:]]*$' | tail -n 1
   exit 0
@@ -184,10 +230,22 @@ mode_resume_point() {  # DIR: drop an incomplete newest checkpoint, print the ne
   exit 0
 }
 
-mode_stage() {  # DIR [LEFTOVER...]: create DIR, unpack the tar archive on stdin into it,
-  # then remove the LEFTOVER paths (the check's sentinels: one round trip for both)
-  local dir=$1; shift
-  mkdir -p -- "$dir" && tar -xf - -C "$dir" || exit $?
+mode_stage() {  # DIR MIN_FREE_MB [LEFTOVER...]: create DIR, unpack the tar archive on stdin
+  # into it, then remove the LEFTOVER paths (the check's sentinels: one round trip for both).
+  # Refused when DIR's filesystem has less than MIN_FREE_MB free. The files are unpacked
+  # beside DIR's and renamed into place: whole, or not there (a full disk, a killed tar).
+  local dir=$1 min=$2 avail tmp; shift 2
+  mkdir -p -- "$dir" || exit $?
+  if [ "$min" -gt 0 ]; then
+    avail=$(df -Pk -- "$dir" | awk 'NR == 2 { print $4 }')
+    if [ -n "$avail" ] && [ "$avail" -lt $((min * 1024)) ]; then
+      echo "only $((avail / 1024)) MB free under $dir on $(hostname) (a run needs at least $min MB for its logs and records)" >&2
+      exit 28
+    fi
+  fi
+  tmp=$dir/.stage.$$
+  mkdir -p -- "$tmp" && tar -xf - -C "$tmp" && mv -f -- "$tmp"/* "$dir"/ || { rc=$?; rm -rf -- "$tmp"; exit "$rc"; }
+  rmdir -- "$tmp"
   if [ $# -gt 0 ]; then rm -rf -- "$@"; fi
   exit 0
 }

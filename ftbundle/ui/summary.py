@@ -104,10 +104,14 @@ def describe_exit(code: int | None) -> str:
 
 
 _HINTS = (
+    (re.compile(r"No space left on device|ENOSPC|Errno 28\b", re.I),
+     "the disk is full (ENOSPC) where the rank or ftbundle writes: free space under the shared "
+     "directory (logs, checkpoints) or the output_dir; a rank's log may be cut"),
     (re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.I),
      "out of memory: lower per_device_train_batch_size or cutoff_len, or use gradient checkpointing / ZeRO"),
-    (re.compile(r"(nccl|gloo|ProcessGroup|collective).*(timeout|timed out)|(timeout|timed out).*(nccl|gloo)|"
-                r"Watchdog caught collective operation timeout", re.I),
+    # (whole words: an environment line such as "GLOO_SOCKET_IFNAME=eth0 NCCL_TIMEOUT=" is no timeout)
+    (re.compile(r"\b(nccl|gloo|ProcessGroup\w*|collective)\b.*\b(timeout|timed out)\b|"
+                r"\b(timeout|timed out)\b.*\b(nccl|gloo)\b|Watchdog caught collective operation timeout", re.I),
      "a collective timed out: a peer stopped or is unreachable; check the network interface "
      "(NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) and `ftbundle check --net`"),
     (re.compile(r"terminate called without an active exception", re.I),
@@ -172,11 +176,13 @@ def _indented(traceback: str) -> list[str]:
 def failure_summary(*, host: str, address: str, node_rank: int, reason: str, code: int | None,
                     rank_error: RankError | None, rank_traceback: str | None, tail: list[str] | None,
                     log_path: str, local_rank: int | None = None, global_rank: int | None = None,
-                    rank_last_words: tuple[str | None, list[str]] | None = None) -> list[str]:
+                    rank_last_words: tuple[str | None, list[str]] | None = None,
+                    wrapper_said: tuple[str, ...] = ()) -> list[str]:
     """The lines shown when a run failed, after the "failed first" line: which rank, its
     own traceback (else its last lines on stderr, else the end of its node's log), a hint,
     where the full log is. ``rank_last_words``: (its stderr file, or None for the node log;
-    its last lines)."""
+    its last lines). ``wrapper_said``: the node program's own messages (a full disk), read
+    for the hint."""
     who = [f"host {host} ({address})", f"node rank {node_rank}"]
     if global_rank is not None:
         who.append(f"rank {global_rank}")
@@ -201,7 +207,7 @@ def failure_summary(*, host: str, address: str, node_rank: int, reason: str, cod
     elif tail:
         lines.append(f"last {len(tail)} lines of {log_path}:")
         lines += ["  | " + line for line in tail]
-    text += "\n" + "\n".join(tail or [])
+    text += "\n" + "\n".join(tail or []) + "\n" + "\n".join(wrapper_said)
     why = hint(code, text)
     if why:
         lines.append(f"hint: {why}")
