@@ -268,11 +268,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     """The job as an sbatch script, Kubeflow manifests or a qsub script: to -o or stdout."""
     from .export import export
 
-    text, warnings = export(args.job, to=args.to, inventory=args.inventory, nodes=args.nodes,
-                            partition=args.partition, time=args.time, container=args.container,
-                            image=args.image, pvc=args.pvc, secret=args.secret)
+    text, warnings, summary = export(
+        args.job, to=args.to, inventory=args.inventory, nodes=args.nodes, partition=args.partition,
+        time=args.time, container=args.container, image=args.image, pvc=args.pvc, secret=args.secret,
+        gres=args.gres, cpus_per_node=args.cpus_per_node, mem=args.mem, node_gpus=args.node_gpus,
+        torque=args.torque, launcher=args.launcher)
     for warning in warnings:
         say(f"warning: {warning}")
+    say(summary)
+    if args.dry_run:
+        return 0
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
@@ -461,6 +466,15 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--image", help="k8s/trainjob: the image (repo@sha256:...) when the job's runtime is not docker")
     exp.add_argument("--pvc", help="k8s/trainjob: the shared volume's claim (default: <job name>-shared)")
     exp.add_argument("--secret", help="k8s/trainjob: the Secret holding the job's secrets (default: <job name>-secrets)")
+    exp.add_argument("--gres", action="store_true", help="slurm: ask for GPUs as --gres=gpu:N "
+                     "(default: --gpus-per-node=N)")
+    exp.add_argument("--cpus-per-node", help="cores per node; default: the whole node (slurm --exclusive, "
+                     "pbs place=excl; k8s: 4 per rank)")
+    exp.add_argument("--mem", help="memory per node, e.g. 64G (default: slurm all of the node's, k8s 16Gi per rank)")
+    exp.add_argument("--node-gpus", help="GPUs each of the cluster's nodes has: warn when the job asks for more")
+    exp.add_argument("--torque", action="store_true", help="pbs: Torque's nodes=N:ppn=C:gpus=G (default: PBS Pro select=)")
+    exp.add_argument("--launcher", default="pbsdsh", help="pbs: how each node is started: pbsdsh (default) or ssh")
+    exp.add_argument("--dry-run", action="store_true", help="print what each node will request and write nothing")
     exp.add_argument("-o", "--output", help="write here instead of stdout")
     exp.set_defaults(func=cmd_export)
 
