@@ -325,6 +325,7 @@ class Cluster:
         extra_mounts: Iterable[tuple[str, str, bool]] = (),
         image: str | None = None,
         ssh_timeout: float = 30.0,
+        docker_args: Iterable[str] = (),
     ):
         if n < 1:
             raise ValueError("a cluster needs at least one host")
@@ -334,6 +335,7 @@ class Cluster:
         self.extra_mounts = [(str(s), str(d), bool(ro)) for s, d, ro in extra_mounts]
         self.image = image
         self.ssh_timeout = ssh_timeout
+        self.docker_args = list(docker_args)  # more `docker run` options, for every host
         self.id = secrets.token_hex(4)
         #: prefix of every container and of the network: ``<name_prefix>-<random>``
         self.name = f"{name_prefix}-{self.id}"
@@ -467,6 +469,7 @@ class Cluster:
                 *init,
                 *labels,
                 *vols,
+                *self.docker_args,
                 image,
             )
 
