@@ -22,9 +22,10 @@ def test_pbs_script_runs_a_two_node_job_from_the_nodefile(make_cluster, tmp_path
     shared = cluster.shared_dir
     work = gloo_job(shared, "pbs-gloo", tmp_path / "job.yaml")
     script = tmp_path / "job.pbs"
-    assert main(["export", str(tmp_path / "job.yaml"), "--to", "pbs", "--nodes", "2", "-o", str(script)]) == 0
+    assert main(["export", str(tmp_path / "job.yaml"), "--to", "pbs", "--nodes", "2", "--launcher", "ssh",
+                 "-o", str(script)]) == 0
     text = script.read_text()
-    assert SECRET not in text and "#PBS -l nodes=2:ppn=2" in text
+    assert SECRET not in text and "#PBS -l select=2:ncpus=2:mpiprocs=1" in text and "#PBS -V" in text
     shellcheck = subprocess.run(["bash", ".ci/shellcheck.sh"], capture_output=True, text=True, check=True,
                                 cwd=os.path.dirname(os.path.dirname(__file__))).stdout.split()[-1]
     subprocess.run([shellcheck, str(script)], check=True)
@@ -54,5 +55,5 @@ def test_pbs_script_refuses_a_nodefile_of_the_wrong_size(tmp_path):
     (tmp_path / "nodefile").write_text("a\nb\n")
     p = subprocess.run(["bash", str(script)], env={"PATH": os.environ["PATH"], "PBS_NODEFILE": str(tmp_path / "nodefile")},
                        capture_output=True, text=True, timeout=30, check=False)
-    assert p.returncode == 2 and "written for 3 nodes" in p.stderr
+    assert p.returncode == 2 and "written for 3 nodes" in p.stderr, p.stderr
     assert not (tmp_path / "shared").exists()  # nothing staged

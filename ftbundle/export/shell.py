@@ -21,7 +21,19 @@ SAFE_DIRECTIVE_RE = re.compile(r"^[A-Za-z0-9_./:@%+=,-]+$")
 
 
 def q(value: str) -> str:
-    return shlex.quote(value)
+    """One shell word that means ``value`` and never expands: single quotes, or bash's
+    $'...' where the value holds control characters (a newline stays on its line)."""
+    if not CONTROL_RE.search(value):
+        return shlex.quote(value)
+    out = []
+    for ch in value:
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif CONTROL_RE.match(ch):
+            out.append("".join(f"\\x{b:02x}" for b in ch.encode()))
+        else:
+            out.append(ch)
+    return "$'" + "".join(out) + "'"
 
 
 def directive_value(value: str, flag: str) -> str:
