@@ -120,7 +120,7 @@ def test_bad_gpus_per_node_exits_2_naming_file_and_key(tmp_path, capsys, value):
     ({}, "pbs", [], ["#PBS -l select=3:ncpus=2:ngpus=2:mpiprocs=1", "#PBS -l place=scatter:excl", "#PBS -V"]),
     ({}, "pbs", ["--cpus-per-node", "32", "--mem", "100G"],
      ["#PBS -l select=3:ncpus=32:ngpus=2:mem=100gb:mpiprocs=1", "#PBS -l place=scatter\n"]),
-    ({}, "pbs", ["--torque"], ["#PBS -l nodes=3:ppn=2:gpus=2", "#PBS -n", "#PBS -V"]),
+    ({}, "pbs", ["--torque"], ["#PBS -l nodes=3:ppn=2:gpus=2", "#PBS -V"]),
     ({"gpus_per_node": 0}, "pbs", ["--torque"], ["#PBS -l nodes=3:ppn=2\n"]),
 ])
 def test_what_each_node_requests(tmp_path, overrides, to, args, expected):

@@ -33,10 +33,10 @@ def resources(spec: ExportSpec, res: Resources, torque: bool) -> list[str]:
     cpus = res.cpus_per_node or spec.nproc_per_node
     if torque:
         line = f"#PBS -l nodes={spec.nnodes}:ppn={cpus}" + (f":gpus={spec.gpus_per_node}" if spec.gpus_per_node else "")
-        out = [line]  # Torque's mem is per job, not per node: --mem is not written for Torque
-        if res.cpus_per_node is None:
-            out.append("#PBS -n")  # node-exclusive
-        return out
+        # Torque's mem is per job, not per node: --mem is not written for Torque; nor is a
+        # node-exclusive flag (-n is not portable: Slurm's #PBS reader refuses it), so the
+        # node's cores are ppn: pass --cpus-per-node with the node's core count
+        return [line]
     chunk = f"select={spec.nnodes}:ncpus={cpus}"
     if spec.gpus_per_node:
         chunk += f":ngpus={spec.gpus_per_node}"
