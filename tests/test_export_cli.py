@@ -201,17 +201,20 @@ def test_hostile_values_stay_in_their_string_comment_or_scalar(tmp_path, shellch
     (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\nexec "$@"\n')
     (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\n")
     (bin_dir / "ssh").write_text('#!/bin/bash\nshift\nexec "$@"\n')
+    # pbsdsh: a task gets the job's environment (-V: the submitter's), not the script's exports
+    (bin_dir / "pbsdsh").write_text('#!/bin/bash\n[ "$1 $2 $3" = "-n 0 --" ] || exit 9\nshift 3\n'
+                                    'exec env -i PATH="$PATH" SEEN="$SEEN" API_AUTH="$API_AUTH" DB_PASSWD="$DB_PASSWD" "$@"\n')
     for f in bin_dir.iterdir():
         f.chmod(0o755)
-    for to, args in (("slurm", []), ("pbs", ["--launcher", "ssh"])):
-        out = tmp_path / f"job.{to}"
+    for to, args in (("slurm", []), ("pbs", ["--launcher", "ssh"]), ("pbs", [])):
+        out = tmp_path / f"job.{to}{len(args)}"
         assert main(["export", str(job), "--to", to, "--nodes", "1", "-o", str(out), *args]) == 0
         text = out.read_text()
         assert "sekrit" not in text and "API_AUTH" in text and "DB_PASSWD" in text  # names only
         subprocess.run([shellcheck, str(out)], check=True)
         for line in text.splitlines()[:text.splitlines().index("set -euo pipefail")]:
             assert line.startswith("#"), line  # nothing before the body is code
-        seen = tmp_path / f"seen-{to}"
+        seen = tmp_path / f"seen-{to}{len(args)}"
         nodefile = tmp_path / "nodefile"
         nodefile.write_text("localhost\n")
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SEEN": str(seen), "SLURM_JOB_NUM_NODES": "1",

@@ -219,3 +219,24 @@ def test_script_job_requests_a_gpu_per_rank_unless_it_says_zero(tmp_path):
     tj = export(tmp_path, job, "trainjob", "--nodes", "2")[-1]
     assert_valid(TRAINJOB, tj)
     assert "limits" not in tj["spec"]["trainer"]["resourcesPerNode"]
+
+
+def test_a_restarted_pod_prunes_a_half_written_checkpoint(tmp_path):
+    """The pod command, run here with `true` for torchrun: the incomplete newest checkpoint
+    is removed before the trainer starts (the rule of `restarts` on SSH and Slurm)."""
+    import subprocess
+
+    job = write_job(tmp_path, restarts=1)
+    pj = export(tmp_path, job, "k8s", "--nodes", "2")[-1]
+    command = pj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["bash", "-c"]
+    out = Path("/shared/ftb/output/lora")  # the config's output_dir under the workdir
+    local = tmp_path / "out"
+    for name, complete in (("checkpoint-5", True), ("checkpoint-10", False)):
+        (local / name).mkdir(parents=True)
+        if complete:
+            (local / name / "trainer_state.json").write_text("{}")
+    script = command[2].replace(str(out), str(local))
+    subprocess.run(["bash", "-c", script, "ftb-node", "true"], check=True, timeout=30,
+                   env={"PATH": "/usr/bin:/bin", "PET_NODE_RANK": "0", "FTB_WORKDIR": str(tmp_path)})
+    assert sorted(p.name for p in local.iterdir()) == ["checkpoint-5"]

@@ -82,6 +82,14 @@ def _command(spec: ExportSpec, cd: bool = False) -> list[str]:
     per-node command gets the seeds' variables from them first. ``cd``: the work directory
     (a TrainJob's trainer has no workingDir), so that relative paths mean what they do on SSH."""
     go = 'cd -- "$FTB_WORKDIR" && ' if cd else ""
+    if spec.restarts and spec.checkpoint_dir:
+        # a pod restarted after dying while saving: the half-written checkpoint goes first,
+        # as on SSH and Slurm (the first node prunes; the trainer then resumes from the last)
+        from .shell import RESUME_POINT, q
+
+        go = (RESUME_POINT + '\nif [ "${PET_NODE_RANK:-0}" = 0 ]; then ftb_resume_point '
+              + q(spec.checkpoint_dir) + " >/dev/null; fi\n" + go)
+        cd = True
     if spec.train_mode == "command":
         return ["bash", "-c", (go + 'export NODE_RANK="$PET_NODE_RANK" NNODES="$PET_NNODES" '
                                'NPROC_PER_NODE="$PET_NPROC_PER_NODE" MASTER_PORT="$PET_MASTER_PORT" '
