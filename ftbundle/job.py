@@ -203,9 +203,8 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         nproc = r.integer(data, "nproc_per_node", "nproc_per_node", 1, 1, 1024)
 
     gpus = data.get("gpus_per_node", "auto")
-    if gpus != "auto":
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= 1024:
-            raise r.error("gpus_per_node", f"must be 'auto' or a whole number of GPUs from 0 to 1024, got {gpus!r}")
+    if gpus != "auto" and (isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= 1024):
+        raise r.error("gpus_per_node", f"must be 'auto' or a whole number of GPUs from 0 to 1024, got {gpus!r}")
 
     master_port = r.integer(data, "master_port", "master_port", 29500, 1, 65535)
     restarts = r.integer(data, "restarts", "restarts", 0, 0, 100)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path

@@ -122,7 +122,7 @@ def spec_from(job: Job, plan: Plan) -> ExportSpec:
             env_file=None, gpus=GPU_DEVICES if gpus else None, extra=job.runtime.docker_args)
         if job.runtime.env_file:  # one word, so that a node without the file can drop it (shell.NODE_PROGRAM)
             prefix.insert(len(prefix) - 1, f"--env-file={job.runtime.env_file}")
-        docker = tuple([*prefix, *argv])
+        docker = (*prefix, *argv)
     return ExportSpec(
         name=job.name, job_file=str(job.path), nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node,
         master_port=plan.master_port, run_id=plan.run_id, run_dir=plan.run_dir, shared_dir=plan.shared_dir,

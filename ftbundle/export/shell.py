@@ -79,7 +79,7 @@ def stage_files(spec: ExportSpec) -> list[str]:
     as plain text in a quoted here-document (nothing in it expands), readable here."""
     lines = ['mkdir -p -- "$FTB_RUN_DIR"']
     for name, text in sorted(spec.files.items()):
-        body = text[:-1] if text.endswith("\n") else text
+        body = text.removesuffix("\n")
         end = heredoc_end(text)
         if text.endswith("\n"):
             lines += [f'cat >"$FTB_RUN_DIR"/{q(name)} <<\'{end}\'', body, end]
