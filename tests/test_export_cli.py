@@ -44,6 +44,8 @@ def shellcheck() -> str:
     (["--to", "slurm", "--mem", "lots"], "--mem"),
     (["--to", "slurm", "--node-gpus", "-1"], "--node-gpus"),
     (["--to", "pbs", "--launcher", "rsh"], "--launcher"),
+    (["--to", "k8s", "--image", DIGEST, "--gres"], "--gres"),
+    (["--to", "slurm", "--torque"], "--torque"),
     (["--to", "k8s", "--image", DIGEST, "--pvc", "Team_NFS"], "--pvc"),
 ])
 def test_bad_flags_exit_2_and_write_nothing(tmp_path, capsys, args, where):

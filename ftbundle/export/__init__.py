@@ -209,6 +209,10 @@ def export(job_path: str, *, to: str, inventory: str | None = None, nodes: str |
     """The scheduler's text for a job, its warnings, and one line saying what each node
     requests. Raises UserError before anything is written."""
     check_target(to)
+    for flag, given, target in (("--gres", gres, "slurm"), ("--torque", torque, "pbs"),
+                                ("--launcher", launcher != "pbsdsh", "pbs")):
+        if given and to != target:  # a request this target cannot express: say so, not ignore it
+            raise UserError(f"only applies to --to {target}", key=flag)
     count = parse_nodes(nodes)
     cpus = parse_count(cpus_per_node, "--cpus-per-node")
     have = parse_count(node_gpus, "--node-gpus", lo=0)
