@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the "Slurm host" image for tests/slurm.py: the test-host image
 # (.ci/testhost-image.sh: sshd, python3, the controller interpreter's libraries)
-# plus Debian's slurm-wlm and munge. A separate image, so that the other tests
+# plus Debian's slurm-wlm, slurm-wlm-torque (qsub/pbsnodes over Slurm) and munge. A separate image, so that the other tests
 # keep theirs.
 #
 # Packages come from the apt sources that debootstrap wrote into the test-host
@@ -16,7 +16,7 @@ SELF=$(readlink -f "${BASH_SOURCE[0]}")
 HERE=$(dirname "$SELF")
 IMAGE_NAME=ftbundle-slurmhost
 LOCK=/var/lock/ftbundle-slurmhost-image.lock
-PACKAGES=(slurm-wlm munge)
+PACKAGES=(slurm-wlm slurm-wlm-torque munge)
 
 say() { echo "slurmhost-image: $*" >&2; }
 

@@ -114,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--image", help="k8s/trainjob: the image (repo@sha256:...) when the job's runtime is not docker")
     exp.add_argument("--pvc", help="k8s/trainjob: the shared volume's claim (default: <job name>-shared)")
     exp.add_argument("--secret", help="k8s/trainjob: the Secret holding the job's secrets (default: <job name>-secrets)")
+    exp.add_argument("--gres", action="store_true", help="slurm: ask for GPUs as --gres=gpu:N "
+                     "(default: --gpus-per-node=N)")
+    exp.add_argument("--cpus-per-node", help="cores per node; default: the whole node (slurm --exclusive, "
+                     "pbs place=excl; k8s: 4 per rank)")
+    exp.add_argument("--mem", help="memory per node, e.g. 64G (default: slurm all of the node's, k8s 16Gi per rank)")
+    exp.add_argument("--node-gpus", help="GPUs each of the cluster's nodes has: warn when the job asks for more")
+    exp.add_argument("--torque", action="store_true", help="pbs: Torque's nodes=N:ppn=C:gpus=G (default: PBS Pro select=)")
+    exp.add_argument("--launcher", default="pbsdsh", help="pbs: how each node is started: pbsdsh (default) or ssh")
+    exp.add_argument("--dry-run", action="store_true", help="print what each node will request and write nothing")
     exp.add_argument("-o", "--output", help="write here instead of stdout")
     exp.set_defaults(func=cmd_export)
 

@@ -21,7 +21,7 @@ from .errors import UserError, did_you_mean
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names whose values never reach a terminal, a log or the plan file.
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 # Shorter values are not masked in output: "1" or "abc" would blank out unrelated text.
 MIN_SECRET_LEN = 4
 DEFAULT_NCCL_ENV_FILE = "/etc/ftbundle/nccl.env"
@@ -70,6 +70,9 @@ class Job:
     inventory: Path | None = None
     hosts: str = "all"
     nproc_per_node: int | str = 1  # int >= 1, or "auto"
+    # int >= 0, or "auto": `run` uses the GPUs the job sees; an export requests nproc_per_node
+    # GPUs per node unless the job is a CPU job (see ftbundle.export.gpus_per_node)
+    gpus_per_node: int | str = "auto"
     master_port: int = 29500
     shared_dir: str | None = None  # as written; relative paths only make sense for local-only jobs
     workdir: str | None = None  # as written; default: shared_dir (remote hosts) or the job's dir (local)
@@ -87,7 +90,7 @@ class Job:
 # Loading
 
 _TOP_KEYS = {
-    "name", "inventory", "hosts", "nproc_per_node", "master_port", "shared_dir", "workdir",
+    "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
     "env", "runtime", "train", "restarts", "check",
 }
 _RUNTIME_KEYS = {"kind", "python", "image", "gpus", "docker_args", "env_file"}
@@ -199,6 +202,10 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
     if nproc != "auto":
         nproc = r.integer(data, "nproc_per_node", "nproc_per_node", 1, 1, 1024)
 
+    gpus = data.get("gpus_per_node", "auto")
+    if gpus != "auto" and (isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= 1024):
+        raise r.error("gpus_per_node", f"must be 'auto' or a whole number of GPUs from 0 to 1024, got {gpus!r}")
+
     master_port = r.integer(data, "master_port", "master_port", 29500, 1, 65535)
     restarts = r.integer(data, "restarts", "restarts", 0, 0, 100)
     check = r.boolean(data, "check", "check", True)
@@ -229,6 +236,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         inventory=(base / inventory).resolve() if inventory else None,
         hosts=hosts,
         nproc_per_node=nproc,
+        gpus_per_node=gpus,
         master_port=master_port,
         shared_dir=shared_dir,
         workdir=workdir,

@@ -325,7 +325,7 @@ class Cluster:
         extra_mounts: Iterable[tuple[str, str, bool]] = (),
         image: str | None = None,
         ssh_timeout: float = 30.0,
-        extra_args: Iterable[str] = (),
+        docker_args: Iterable[str] = (),
     ):
         if n < 1:
             raise ValueError("a cluster needs at least one host")
@@ -335,8 +335,9 @@ class Cluster:
         self.extra_mounts = [(str(s), str(d), bool(ro)) for s, d, ro in extra_mounts]
         self.image = image
         self.ssh_timeout = ssh_timeout
-        #: more `docker run` arguments for every host (capabilities for a Docker engine inside)
-        self.extra_args = list(extra_args)
+        #: more `docker run` options for every host (capabilities for a Docker engine inside,
+        #: device rules for a Slurm that enforces GPUs)
+        self.docker_args = list(docker_args)
         self.id = secrets.token_hex(4)
         #: prefix of every container and of the network: ``<name_prefix>-<random>``
         self.name = f"{name_prefix}-{self.id}"
@@ -467,10 +468,10 @@ class Cluster:
                 "NET_RAW",
                 "--cap-add",
                 "SYS_PTRACE",
-                *self.extra_args,
                 *init,
                 *labels,
                 *vols,
+                *self.docker_args,
                 image,
             )
 

@@ -12,6 +12,13 @@ controller's venv and ``sys.base_prefix`` bind-mounted read-only at their own pa
 
 No systemd and no cgroups in the containers, hence the slurm.conf below (verified in
 shared/ENVIRONMENT.md): process tracking by /proc, no task plugin, no accounting.
+
+``SlurmCluster(gpus=2)`` is the same Slurm with GPUs it enforces (shared/ENVIRONMENT.md):
+each compute node has fake GPUs ``/dev/nvidia0..N-1`` (made with mknod; no driver, so an
+allowed open fails with ENXIO and a refused one with EPERM), GRES ``gpu:N`` with
+``AutoDetect=off``, and task/cgroup constraining cores and devices. The containers get one
+exact ``--device-cgroup-rule`` per device (a wildcard would defeat the device limit) and
+their cgroup controllers remounted read-write before slurmd starts.
 """
 
 from __future__ import annotations
@@ -62,6 +69,35 @@ runuser -u munge -- /usr/sbin/munged
 """
 
 
+def gpu_conf(slurm_conf: str, gpus: int) -> dict[str, str]:
+    """slurm.conf, gres.conf and cgroup.conf of the Slurm with ``gpus`` enforced GPUs per node."""
+    conf = (slurm_conf.replace("ProctrackType=proctrack/linuxproc", "ProctrackType=proctrack/cgroup")
+            .replace("TaskPlugin=task/none", "TaskPlugin=task/cgroup,task/affinity")
+            .replace("NodeName=node[1-2] CPUs=2", f"GresTypes=gpu\nNodeName=node[1-2] CPUs=2 Gres=gpu:{gpus}"))
+    return {"slurm.conf": conf,
+            "gres.conf": f"AutoDetect=off\nName=gpu File=/dev/nvidia[0-{gpus - 1}]\n",
+            "cgroup.conf": ("CgroupPlugin=cgroup/v1\nCgroupAutomount=yes\nConstrainCores=yes\n"
+                            "ConstrainDevices=yes\nConstrainRAMSpace=no\n")}
+
+
+def gpu_docker_args(gpus: int) -> list[str]:
+    args = ["--cgroupns=private", "--cap-add", "SYS_ADMIN", "--security-opt", "apparmor=unconfined",
+            "--security-opt", "seccomp=unconfined"]
+    for i in range(gpus):
+        args += ["--device-cgroup-rule", f"c 195:{i} rwm"]
+    return args
+
+
+# per compute container of the GPU Slurm: the device files, and cgroups slurmd can write
+GPU_SETUP = """set -e
+i=0
+while [ "$i" -lt "$1" ]; do [ -e /dev/nvidia$i ] || mknod -m 666 /dev/nvidia$i c 195 $i; i=$((i + 1)); done
+for c in cpu cpuacct cpuset memory devices freezer; do
+  umount /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c
+done
+"""
+
+
 def ensure_slurm_image() -> str:
     """Build (or reuse, cached by recipe hash) the Slurm host image; return its reference."""
     env = dict(os.environ)
@@ -76,10 +112,11 @@ def ensure_slurm_image() -> str:
 class SlurmCluster:
     """slurmctld on node0, slurmd on node1 and node2; ``up()`` returns once both are idle."""
 
-    def __init__(self, *, shared_dir: Path, image: str | None = None, ready_timeout: float = 90):
+    def __init__(self, *, shared_dir: Path, image: str | None = None, ready_timeout: float = 90, gpus: int = 0):
         self.shared_dir = Path(shared_dir)
         self.image = image
         self.ready_timeout = ready_timeout
+        self.gpus = gpus  # GPUs per compute node, enforced (0: the plain Slurm)
         self.cluster: Cluster | None = None
 
     def __enter__(self) -> SlurmCluster:  # noqa: PYI034
@@ -99,15 +136,20 @@ class SlurmCluster:
 
     def up(self) -> SlurmCluster:
         self.cluster = Cluster(3, name_prefix="ftb-slurm", shared_dir=self.shared_dir,
-                               image=self.image or ensure_slurm_image())
+                               image=self.image or ensure_slurm_image(),
+                               docker_args=gpu_docker_args(self.gpus) if self.gpus else ())
         self.cluster.up()
         try:
             key = os.urandom(1024)
+            files = gpu_conf(SLURM_CONF, self.gpus) if self.gpus else {"slurm.conf": SLURM_CONF}
             for host in self.cluster.hosts:
                 self._exec(host.container, ["sh", "-c", SETUP], input=key)
-                self._exec(host.container, ["sh", "-c", "cat > /etc/slurm/slurm.conf"], input=SLURM_CONF.encode())
+                for name, text in files.items():
+                    self._exec(host.container, ["sh", "-c", f"cat > /etc/slurm/{name}"], input=text.encode())
             self._exec(self.controller, ["slurmctld"])
             for name in COMPUTE:
+                if self.gpus:
+                    self._exec(self.container(name), ["sh", "-c", GPU_SETUP, "sh", str(self.gpus)])
                 self._exec(self.container(name), ["slurmd"])
             self._wait_idle()
         except BaseException:

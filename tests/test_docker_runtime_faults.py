@@ -52,7 +52,7 @@ def start_engine(cluster, host) -> None:
 def dcluster(testhost_image):
     """Two hosts, each with its own Docker engine and the same tiny image; (cluster, image ID)."""
     shared = Path(tempfile.mkdtemp(prefix="ftb-shared-", dir="/tmp"))
-    cluster = Cluster(2, shared_dir=shared, image=testhost_image, extra_args=DOCKER_INSIDE).up()
+    cluster = Cluster(2, shared_dir=shared, image=testhost_image, docker_args=DOCKER_INSIDE).up()
     try:
         for host in cluster.hosts:
             start_engine(cluster, host)

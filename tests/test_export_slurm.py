@@ -83,7 +83,7 @@ def gloo_job(shared: Path, name: str, job_file: Path) -> Path:
     work = shared / name
     (work / "out").mkdir(parents=True)
     (work / "allreduce.py").write_text(ALLREDUCE)
-    job = {"name": name, "nproc_per_node": 2, "master_port": random.randint(20000, 29000),
+    job = {"name": name, "nproc_per_node": 2, "gpus_per_node": 0, "master_port": random.randint(20000, 29000),
            "shared_dir": str(shared), "workdir": str(work),
            "env": {"GLOO_SOCKET_IFNAME": "eth0", "OUT": str(work / "out"), "OMP_NUM_THREADS": 1,
                    "HF_TOKEN": SECRET},
@@ -184,7 +184,7 @@ def test_quickstart_lora_requeued_resumes_and_writes_the_adapter(slurm, quicksta
 def test_usr1_before_the_time_limit_requeues_the_job(slurm, tmp_path):
     """What --signal=B:USR1@120 does near the time limit, sent by hand: the batch shell's
     trap puts the job back into the queue (Slurm counts a restart)."""
-    job = {"name": "usr1-requeue", "nproc_per_node": 1, "shared_dir": str(slurm.shared_dir),
+    job = {"name": "usr1-requeue", "nproc_per_node": 1, "gpus_per_node": 0, "shared_dir": str(slurm.shared_dir),
            "train": {"command": "sleep 60"}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     script = slurm.shared_dir / "usr1.sbatch"

@@ -11,7 +11,8 @@ import sys
 from dataclasses import replace
 
 from ..errors import UserError, did_you_mean
-from ..export import TARGETS, check_image, spec_from
+from ..export import (TARGETS, Resources, check_image, parse_count, parse_mem, resource_warnings,
+                      spec_from)
 from ..inventory import resolve_hosts
 from ..job import Job, load_job
 from ..plan import Plan, make_layout, make_plan, new_run_id
@@ -54,37 +55,59 @@ def parse_nodes(value: str | None) -> int | None:
 
 def export(job_path: str, *, to: str, inventory: str | None = None, nodes: str | None = None,
            partition: str | None = None, time: str | None = None, container: str = "pyxis",
-           image: str | None = None, pvc: str | None = None, secret: str | None = None) -> tuple[str, tuple[str, ...]]:
-    """The scheduler's text for a job, and the plan's warnings. Raises UserError before
-    anything is written."""
+           image: str | None = None, pvc: str | None = None, secret: str | None = None,
+           gres: bool = False, cpus_per_node: str | None = None, mem: str | None = None,
+           node_gpus: str | None = None, torque: bool = False, launcher: str = "pbsdsh",
+           ) -> tuple[str, tuple[str, ...], str]:
+    """The scheduler's text for a job, its warnings, and one line saying what each node
+    requests. Raises UserError before anything is written."""
     check_target(to)
+    for flag, given, target in (("--gres", gres, "slurm"), ("--torque", torque, "pbs"),
+                                ("--launcher", launcher != "pbsdsh", "pbs")):
+        if given and to != target:  # a request this target cannot express: say so, not ignore it
+            raise UserError(f"only applies to --to {target}", key=flag)
     count = parse_nodes(nodes)
+    cpus = parse_count(cpus_per_node, "--cpus-per-node")
+    have = parse_count(node_gpus, "--node-gpus", lo=0)
+    mem = parse_mem(mem)
     if image is not None:
         check_image(image, "--image")
     job, plan = export_plan(job_path, inventory, count)
     spec = spec_from(job, plan)
+    spec = replace(spec, warnings=(*spec.warnings, *resource_warnings(spec, have)))
+    res = Resources(gpus_per_node=spec.gpus_per_node, cpus_per_node=cpus, mem=mem)
+    summary = f"requests {spec.nnodes} node(s) x {res.describe()}"
     if to == "slurm":
         from ..export.slurm import render
 
-        return render(spec, partition=partition, time=time, container=container), spec.warnings
+        text = render(spec, res, partition=partition, time=time, container=container, gres=gres)
+        return text, spec.warnings, summary
     if to == "pbs":
         from ..export.pbs import render as render_pbs
 
-        return render_pbs(spec, queue=partition, time=time), spec.warnings
+        return render_pbs(spec, res, queue=partition, time=time, torque=torque, launcher=launcher), \
+            spec.warnings, summary
     from ..export import k8s
 
     make = k8s.pytorchjob if to == "k8s" else k8s.trainjob
-    objects = make(spec, image=image, pvc=pvc, secret=secret)
-    return k8s.to_yaml(objects, spec, to, k8s.names(spec, pvc, secret)), spec.warnings
+    n = k8s.names(spec, pvc, secret)
+    objects = make(spec, res, image=image, n=n)
+    summary = f"requests {spec.nnodes} pod(s) x {k8s.describe(spec, res)}"
+    return k8s.to_yaml(objects, spec, to, n, res), spec.warnings, summary
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """The job as an sbatch script, Kubeflow manifests or a qsub script: to -o or stdout."""
-    text, warnings = export(args.job, to=args.to, inventory=args.inventory, nodes=args.nodes,
-                            partition=args.partition, time=args.time, container=args.container,
-                            image=args.image, pvc=args.pvc, secret=args.secret)
+    text, warnings, summary = export(
+        args.job, to=args.to, inventory=args.inventory, nodes=args.nodes, partition=args.partition,
+        time=args.time, container=args.container, image=args.image, pvc=args.pvc, secret=args.secret,
+        gres=args.gres, cpus_per_node=args.cpus_per_node, mem=args.mem, node_gpus=args.node_gpus,
+        torque=args.torque, launcher=args.launcher)
     for warning in warnings:
         say(f"warning: {warning}")
+    say(summary)
+    if args.dry_run:
+        return 0
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:

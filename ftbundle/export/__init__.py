@@ -14,6 +14,7 @@ and the master address from the scheduler at run time.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .. import runtimes
@@ -25,8 +26,25 @@ TARGETS = ("slurm", "k8s", "trainjob", "pbs")
 # Argv elements a renderer replaces at run time (whole elements, or inside a container name).
 NODE_RANK = "@FTB_NODE_RANK@"
 MASTER_ADDR = "@FTB_MASTER_ADDR@"
+# docker runtime: the `--gpus` value, replaced on each node by the devices the scheduler
+# allocated there (never `all`: a node can hold GPUs of other jobs)
+GPU_DEVICES = "@FTB_GPU_DEVICES@"
 # Set per node by each renderer from what the scheduler says, never from the plan.
 PER_NODE_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one node of the job asks the scheduler for, beyond the node itself."""
+
+    gpus_per_node: int  # 0: a CPU job
+    cpus_per_node: int | None = None  # None: the whole node (Slurm --exclusive, PBS place=excl)
+    mem: str | None = None  # e.g. 64G; None: Slurm --mem=0 (all of the node's memory)
+
+    def describe(self) -> str:
+        cpus = "all cores (exclusive node)" if self.cpus_per_node is None else f"{self.cpus_per_node} cores"
+        mem = "all memory" if self.mem is None else f"{self.mem} memory"
+        return f"{self.gpus_per_node} GPU(s), {cpus}, {mem} per node"
 
 
 @dataclass(frozen=True)
@@ -52,7 +70,7 @@ class ExportSpec:
     docker_argv: tuple[str, ...] | None  # docker runtime: `docker run ...` around argv
     container: str | None  # docker runtime: container name (with the NODE_RANK placeholder)
     env_file: str | None  # the NCCL env file on the hosts
-    gpus: bool  # whether each node needs nproc_per_node GPUs
+    gpus_per_node: int  # GPUs requested per node (0: a CPU job)
     restarts: int
     warnings: tuple[str, ...]
     train_mode: str
@@ -73,6 +91,7 @@ def spec_from(job: Job, plan: Plan) -> ExportSpec:
                                     args=job.train.args, command=job.train.command)
     argv = program if job.train.mode == "command" else [*torchrun, *program]
     image = docker = container = None
+    gpus = gpus_per_node(job)
     if job.runtime.kind == "docker":
         image = plan.image
         if image is None:  # a tag in the inventory: `run` reads the digest site.yml recorded, export cannot
@@ -80,26 +99,63 @@ def spec_from(job: Job, plan: Plan) -> ExportSpec:
                             "ftb_image to repo@sha256:... (the digest site.yml recorded in /etc/ftbundle/image.ref)",
                             file=str(job.path), key="runtime.image")
         container = runtimes.container_name(plan.run_id, NODE_RANK)  # type: ignore[arg-type]
-        docker = tuple([*runtimes.docker_prefix(
+        prefix = runtimes.docker_prefix(
             image=image, name=container, shared_dir=plan.shared_dir, workdir=node.workdir,
             env_names=[*env, *secrets, "NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"],
-            env_file=job.runtime.env_file, gpus=job.runtime.gpus, extra=job.runtime.docker_args), *argv])
+            env_file=None, gpus=GPU_DEVICES if gpus else None, extra=job.runtime.docker_args)
+        if job.runtime.env_file:  # one word, so that a node without the file can drop it (shell.NODE_PROGRAM)
+            prefix.insert(len(prefix) - 1, f"--env-file={job.runtime.env_file}")
+        docker = (*prefix, *argv)
     return ExportSpec(
         name=job.name, job_file=str(job.path), nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node,
         master_port=plan.master_port, run_id=plan.run_id, run_dir=plan.run_dir, shared_dir=plan.shared_dir,
         workdir=node.workdir, env=env, secret_names=secrets, argv=tuple(argv), program=tuple(program), files=dict(plan.files),
         checkpoint_dir=plan.checkpoint_dir, image=image, docker_argv=docker, container=container,
-        env_file=job.runtime.env_file, gpus=uses_gpus(job), restarts=job.restarts,
+        env_file=job.runtime.env_file, gpus_per_node=gpus, restarts=job.restarts,
         warnings=plan.warnings, train_mode=job.train.mode, python=python,
     )
 
 
-def uses_gpus(job: Job) -> bool:
-    """GPUs per node are requested when the docker runtime passes GPUs, or a LlamaFactory
-    config does not say `use_cpu: true`."""
-    if job.runtime.gpus:
-        return True
-    return job.train.mode == "llamafactory" and not (job.train.llamafactory or {}).get("use_cpu")
+def gpus_per_node(job: Job) -> int:
+    """The GPUs each node asks the scheduler for: the job's `gpus_per_node`, or for `auto`
+    one per rank, unless the job is a CPU job (a LlamaFactory config with `use_cpu: true`)."""
+    if job.gpus_per_node != "auto":
+        return int(job.gpus_per_node)
+    if job.train.mode == "llamafactory" and (job.train.llamafactory or {}).get("use_cpu"):
+        return 0
+    return int(job.nproc_per_node)
+
+
+def resource_warnings(spec: ExportSpec, node_gpus: int | None) -> list[str]:
+    """What the scheduler would refuse or the ranks would regret, said before submitting."""
+    out = []
+    if node_gpus is not None and spec.gpus_per_node > node_gpus:
+        out.append(f"the job asks for {spec.gpus_per_node} GPU(s) per node but the nodes have {node_gpus} "
+                   "(--node-gpus): the scheduler will refuse it or never start it")
+    if 0 < spec.gpus_per_node < spec.nproc_per_node:
+        out.append(f"{spec.nproc_per_node} ranks per node share {spec.gpus_per_node} GPU(s)")
+    return out
+
+
+def parse_count(value: str | None, flag: str, lo: int = 1) -> int | None:
+    if value is None:
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if not lo <= count <= 100000:
+        raise UserError(f"must be a whole number ({lo} or more), got {value!r}", key=flag)
+    return count
+
+
+MEM_RE = re.compile(r"^[1-9][0-9]*[KMGT]?$")
+
+
+def parse_mem(value: str | None) -> str | None:
+    if value is not None and not MEM_RE.match(value):
+        raise UserError(f"must be a size such as 64G, 512000M or 1T, got {value!r}", key="--mem")
+    return value
 
 
 def check_image(image: str, where: str) -> str:

@@ -1,15 +1,20 @@
-"""Plan -> a qsub script (PBS Pro / Torque). Pure.
+"""Plan -> a qsub script (PBS Pro by default, Torque by option). Pure.
 
-The shape of the seeds' PBS script: the hosts are the unique lines of $PBS_NODEFILE in
-order, the first is the master, and each gets one launch over ssh with its line number as
-node rank. The environment travels on ssh's stdin as shell text quoted by bash itself
-(printf %q), so no value appears on a command line.
+Each node asks for one chunk: PBS Pro ``select=N:ncpus=C:ngpus=G:mpiprocs=1`` with the
+node to itself (``place=scatter:excl``), Torque ``nodes=N:ppn=C:gpus=G``; ``-V`` passes
+the submitting environment (the job's secrets) to the job. The hosts are the unique lines
+of $PBS_NODEFILE in order, the first is the master. Each node's part is started by
+``pbsdsh`` (so the MOM tracks and kills every process), or by an ssh loop by option. On
+Slurm's PBS wrapper (Debian's slurm-wlm-torque: no $PBS_NODEFILE, no pbsdsh) the script
+takes the hosts from Slurm and starts the nodes with srun.
 """
 
 from __future__ import annotations
 
-from . import ExportSpec
+from ..errors import UserError
+from . import ExportSpec, Resources
 from .shell import (
+    NODE_PROGRAM,
     directive_value,
     environment,
     header,
@@ -20,18 +25,45 @@ from .shell import (
     words,
 )
 
+LAUNCHERS = ("pbsdsh", "ssh")
 
-def render(spec: ExportSpec, *, queue: str | None = None, time: str | None = None) -> str:
-    needs = [f"{spec.shared_dir} mounted on every node (shared storage: logs, run directory, checkpoints)",
-             "passwordless ssh between the job's nodes (set FTB_SSH to change the ssh command)"]
+
+def resources(spec: ExportSpec, res: Resources, torque: bool) -> list[str]:
+    """The resource directives: one chunk (PBS Pro) or one node line (Torque) per node."""
+    cpus = res.cpus_per_node or spec.nproc_per_node
+    if torque:
+        line = f"#PBS -l nodes={spec.nnodes}:ppn={cpus}" + (f":gpus={spec.gpus_per_node}" if spec.gpus_per_node else "")
+        # Torque's mem is per job, not per node: --mem is not written for Torque; nor is a
+        # node-exclusive flag (-n is not portable: Slurm's #PBS reader refuses it), so the
+        # node's cores are ppn: pass --cpus-per-node with the node's core count
+        return [line]
+    chunk = f"select={spec.nnodes}:ncpus={cpus}"
+    if spec.gpus_per_node:
+        chunk += f":ngpus={spec.gpus_per_node}"
+    if res.mem:  # Slurm's units: a bare number is megabytes
+        chunk += f":mem={res.mem.lower()}b" if not res.mem[-1].isdigit() else f":mem={res.mem}mb"
+    chunk += ":mpiprocs=1"
+    place = "scatter:excl" if res.cpus_per_node is None else "scatter"
+    return [f"#PBS -l {chunk}", f"#PBS -l place={place}"]
+
+
+def render(spec: ExportSpec, res: Resources, *, queue: str | None = None, time: str | None = None,
+           torque: bool = False, launcher: str = "pbsdsh") -> str:
+    if launcher not in LAUNCHERS:
+        raise UserError(f"unknown launcher {launcher!r}; valid: {', '.join(LAUNCHERS)}", key="--launcher")
+    needs = [f"{spec.shared_dir} mounted on every node (shared storage: logs, run directory, checkpoints)"]
+    needs.append("pbsdsh (PBS Pro or Torque) on the first node" if launcher == "pbsdsh"
+                 else "passwordless ssh between the job's nodes (set FTB_SSH to change the ssh command)")
     if spec.image is None:
         needs.append(f"{spec.python} with torch (and the training stack) on every node")
     else:
         needs.append(f"docker on every node, able to run {spec.image}")
-    resources = f"nodes={spec.nnodes}:ppn={spec.nproc_per_node}" + (f":gpus={spec.nproc_per_node}" if spec.gpus else "")
-    lines = ["#!/bin/bash", *header(spec, "pbs", needs),
+    flavour = "Torque" if torque else "PBS Pro"
+    requested = [f"{flavour}: " + " ".join(d.removeprefix("#PBS ") for d in resources(spec, res, torque))]
+    lines = ["#!/bin/bash", *header(spec, "pbs", needs, requested),
              f"#PBS -N {directive_value(spec.name, 'name')}",
-             f"#PBS -l {resources}"]
+             *resources(spec, res, torque),
+             "#PBS -V"]
     if time:
         lines.append(f"#PBS -l walltime={directive_value(time, '--time')}")
     if queue:
@@ -43,9 +75,19 @@ def render(spec: ExportSpec, *, queue: str | None = None, time: str | None = Non
         "set -euo pipefail",
         "",
         f"export FTB_RUN_ID={q(spec.run_id)} FTB_RUN_DIR={q(spec.run_dir)}",
-        'mapfile -t FTB_HOSTS < <(awk \'NF && !seen[$0]++\' "$PBS_NODEFILE")',
+        "# the job's hosts in order, once each, and each one's first slot (pbsdsh -n)",
+        'if [ -n "${PBS_NODEFILE:-}" ]; then',
+        '  mapfile -t FTB_HOSTS < <(awk \'NF && !seen[$0]++\' "$PBS_NODEFILE")',
+        '  mapfile -t FTB_SLOTS < <(awk \'NF && !seen[$0]++ {print NR - 1}\' "$PBS_NODEFILE")',
+        "  FTB_LAUNCH=" + launcher,
+        'elif [ -n "${SLURM_JOB_NODELIST:-}" ]; then  # Slurm\'s qsub wrapper (slurm-wlm-torque)',
+        '  mapfile -t FTB_HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        "  FTB_LAUNCH=srun",
+        "else",
+        '  echo "ftbundle: no PBS_NODEFILE: run this script with qsub" >&2; exit 2',
+        "fi",
         f'if [ "${{#FTB_HOSTS[@]}}" != {spec.nnodes} ]; then',
-        (f'  echo "ftbundle: this script was written for {spec.nnodes} nodes, $PBS_NODEFILE lists '
+        (f'  echo "ftbundle: this script was written for {spec.nnodes} nodes, the job has '
          '${#FTB_HOSTS[@]}" >&2; exit 2'),
         "fi",
         "",
@@ -58,11 +100,38 @@ def render(spec: ExportSpec, *, queue: str | None = None, time: str | None = Non
         "",
         *node_program_def(),
         "",
-        "# what each node's bash reads on stdin: its environment, quoted by bash, then the job",
+        f"FTB_ARGV=({words(spec.docker_argv or spec.argv)})",
+        *launch_lines(spec),
+        "rc=0",
+        'for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done',
+        'exit "$rc"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def launch_lines(spec: ExportSpec) -> list[str]:
+    """One start per node. pbsdsh and srun pass no shell variables, so the node gets them as
+    NAME=value arguments (values are the job's plain env, never secrets: those come from
+    the job's own environment, -V); ssh reads them on stdin."""
+    env_file = ([f"  printf 'if [ -r %q ]; then set -a; . %q; set +a; fi\\n' {q(spec.env_file)} {q(spec.env_file)}"]
+                if spec.env_file else [])
+    plain = [n for n in env_names(spec) if n not in spec.secret_names]
+    source = f"if [ -r {q(spec.env_file)} ]; then set -a; . {q(spec.env_file)}; set +a; fi; " if spec.env_file else ""
+    # the node's bash: NCCL env file, then NAME=value words up to --, then the node program
+    node = source + 'while [ "$1" != -- ]; do export "$1"; shift; done; shift; ' + NODE_PROGRAM
+    return [
+        f"FTB_NODE_ARGV=(bash -c {q(node)} ftb-node)",
+        "ftb_env_words() {  # NODE_RANK",
+        "  local name",
+        f"  for name in {' '.join(plain)}; do",
+        '    if [ -n "${!name+x}" ]; then printf \'%s=%s\\0\' "$name" "${!name}"; fi',
+        "  done",
+        "  printf 'NODE_RANK=%s\\0' \"$1\"",
+        "}",
+        "# what an ssh'd node's bash reads on stdin: its environment, quoted by bash, then the job",
         "ftb_node_input() {  # NODE_RANK",
         "  local name",
-        *([f"  printf 'if [ -r %q ]; then set -a; . %q; set +a; fi\\n' {q(spec.env_file)} {q(spec.env_file)}"]
-          if spec.env_file else []),
+        *env_file,
         f"  for name in {' '.join(env_names(spec))}; do",
         '    if [ -n "${!name+x}" ]; then printf \'export %s=%q\\n\' "$name" "${!name}"; fi',
         "  done",
@@ -70,18 +139,19 @@ def render(spec: ExportSpec, *, queue: str | None = None, time: str | None = Non
         "  printf 'set -- '; printf '%q ' \"${FTB_ARGV[@]}\"; echo",
         '  printf \'%s\\n\' "$FTB_NODE"',
         "}",
-        f"FTB_ARGV=({words(spec.docker_argv or spec.argv)})",
-        'read -ra FTB_SSH_ARGV <<<"${FTB_SSH:-ssh}"',
         "pids=()",
         'for rank in "${!FTB_HOSTS[@]}"; do',
-        '  ftb_node_input "$rank" | "${FTB_SSH_ARGV[@]}" "${FTB_HOSTS[$rank]}" bash -s &',
+        '  mapfile -d \'\' -t words < <(ftb_env_words "$rank")',
+        '  case $FTB_LAUNCH in',
+        '    pbsdsh) pbsdsh -n "${FTB_SLOTS[$rank]}" -- "${FTB_NODE_ARGV[@]}" "${words[@]}" -- "${FTB_ARGV[@]}" & ;;',
+        ('    srun) srun --nodes=1 --ntasks=1 -w "${FTB_HOSTS[$rank]}" "${FTB_NODE_ARGV[@]}" "${words[@]}" -- '
+         '"${FTB_ARGV[@]}" & ;;'),
+        '    *) read -ra FTB_SSH_ARGV <<<"${FTB_SSH:-ssh}"',
+        '       ftb_node_input "$rank" | "${FTB_SSH_ARGV[@]}" "${FTB_HOSTS[$rank]}" bash -s & ;;',
+        "  esac",
         "  pids+=($!)",
         "done",
-        "rc=0",
-        'for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done',
-        'exit "$rc"',
     ]
-    return "\n".join(lines) + "\n"
 
 
 def env_names(spec: ExportSpec) -> list[str]:

@@ -1,24 +1,39 @@
 """Pieces of shell text shared by the Slurm and PBS scripts.
 
 Every value from a job file or an inventory enters the text through :func:`q` (one
-single-quoted word, never expanded) or base64 (staged files); the fixed programs below
+single-quoted word, never expanded), :func:`comment` (one line, in a comment) or a quoted
+here-document (staged files, as plain text a reviewer can read); the fixed programs below
 take their values as arguments and environment, never by pasting.
 """
 
 from __future__ import annotations
 
-import base64
+import hashlib
 import re
 import shlex
 
 from ..errors import UserError
-from . import MASTER_ADDR, NODE_RANK, ExportSpec
+from . import GPU_DEVICES, MASTER_ADDR, NODE_RANK, ExportSpec
+
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]+")
 
 SAFE_DIRECTIVE_RE = re.compile(r"^[A-Za-z0-9_./:@%+=,-]+$")
 
 
 def q(value: str) -> str:
-    return shlex.quote(value)
+    """One shell word that means ``value`` and never expands: single quotes, or bash's
+    $'...' where the value holds control characters (a newline stays on its line)."""
+    if not CONTROL_RE.search(value):
+        return shlex.quote(value)
+    out = []
+    for ch in value:
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif CONTROL_RE.match(ch):
+            out.append("".join(f"\\x{b:02x}" for b in ch.encode()))
+        else:
+            out.append(ch)
+    return "$'" + "".join(out) + "'"
 
 
 def directive_value(value: str, flag: str) -> str:
@@ -30,25 +45,46 @@ def directive_value(value: str, flag: str) -> str:
     return value
 
 
-def header(spec: ExportSpec, target: str, needs: list[str]) -> list[str]:
+def comment(text: str) -> str:
+    """Any text as the rest of one comment line: a newline in a job or inventory value
+    (a path, a warning) cannot start a line of code."""
+    return CONTROL_RE.sub(" ", text)
+
+
+def header(spec: ExportSpec, target: str, needs: list[str], requests: list[str]) -> list[str]:
     lines = ["# shellcheck disable=SC2016  # values are single-quoted on purpose: they must not expand",
-             f"# {spec.name}: written by `ftbundle export --to {target}` from {spec.job_file}",
-             f"# {spec.nnodes} node(s) x {spec.nproc_per_node} rank(s); run directory {spec.run_dir}",
-             "# Needs on the cluster:"]
-    lines += [f"#   - {need}" for need in needs]
+             comment(f"# {spec.name}: written by `ftbundle export --to {target}` from {spec.job_file}"),
+             comment(f"# {spec.nnodes} node(s) x {spec.nproc_per_node} rank(s); run directory {spec.run_dir}"),
+             "# Requests per node:"]
+    lines += [comment(f"#   - {r}") for r in requests]
+    lines.append("# Needs on the cluster:")
+    lines += [comment(f"#   - {need}") for need in needs]
     if spec.secret_names:
         lines.append("# Secrets are not in this file: export " + " ".join(spec.secret_names)
                      + " in the shell you submit from.")
-    lines += [f"# warning: {w}" for w in spec.warnings]
+    lines += [comment(f"# warning: {w}") for w in spec.warnings]
     return lines
 
 
+def heredoc_end(text: str) -> str:
+    """A here-document terminator that is no line of ``text``."""
+    end = "FTB_EOF_" + hashlib.sha256(text.encode()).hexdigest()[:12]
+    while end in text.splitlines():
+        end += "_"
+    return end
+
+
 def stage_files(spec: ExportSpec) -> list[str]:
-    """Write the plan's files into the run directory, as `ftbundle run` stages them."""
+    """Write the plan's files into the run directory, as `ftbundle run` stages them: each
+    as plain text in a quoted here-document (nothing in it expands), readable here."""
     lines = ['mkdir -p -- "$FTB_RUN_DIR"']
     for name, text in sorted(spec.files.items()):
-        encoded = base64.encodebytes(text.encode()).decode().rstrip("\n")
-        lines += [f'base64 -d >"$FTB_RUN_DIR"/{q(name)} <<\'FTB_B64\'', encoded, "FTB_B64"]
+        body = text.removesuffix("\n")
+        end = heredoc_end(text)
+        if text.endswith("\n"):
+            lines += [f'cat >"$FTB_RUN_DIR"/{q(name)} <<\'{end}\'', body, end]
+        else:  # a here-document always ends in a newline: drop the one the file does not have
+            lines += [f"printf '%s' \"$(cat <<'{end}'", body, end, f')" >"$FTB_RUN_DIR"/{q(name)}']
     return lines
 
 
@@ -101,6 +137,17 @@ args=()
 for a in "$@"; do
   a=${a//@NODE_RANK@/$NODE_RANK}
   a=${a//@MASTER_ADDR@/$MASTER_ADDR}
+  if [ -n "${FTB_CONTAINER:-}" ]; then
+    case $a in
+      # the hosts' NCCL env file, where this node has one
+      --env-file=*) [ -r "${a#--env-file=}" ] || continue ;;
+      # the GPUs the scheduler gave this node (real indices), never all of the node's
+      @GPU_DEVICES@)
+        dev=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}}
+        if [ -z "$dev" ]; then echo "ftbundle: GPUs requested, but the scheduler named none on $(hostname)" >&2; exit 97; fi
+        a="\"device=$dev\"" ;;
+    esac
+  fi
   args+=("$a")
 done
 cd -- "$FTB_WORKDIR" || { echo "ftbundle: workdir $FTB_WORKDIR missing on $(hostname)" >&2; exit 96; }
@@ -113,7 +160,8 @@ if [ -n "${FTB_CONTAINER:-}" ]; then
   wait $!
 else
   exec "${args[@]}"
-fi'''.replace("@NODE_RANK@", NODE_RANK).replace("@MASTER_ADDR@", MASTER_ADDR)
+fi'''.replace("@NODE_RANK@", NODE_RANK).replace("@MASTER_ADDR@", MASTER_ADDR).replace(
+    "@GPU_DEVICES@", GPU_DEVICES)
 
 
 def node_program_def() -> list[str]:

@@ -1,7 +1,9 @@
 """Plan -> an sbatch script. Pure.
 
-One task per node (srun); the node rank is SLURM_NODEID and the master is the first host
-of the allocation. The job is requeueable: 120 s before the time limit Slurm sends USR1
+One task per node (srun) with all of the node's cores (``--exclusive``, or
+``--cpus-per-task`` when the node is shared) and the job's GPUs (``--gpus-per-node``, or
+``--gres=gpu:N``); the node rank is SLURM_NODEID and the master is the first host of the
+allocation. The job is requeueable: 120 s before the time limit Slurm sends USR1
 to the batch shell, which requeues the job; a requeued job (like `scontrol requeue`)
 starts the script again and resumes from the newest complete checkpoint by the rule of
 `restarts`.
@@ -10,7 +12,7 @@ starts the script again and resumes from the newest complete checkpoint by the r
 from __future__ import annotations
 
 from ..errors import UserError
-from . import ExportSpec
+from . import ExportSpec, Resources
 from .shell import (
     directive_value,
     environment,
@@ -25,25 +27,41 @@ from .shell import (
 RUNTIMES = ("pyxis", "docker")
 
 
-def render(spec: ExportSpec, *, partition: str | None = None, time: str | None = None,
-           container: str = "pyxis") -> str:
+def directives(spec: ExportSpec, res: Resources, gres: bool) -> list[str]:
+    """What each node asks Slurm for: one task, the GPUs, the cores, the memory."""
+    lines = [f"#SBATCH --nodes={spec.nnodes}", "#SBATCH --ntasks-per-node=1"]
+    if spec.gpus_per_node:
+        lines.append(f"#SBATCH --gres=gpu:{spec.gpus_per_node}" if gres
+                     else f"#SBATCH --gpus-per-node={spec.gpus_per_node}")
+    if res.cpus_per_node is None:
+        lines.append("#SBATCH --exclusive")  # the whole node: all its cores for the one task
+    else:
+        lines.append(f"#SBATCH --cpus-per-task={res.cpus_per_node}")
+    lines.append(f"#SBATCH --mem={res.mem or 0}")  # 0: all of the node's memory
+    return lines
+
+
+def requests(spec: ExportSpec, res: Resources, gres: bool) -> list[str]:
+    gpu = (f"--gres=gpu:{spec.gpus_per_node}" if gres else f"--gpus-per-node={spec.gpus_per_node}") \
+        if spec.gpus_per_node else "no GPUs (a CPU job)"
+    cpus = "all cores (--exclusive)" if res.cpus_per_node is None else f"--cpus-per-task={res.cpus_per_node}"
+    return [gpu, f"one task with {cpus}", f"--mem={res.mem or 0}" + ("" if res.mem else " (all of the node's memory)")]
+
+
+def render(spec: ExportSpec, res: Resources, *, partition: str | None = None, time: str | None = None,
+           container: str = "pyxis", gres: bool = False) -> str:
     if container not in RUNTIMES:
         raise UserError(f"unknown container runtime {container!r}; valid: {', '.join(RUNTIMES)}", key="--container")
     needs = [f"{spec.shared_dir} mounted on every node (shared storage: logs, run directory, checkpoints)"]
     if spec.image is None:
         needs.append(f"{spec.python} with torch (and the training stack) on every node")
     elif container == "pyxis":
-        needs.append(f"pyxis + enroot, able to pull {spec.image}")
+        needs.append(f"pyxis + enroot, able to pull {spec.image} by digest (not run here: no pyxis "
+                     "could be installed where this exporter was tested)")
     else:
         needs.append(f"docker on every node, able to run {spec.image}")
-    lines = ["#!/bin/bash", *header(spec, "slurm", needs)]
-    lines += [
-        f"#SBATCH --job-name={directive_value(spec.name, 'name')}",
-        f"#SBATCH --nodes={spec.nnodes}",
-        "#SBATCH --ntasks-per-node=1",
-    ]
-    if spec.gpus:
-        lines.append(f"#SBATCH --gpus-per-node={spec.nproc_per_node}")
+    lines = ["#!/bin/bash", *header(spec, "slurm", needs, requests(spec, res, gres))]
+    lines += [f"#SBATCH --job-name={directive_value(spec.name, 'name')}", *directives(spec, res, gres)]
     if partition:
         lines.append(f"#SBATCH --partition={directive_value(partition, '--partition')}")
     if time:
@@ -78,6 +96,8 @@ def render(spec: ExportSpec, *, partition: str | None = None, time: str | None =
         'trap \'echo "ftbundle: requeueing job $SLURM_JOB_ID" >&2; scontrol requeue "$SLURM_JOB_ID"\' USR1',
     ]
     srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={spec.nnodes}", "--ntasks-per-node=1"]
+    # the step's one task gets every core the job has on the node (else Slurm pins it to one)
+    cpus = '--cpus-per-task="$SLURM_CPUS_ON_NODE"' if res.cpus_per_node is None else f"--cpus-per-task={res.cpus_per_node}"
     argv = spec.argv
     if spec.image is not None and container == "pyxis":
         mounts = [f"{spec.shared_dir}:{spec.shared_dir}"]
@@ -90,7 +110,7 @@ def render(spec: ExportSpec, *, partition: str | None = None, time: str | None =
     lines += [
         "# NODE_RANK is the task's own SLURM_NODEID, set inside the step",
         "# shellcheck disable=SC2016",
-        f'{words(tuple(srun))} bash -c \'export NODE_RANK="$SLURM_NODEID"; eval "$FTB_NODE"\' ftb-node \\',
+        f'{words(tuple(srun))} {cpus} bash -c \'export NODE_RANK="$SLURM_NODEID"; eval "$FTB_NODE"\' ftb-node \\',
         f"  {words(argv)} &",
         "FTB_SRUN=$!",
         'while :; do',
