@@ -55,6 +55,17 @@ def _policy(host: Host, accept_new: bool):
 
 
 _connection_class = None
+_import_lock = threading.Lock()
+
+
+def load_fabric():
+    """Import Fabric (and paramiko) once, under a lock: the first connections import it on
+    their own threads (so that the TCP connections are made meanwhile), and paramiko
+    imported by two threads at once fails with a circular import."""
+    with _import_lock:
+        import fabric
+        import paramiko.ssh_exception  # noqa: F401
+    return fabric
 
 
 class LowLatencySocket(socket.socket):
@@ -107,7 +118,7 @@ def _connection():
     of its own."""
     global _connection_class
     if _connection_class is None:
-        from fabric import Connection
+        Connection = load_fabric().Connection
 
         class LowLatencyConnection(Connection):
             def open(self):
@@ -138,17 +149,17 @@ def _config():
     hands one over explicitly: Invoke's default reads sys.stdin."""
     global _shared_config
     if _shared_config is None:
-        from fabric import Config
-
-        _shared_config = Config(overrides={"run": {"in_stream": False}})
+        _shared_config = load_fabric().Config(overrides={"run": {"in_stream": False}})
     return _shared_config
 
 
 def connect(host: Host, *, timeout: int = CONNECT_TIMEOUT, accept_new_host_keys: bool = False,
-            sock: LowLatencySocket | None = None):
+            sock: LowLatencySocket | None = None, gateway=None):
     """A Fabric Connection to ``host`` using the inventory's user, port, key, known_hosts
     and bastion. Nothing is opened yet, except ``sock``: a TCP connection to the host made
-    beforehand (:meth:`LowLatencySocket.connect_to`), which ``open()`` then uses."""
+    beforehand (:meth:`LowLatencySocket.connect_to`), which ``open()`` then uses, and
+    ``gateway``: an open connection to the host's bastion, shared with other hosts (else
+    one of its own is made)."""
     Connection = _connection()
 
     connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout}
@@ -159,8 +170,9 @@ def connect(host: Host, *, timeout: int = CONNECT_TIMEOUT, accept_new_host_keys:
         connect_kwargs["look_for_keys"] = False
         connect_kwargs["allow_agent"] = False
     config = _config()
-    gateway = None
-    if host.proxy_jump:
+    if not host.proxy_jump:
+        gateway = None
+    elif gateway is None:
         gateway = connect(bastion(host), timeout=timeout, accept_new_host_keys=accept_new_host_keys)
     conn = Connection(host=host.address, user=host.user, port=host.port, config=config, gateway=gateway,
                       connect_timeout=timeout, connect_kwargs=connect_kwargs)
