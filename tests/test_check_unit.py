@@ -758,3 +758,21 @@ def test_status_folds_nodes_by_state(n):
     else:
         assert rows == ["  rank 1   gpu01                exited 4     last line"]
         assert lines[-1] == f"nodes: running gpu[00,02-{n - 1}] (ranks 0,2-{n - 1}); exited 4 gpu01 (rank 1)"
+
+
+def test_probe_waits_grow_with_the_hosts_and_a_timeout_is_named(tmp_path):
+    """The probe's waits account for the spread of n probes' starts; an expired wait says it
+    was one, and for how long, not 'no route' or a bare error."""
+    from ftbundle import check as C
+    from ftbundle.check import scale_s
+    from ftbundle.remote import probe
+
+    assert scale_s(2) == 0 and scale_s(16) == 2.0 and scale_s(256) == 32.0
+    layout = layout_of(tmp_path, 16)
+    spec = C.probe_spec(layout, 1, token="t", expect=list(range(16)), port_peers=15)
+    assert spec["sentinel_wait_s"] == C.SENTINEL_WAIT_S + 2 and spec["port"]["connect_s"] == C.CONNECT_S + 2
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    answer = probe.connect("127.0.0.1", closed, 0.3)
+    assert answer["reachable"] is False and answer["error"] == "Connection refused; kept trying for 0.3 s"
