@@ -296,8 +296,8 @@ class Cluster:
         self.accept_new_host_keys = accept_new_host_keys
         self.max_startups = max_startups or _env_int("FTBUNDLE_SSH_MAX_STARTUPS", MAX_STARTUPS)
         self.connect_tries = connect_tries or _env_int("FTBUNDLE_SSH_CONNECT_TRIES", CONNECT_TRIES)
-        self._handshakes = threading.BoundedSemaphore(
-            max_handshakes or _env_int("FTBUNDLE_SSH_MAX_HANDSHAKES", MAX_HANDSHAKES))
+        self.max_handshakes = max_handshakes or _env_int("FTBUNDLE_SSH_MAX_HANDSHAKES", MAX_HANDSHAKES)
+        self._handshakes = threading.BoundedSemaphore(self.max_handshakes)
         self._startups: dict[tuple[str, int], threading.BoundedSemaphore] = {}  # per sshd
         self._gateways: dict[tuple, object] = {}  # one shared connection per bastion
         self._gateway_locks: dict[tuple, threading.Lock] = {}
@@ -320,12 +320,14 @@ class Cluster:
         its own work while the handshakes wait on the network, then calls :meth:`wait_open`."""
         todo = [h for h in (self.hosts if hosts is None else hosts)
                 if not h.local and h.name not in self._conns and h.name not in self.errors]
+        # (no more connecting threads than handshakes may be in flight: 64, not one per host)
+        workers = self.max_handshakes
         if background:
-            self._opening = threading.Thread(target=parallel, args=(self._connect, todo), daemon=True,
+            self._opening = threading.Thread(target=parallel, args=(self._connect, todo, workers), daemon=True,
                                              name="connect")
             self._opening.start()
         else:
-            parallel(self._connect, todo)
+            parallel(self._connect, todo, workers)
         return self
 
     def wait_open(self) -> Cluster:
@@ -502,8 +504,9 @@ class Cluster:
         return parallel(one, jobs)
 
 
-def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """``[fn(x) for x in items]``, all at once on daemon threads.
+def parallel(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None) -> list[R]:
+    """``[fn(x) for x in items]``, all at once on daemon threads (at most ``workers`` of
+    them, each taking the next item, when given).
 
     Waiting is interruptible (Ctrl-C reaches the caller at once) and nothing joins the
     threads at exit, so an interrupted launcher never waits for a slow host. Exceptions
@@ -521,7 +524,21 @@ def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         except BaseException as exc:  # re-raised below, in the caller's thread
             errors[i] = exc
 
-    threads = [threading.Thread(target=work, args=(i, x), daemon=True) for i, x in enumerate(items)]
+    if workers is not None and workers < len(items):
+        queue = iter(list(enumerate(items)))
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    job = next(queue, None)
+                if job is None:
+                    return
+                work(*job)
+
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+    else:
+        threads = [threading.Thread(target=work, args=(i, x), daemon=True) for i, x in enumerate(items)]
     for t in threads:
         t.start()
     for t in threads:

@@ -73,6 +73,23 @@ def test_stock_maxstartups_refuses_a_burst_but_capped_opening_reaches_every_host
         assert retried.errors == {}
 
 
+def test_connecting_threads_are_capped_not_one_per_host(stock):
+    """Opening n hosts uses at most max_handshakes connecting threads (each host's transport
+    keeps one thread of its own, paramiko's)."""
+    import threading
+
+    before = threading.active_count()
+    with Cluster(aliases(stock, stock.hosts[1]), max_handshakes=4) as cluster:
+        cluster.open(background=True)
+        peak = 0
+        while cluster._opening is not None and cluster._opening.is_alive():
+            peak = max(peak, threading.active_count() - before)
+            time.sleep(0.005)
+        cluster.wait_open()
+        assert cluster.errors == {}
+    assert peak <= 1 + 4 + ALIASES, peak  # the opener, 4 connecting, a transport per host
+
+
 def test_through_a_stock_bastion_one_connection_to_it(stock):
     bastion, target = stock.hosts
     hosts = aliases(stock, target, proxy_jump=f"root@{bastion.ip}")
