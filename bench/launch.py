@@ -124,13 +124,18 @@ def main() -> None:
             for n in sizes:
                 hosts = cluster.hosts[:n]
                 results: dict[str, list] = {t: [] for t in tools}
-                for i in range((args.runs if n < 64 else args.large_runs) + 1):
-                    for tool in tools:  # interleaved, so drift hits every tool alike
-                        tag = f"{tool.replace(' ', '_')}-{n}-{i}"
-                        before = logins(cluster)
-                        lat, m = run_tool(tool, cluster, hosts, shared, job_dir, tag)
-                        if i:  # run 0 warms up (page cache, ftbundle's inventory cache)
-                            results[tool].append((lat, m, logins(cluster) - before))
+                try:
+                    for i in range((args.runs if n < 64 else args.large_runs) + 1):
+                        for tool in tools:  # interleaved, so drift hits every tool alike
+                            tag = f"{tool.replace(' ', '_')}-{n}-{i}"
+                            before = logins(cluster)
+                            lat, m = run_tool(tool, cluster, hosts, shared, job_dir, tag)
+                            if i:  # run 0 warms up (page cache, ftbundle's inventory cache)
+                                results[tool].append((lat, m, logins(cluster) - before))
+                except RuntimeError as exc:  # said in the table; the sizes measured so far stay
+                    rows.append([n, f"failed: {str(exc).splitlines()[0][:200]}"] + [""] * 7)
+                    print(rows[-1], flush=True)
+                    break
                 med = {t: median([r[0] for r in results[t]]) for t in tools}
                 off, on = results["ftbundle check off"], results["ftbundle check on"]
                 best = min(med["pdsh"], med["clush"])

@@ -320,6 +320,7 @@ class Cluster:
         its own work while the handshakes wait on the network, then calls :meth:`wait_open`."""
         todo = [h for h in (self.hosts if hosts is None else hosts)
                 if not h.local and h.name not in self._conns and h.name not in self.errors]
+        _enough_fds(len(self._conns) + len(todo))
         # (no more connecting threads than handshakes may be in flight: 64, not one per host)
         workers = self.max_handshakes
         if background:
@@ -548,6 +549,21 @@ def parallel(fn: Callable[[T], R], items: Iterable[T], workers: int | None = Non
         if exc is not None:
             raise exc
     return results
+
+
+def _enough_fds(connections: int) -> None:
+    """Raise the soft limit on open files (1024 by default) towards the hard one when the
+    connections need more: one socket per host, a few per node channel's pipes."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 4 * connections + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard),
+                                                        hard))
+    except (ImportError, ValueError, OSError):  # not raised: the system's own limit then applies
+        pass
 
 
 def _env_int(name: str, default: int) -> int:
