@@ -33,7 +33,7 @@ model: venv
 
 bench: venv engine image model  ## the benchmarks under bench/; writes docs/PERFORMANCE.md (about 35 min)
 	@command -v pdsh >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q pdsh >/dev/null; }
-	cd bench && $(CURDIR)/$(PY) launch.py && $(CURDIR)/$(PY) chatty.py && $(CURDIR)/$(PY) teardown.py && $(CURDIR)/$(PY) overhead.py --unbuffered && $(CURDIR)/$(PY) provision.py
+	cd bench && $(CURDIR)/$(PY) launch.py && $(CURDIR)/$(PY) launch.py --simulate 1024 && $(CURDIR)/$(PY) chatty.py && $(CURDIR)/$(PY) teardown.py && $(CURDIR)/$(PY) overhead.py --unbuffered && $(CURDIR)/$(PY) provision.py
 	cd bench && $(CURDIR)/$(PY) report.py
 
 clean:

@@ -26,6 +26,8 @@ class Measured:
     stdout: bytes = b""
     stderr: bytes = b""
     self_cpu_s: float = 0.0  # the child's own CPU, without its children (sampled from /proc)
+    threads: int = 0  # the child's peak thread count (sampled every 50 ms)
+    fds: int = 0  # the child's peak count of open file descriptors (sampled)
 
 
 def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdout=None, cwd=None) -> Measured:
@@ -51,6 +53,7 @@ def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdou
             on_stdout(chunk)
 
     hwm = [0]
+    peaks = {"threads": 0, "fds": 0}
     own_cpu = [0.0]
     done = threading.Event()
     tick = os.sysconf("SC_CLK_TCK")
@@ -62,6 +65,9 @@ def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdou
                 for line in open(path):
                     if line.startswith("VmHWM:"):
                         hwm[0] = max(hwm[0], int(line.split()[1]))
+                    elif line.startswith("Threads:"):
+                        peaks["threads"] = max(peaks["threads"], int(line.split()[1]))
+                peaks["fds"] = max(peaks["fds"], len(os.listdir(f"/proc/{proc.pid}/fd")))
                 # utime and stime (fields 14, 15 of stat): this process alone, not its children
                 fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
                 own_cpu[0] = max(own_cpu[0], (int(fields[11]) + int(fields[12])) / tick)
@@ -84,7 +90,7 @@ def measure(argv: list[str], *, env: dict | None = None, on_start=None, on_stdou
     for t in readers:
         t.join(10)
     return Measured(wall, usage.ru_utime + usage.ru_stime, hwm[0] / 1024, proc.returncode,
-                    b"".join(bufs["out"]), b"".join(bufs["err"]), own_cpu[0])
+                    b"".join(bufs["out"]), b"".join(bufs["err"]), own_cpu[0], peaks["threads"], peaks["fds"])
 
 
 def median(values) -> float:

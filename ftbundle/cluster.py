@@ -16,6 +16,7 @@ memory (see shared/ENVIRONMENT.md).
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import socket
@@ -30,6 +31,16 @@ from .inventory import Host
 
 CONNECT_TIMEOUT_S = 10
 KEEPALIVE_S = 5
+# New connections are opened a few at a time per sshd, and not all at once overall. A stock
+# sshd's `MaxStartups 10:30:100` starts refusing (at random, 30% of them at first) the
+# connections beyond 10 that are not yet authenticated: 8 per sshd stays under it with room
+# for a user's own ssh. Overall, 64 handshakes in flight keep the controller's CPU (the key
+# exchanges) from stretching each handshake past its timeout on a loaded machine.
+# Environment: FTBUNDLE_SSH_MAX_STARTUPS, FTBUNDLE_SSH_MAX_HANDSHAKES, FTBUNDLE_SSH_CONNECT_TRIES.
+MAX_STARTUPS = 8
+MAX_HANDSHAKES = 64
+CONNECT_TRIES = 5  # a refused or reset connection (an sshd at its MaxStartups, restarting)
+RETRY_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)  # before the 2nd, 3rd, ... try (+ up to 50% jitter)
 READ_CHUNK = 64 * 1024
 REKEY_WAIT_S = 15  # paramiko's own limit for the same wait is 30 s
 
@@ -278,10 +289,18 @@ class Cluster:
     """
 
     def __init__(self, hosts: Iterable[Host], *, connect_timeout: float = CONNECT_TIMEOUT_S,
-                 accept_new_host_keys: bool = False):
+                 accept_new_host_keys: bool = False, max_startups: int | None = None,
+                 max_handshakes: int | None = None, connect_tries: int | None = None):
         self.hosts = list(dict.fromkeys(hosts))
         self.connect_timeout = connect_timeout
         self.accept_new_host_keys = accept_new_host_keys
+        self.max_startups = max_startups or _env_int("FTBUNDLE_SSH_MAX_STARTUPS", MAX_STARTUPS)
+        self.connect_tries = connect_tries or _env_int("FTBUNDLE_SSH_CONNECT_TRIES", CONNECT_TRIES)
+        self.max_handshakes = max_handshakes or _env_int("FTBUNDLE_SSH_MAX_HANDSHAKES", MAX_HANDSHAKES)
+        self._handshakes = threading.BoundedSemaphore(self.max_handshakes)
+        self._startups: dict[tuple[str, int], threading.BoundedSemaphore] = {}  # per sshd
+        self._gateways: dict[tuple, object] = {}  # one shared connection per bastion
+        self._gateway_locks: dict[tuple, threading.Lock] = {}
         self.errors: dict[str, str] = {}  # host name -> why it could not be connected
         self._conns: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -301,12 +320,15 @@ class Cluster:
         its own work while the handshakes wait on the network, then calls :meth:`wait_open`."""
         todo = [h for h in (self.hosts if hosts is None else hosts)
                 if not h.local and h.name not in self._conns and h.name not in self.errors]
+        _enough_fds(len(self._conns) + len(todo))
+        # (no more connecting threads than handshakes may be in flight: 64, not one per host)
+        workers = self.max_handshakes
         if background:
-            self._opening = threading.Thread(target=parallel, args=(self._connect, todo), daemon=True,
+            self._opening = threading.Thread(target=parallel, args=(self._connect, todo, workers), daemon=True,
                                              name="connect")
             self._opening.start()
         else:
-            parallel(self._connect, todo)
+            parallel(self._connect, todo, workers)
         return self
 
     def wait_open(self) -> Cluster:
@@ -317,30 +339,85 @@ class Cluster:
         return self
 
     def _connect(self, host: Host) -> None:
+        """Open ``host``'s connection: at most ``max_startups`` handshakes at a time to one
+        sshd and ``MAX_HANDSHAKES`` in all; a refused or reset connection is tried again
+        (``connect_tries`` in all, with backoff) before the host is called unreachable."""
+        for attempt in range(self.connect_tries):
+            try:
+                conn = self._open_one(host)
+            except Exception as exc:  # refused, timed out, auth or host key failure
+                if attempt + 1 < self.connect_tries and _refused(exc):
+                    delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                    time.sleep(delay * (1 + random.random() / 2))
+                    continue
+                where = f"{host.user + '@' if host.user else ''}{host.address}:{host.port}"
+                if host.proxy_jump:
+                    where += f" through {host.proxy_jump}"
+                tries = f" ({attempt + 1} tries)" if attempt else ""
+                with self._lock:
+                    self.errors[host.name] = f"cannot SSH to {where}: {self._reason(exc)}{tries}"
+                return
+            with self._lock:
+                self.errors.pop(host.name, None)
+                self._conns[host.name] = conn
+            return
+
+    def _open_one(self, host: Host):
+        """One try: a connected, authenticated Connection to ``host``, or an exception."""
         from .ssh import LowLatencySocket, connect
 
+        gateway = self._gateway(host) if host.proxy_jump else None
         conn = sock = None
-        try:
-            # The TCP connection first: sshd forks and sends its banner while Fabric and
-            # paramiko are imported (about 80 ms, in connect() the first time).
-            sock = None if host.proxy_jump else LowLatencySocket.connect_to(host.address, host.port,
-                                                                            self.connect_timeout)
-            conn = connect(host, timeout=self.connect_timeout, accept_new_host_keys=self.accept_new_host_keys,
-                           sock=sock)
-            conn.open()  # on a ftbundle.ssh.LowLatencySocket: no 40 ms stalls on small messages
-            conn.transport.set_keepalive(KEEPALIVE_S)
-        except Exception as exc:  # refused, timed out, auth or host key failure
-            where = f"{host.user + '@' if host.user else ''}{host.address}:{host.port}"
-            with self._lock:
-                self.errors[host.name] = f"cannot SSH to {where}: {first_line(exc)}"
-            if conn is not None:
-                _close_quietly(conn)
-            elif sock is not None:
-                sock.close()
-            return
+        with self._startup_slot(host.address, host.port), self._handshakes:
+            try:
+                # The TCP connection first: sshd forks and sends its banner while Fabric and
+                # paramiko are imported (about 80 ms, in connect() the first time).
+                sock = None if host.proxy_jump else LowLatencySocket.connect_to(host.address, host.port,
+                                                                                self.connect_timeout)
+                conn = connect(host, timeout=self.connect_timeout, accept_new_host_keys=self.accept_new_host_keys,
+                               sock=sock, gateway=gateway)
+                conn.open()  # on a ftbundle.ssh.LowLatencySocket: no 40 ms stalls on small messages
+                conn.transport.set_keepalive(KEEPALIVE_S)
+            except BaseException:
+                if conn is not None:
+                    _close_quietly(conn)
+                elif sock is not None:
+                    sock.close()
+                raise
+        return conn
+
+    def _startup_slot(self, address: str, port: int) -> threading.BoundedSemaphore:
         with self._lock:
-            self.errors.pop(host.name, None)
-            self._conns[host.name] = conn
+            return self._startups.setdefault((address, int(port)), threading.BoundedSemaphore(self.max_startups))
+
+    def _gateway(self, host: Host):
+        """The one open connection to ``host``'s bastion, shared by every host behind it
+        (each host used to open its own: n unauthenticated connections at once to one sshd,
+        past a stock MaxStartups). Opened by the first host that needs it, again when lost."""
+        from .ssh import bastion, connect
+
+        jump = bastion(host)
+        key = (jump.address, jump.port, jump.user, jump.key_file, jump.known_hosts)
+        with self._lock:
+            lock = self._gateway_locks.setdefault(key, threading.Lock())
+        with lock:
+            gateway = self._gateways.get(key)
+            if gateway is not None and gateway.is_connected:
+                return gateway
+            if gateway is not None:
+                _close_quietly(gateway)
+            gateway = connect(jump, timeout=self.connect_timeout, accept_new_host_keys=self.accept_new_host_keys)
+            with self._startup_slot(jump.address, jump.port), self._handshakes:
+                gateway.open()
+            gateway.transport.set_keepalive(KEEPALIVE_S)
+            self._gateways[key] = gateway
+            return gateway
+
+    def _reason(self, exc: BaseException) -> str:
+        """Why a try failed, in words: a timeout says so and how long it waited."""
+        if _timed_out(exc):
+            return f"timed out after {self.connect_timeout:g} s"
+        return first_line(exc)
 
     def reconnect(self, host: Host) -> bool:
         """A fresh connection to a host whose transport died (after a partition heals or
@@ -371,6 +448,8 @@ class Cluster:
     def close(self) -> None:
         with self._lock:
             conns, self._conns = list(self._conns.values()), {}
+            conns += list(self._gateways.values())  # (after the hosts tunnelled through them)
+            self._gateways = {}
         for conn in conns:
             threading.Thread(target=_close_quietly, args=(conn,), daemon=True).start()
 
@@ -441,8 +520,9 @@ class Cluster:
         return parallel(one, jobs)
 
 
-def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """``[fn(x) for x in items]``, all at once on daemon threads.
+def parallel(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None) -> list[R]:
+    """``[fn(x) for x in items]``, all at once on daemon threads (at most ``workers`` of
+    them, each taking the next item, when given).
 
     Waiting is interruptible (Ctrl-C reaches the caller at once) and nothing joins the
     threads at exit, so an interrupted launcher never waits for a slow host. Exceptions
@@ -460,7 +540,21 @@ def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         except BaseException as exc:  # re-raised below, in the caller's thread
             errors[i] = exc
 
-    threads = [threading.Thread(target=work, args=(i, x), daemon=True) for i, x in enumerate(items)]
+    if workers is not None and workers < len(items):
+        queue = iter(list(enumerate(items)))
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    job = next(queue, None)
+                if job is None:
+                    return
+                work(*job)
+
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+    else:
+        threads = [threading.Thread(target=work, args=(i, x), daemon=True) for i, x in enumerate(items)]
     for t in threads:
         t.start()
     for t in threads:
@@ -470,6 +564,59 @@ def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         if exc is not None:
             raise exc
     return results
+
+
+def _enough_fds(connections: int) -> None:
+    """Raise the soft limit on open files (1024 by default) towards the hard one when the
+    connections need more: one socket per host, a few per node channel's pipes."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 4 * connections + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard),
+                                                        hard))
+    except (ImportError, ValueError, OSError):  # not raised: the system's own limit then applies
+        pass
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() and int(value) > 0 else default
+
+
+def _causes(exc: BaseException | None):
+    seen = 0
+    while exc is not None and seen < 8:
+        yield exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+
+
+def _timed_out(exc: BaseException) -> bool:
+    return any(isinstance(e, (socket.timeout, TimeoutError)) or "timed out" in str(e).lower()
+               for e in _causes(exc))
+
+
+def _refused(exc: BaseException) -> bool:
+    """A connection refused or dropped before it was authenticated: what an sshd at its
+    MaxStartups (or restarting) does; worth another try. Not a timeout, not auth, not a
+    host key."""
+    from .ssh import load_fabric
+
+    load_fabric()  # (not imported yet when the TCP connection failed)
+    from paramiko.ssh_exception import AuthenticationException, BadHostKeyException
+
+    if isinstance(exc, (AuthenticationException, BadHostKeyException)) or _timed_out(exc):
+        return False
+    for e in _causes(exc):
+        if isinstance(e, (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError,
+                          BrokenPipeError, EOFError)):
+            return True
+        text = str(e)
+        if "Error reading SSH protocol banner" in text or "Connection reset" in text or "Connect failed" in text:
+            return True
+    return False
 
 
 def first_line(exc: BaseException) -> str:

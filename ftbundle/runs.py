@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .cluster import Cluster, first_line, parallel
 from .errors import UserError
+from .hostlist import fold, fold_numbers
 from .inventory import Host
 from .launch.node import STOP_GRACE_S, STOP_REQUEST, node_argv
 from .launch.supervisor import stage_files
@@ -86,17 +87,16 @@ def node_states(ref: RunRef, cluster: Cluster) -> list[tuple[NodePlan, str, str]
     return parallel(ask, ref.nodes)
 
 
+STATUS_ROWS_MAX = 16  # more nodes than this: a row only for the nodes that are not fine
+
+
 def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     """A table of nodes; exit 0 while running or after success, 1 when any node failed."""
     out = out or sys.stdout
     states = node_states(ref, cluster)
-    attempt = f", attempt {ref.attempt}" if ref.attempt > 1 else ""
-    print(f"run {ref.run_id}  ({ref.record['nnodes']} node(s) x {ref.record['nproc_per_node']} rank(s){attempt})  "
-          f"{ref.run_dir}", file=out)
-    failed = False
-    for node, state, last in states:
-        print(f"  rank {node.rank:<3} {node.host.name:<20} {state:<12} {last[:100]}", file=out)
-        failed |= state.startswith("exited") and state != "exited 0"
+    for line in format_status(ref, states):
+        print(line, file=out)
+    failed = any(state.startswith("exited") and state != "exited 0" for _, state, _ in states)
     if all(state == "exited 0" for _, state, _ in states):
         summary = "finished"
     elif any(state == "running" for _, state, _ in states):
@@ -106,6 +106,25 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
         summary = "failed" if failed else (f"stopped: {why}" if why else "stopped")
     print(f"state: {summary}", file=out)
     return 1 if failed or summary.startswith("stopped") else 0
+
+
+def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[str]:
+    """The run's line, a row per node (up to STATUS_ROWS_MAX nodes; beyond, rows only for
+    the nodes neither running nor exited 0), and the nodes grouped by state, as ranges."""
+    attempt = f", attempt {ref.attempt}" if ref.attempt > 1 else ""
+    lines = [f"run {ref.run_id}  ({ref.record['nnodes']} node(s) x {ref.record['nproc_per_node']} rank(s){attempt})  "
+             f"{ref.run_dir}"]
+    many = len(states) > STATUS_ROWS_MAX
+    for node, state, last in states:
+        if not many or state not in ("running", "exited 0"):
+            lines.append(f"  rank {node.rank:<3} {node.host.name:<20} {state:<12} {last[:100]}")
+    groups: dict[str, list[NodePlan]] = {}
+    for node, state, _ in states:
+        groups.setdefault(state.split(" (")[0], []).append(node)
+    lines.append("nodes: " + "; ".join(
+        f"{state} {fold(n.host.name for n in nodes)} (rank{'s' if len(nodes) > 1 else ''} "
+        f"{fold_numbers(n.rank for n in nodes)})" for state, nodes in groups.items()))
+    return lines
 
 
 def parse_rank(text: str | None, nnodes: int, nproc: int) -> tuple[int, int]:
@@ -331,8 +350,11 @@ def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:
             return f"unreachable ({first_line(exc)})"
 
     results = parallel(stop, ref.nodes)
-    code = 0
+    by_result: dict[str, list[NodePlan]] = {}
     for node, result in zip(ref.nodes, results):
-        print(f"ftbundle: rank {node.rank} {node.host.name}: {result}", file=out)
-        code |= 0 if result == "stopped" else 1
-    return code
+        by_result.setdefault(result, []).append(node)
+    for result, nodes in by_result.items():
+        ranks = fold_numbers(n.rank for n in nodes)
+        print(f"ftbundle: rank{'s' if len(nodes) > 1 else ''} {ranks} {fold(n.host.name for n in nodes)}: {result}",
+              file=out)
+    return 0 if set(by_result) <= {"stopped"} else 1

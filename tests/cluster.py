@@ -557,7 +557,9 @@ class Cluster:
     def _create_network(self, labels: Sequence[str]) -> None:
         used = _used_subnets()
         rng = random.SystemRandom()
-        candidates = list(TEST_NET.subnets(new_prefix=24))
+        # a /24 holds the hosts from .11 up to 240 of them; a larger cluster (bench/launch.py's
+        # 256 hosts) gets a /22
+        candidates = list(TEST_NET.subnets(new_prefix=24 if self.n <= 240 else 22))
         last = ""
         for _attempt in range(30):
             net = rng.choice(candidates)

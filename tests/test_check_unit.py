@@ -74,7 +74,7 @@ def test_group_by_value_puts_the_majority_first_and_keeps_rank_order():
     assert groups == [("b", ["node1", "node2", "node4"]), ("a", ["node0"]), ("c", ["node3"])]
     assert R.group_by_value({"n0": "x", "n1": "x"}) == [("x", ["n0", "n1"])]
     assert R.group_by_value({}) == []
-    assert R.describe_groups(groups[:2]) == "b on node1, node2, node4; a on node0"
+    assert R.describe_groups(groups[:2]) == "b on node[1-2,4]; a on node0"
 
 
 # ---------------------------------------------------------------------------------------
@@ -480,7 +480,7 @@ def test_bf16_of_hosts():
 def test_duplicate_hostnames_fail():
     c = R.check_hostnames([facts("node0", hostname="gpu1"), facts("node1", 1, hostname="gpu1"),
                            facts("node2", 2, hostname="gpu2")])
-    assert c.failure == "hosts are the same machine" and c.details == ["node0, node1 all have hostname gpu1"]
+    assert c.failure == "hosts are the same machine" and c.details == ["node[0-1] all have hostname gpu1"]
 
 
 def test_datasets_differing_or_missing_name_host_file_and_dataset():
@@ -495,7 +495,7 @@ def test_datasets_differing_or_missing_name_host_file_and_dataset():
     assert "node4: /w/data/dataset_info.json missing (needed for the datasets)" in c.details
     differs = [d for d in c.details if "differs" in d]
     assert differs == [(f"dataset 'support' file /w/data/support.json differs: "
-                        f"{'a' * 16} on node0, node1; {'b' * 16} on node2")]
+                        f"{'a' * 16} on node[0-1]; {'b' * 16} on node2")]
     assert R.check_datasets([facts("node0"), facts("node1", 1)]) is None
     assert R.check_datasets([facts("node0", datasets=[ok]), facts("node1", 1, datasets=[ok])]).ok
 
@@ -528,8 +528,8 @@ def test_shared_dir_not_shared_names_the_host():
     fs = [host("node0", 0, (0, 1)), host("node1", 1, (0, 1)), host("node2", 2, (2,))]
     c = R.check_storage(fs, "shared_dir", "/s", fail=True)
     assert c.failure == "shared_dir /s is not shared by all hosts"
-    assert c.groups == [("sees node0, node1", ["node0", "node1"]), ("sees node2", ["node2"])]
-    assert "node2 does not see the sentinel of node0, node1 in /s" in c.details
+    assert c.groups == [("sees node[0-1]", ["node0", "node1"]), ("sees node2", ["node2"])]
+    assert "node2 does not see the sentinel of node[0-1] in /s" in c.details
     assert R.check_storage([host(f"node{r}", r, (0, 1, 2)) for r in range(3)], "shared_dir", "/s", fail=True).ok
 
 
@@ -560,17 +560,54 @@ def test_report_format_groups_hosts_and_fails_once():
     lines = format_report(report)
     assert lines == [
         "ftbundle check: job j",
-        "ssh         reachable: node0, node1, node2",
+        "ssh         reachable: node[0-2]",
         "FAIL versions differ:",
-        "  python=3.11.7 torch=2.14.1 transformers=5.6.0 llamafactory=0.9.5: node0, node1",
+        "  python=3.11.7 torch=2.14.1 transformers=5.6.0 llamafactory=0.9.5: node[0-1]",
         "  python=3.11.7 torch=2.13.0: node2",
         "1 of 2 checks failed in 1.2s: versions",
     ]
     assert not report.ok and report.failures == [
-        ("versions differ: python=3.11.7 torch=2.14.1 transformers=5.6.0 llamafactory=0.9.5 on node0, node1; "
+        ("versions differ: python=3.11.7 torch=2.14.1 transformers=5.6.0 llamafactory=0.9.5 on node[0-1]; "
          "python=3.11.7 torch=2.13.0 on node2")]
     down = R.check_ssh([facts("node0"), HostFacts("node1", 1, error="No route to host")])
     assert down.messages() == ["ssh: node1 (rank 1): No route to host"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 16, 256])
+def test_reports_fold_host_lists_at_every_size(tmp_path, n):
+    """Host lists are ranges (ClusterShell's NodeSet notation) at every size: 256 healthy hosts
+    make one short line per check, and a few bad ones one line per problem, not per host."""
+    from ftbundle.hostlist import fold
+
+    names = [f"gpu-{i:03d}" for i in range(1, n + 1)]
+    everyone = "gpu-001" if n == 1 else f"gpu-[001-{n:03d}]"
+    assert fold(names) == everyone and fold(reversed(names)) == everyone
+    fs = [facts(name, rank) for rank, name in enumerate(names)]
+    lines = format_report(CheckReport([R.check_ssh(fs)], seconds=1.0))
+    assert lines[0] == f"ssh         reachable: {everyone}"
+    if n < 16:
+        return
+    layout = layout_of(tmp_path, n)
+    listening = {"role": "listen", "accepted": []}
+    cut = [facts(names[0], 0, port=listening)] + [
+        facts(name, rank, port={"role": "connect", "reachable": rank not in (3, 4, 5, 9), "error": "timed out"})
+        for rank, name in enumerate(names[1:], 1)]
+    port = R.check_port(cut, layout)
+    assert port.details == [f"gpu-[004-006,010] cannot connect to gpu-001 port {layout.master_port} "
+                            "(firewall? wrong ftb_master_addr?)"]
+    down = R.check_ssh([HostFacts(name, rank, error=f"cannot SSH to root@10.0.0.{rank}:22: timed out after 10 s")
+                        if rank in (7, 8) else facts(name, rank) for rank, name in enumerate(names)])
+    assert down.details == ["gpu-[008-009] (ranks 7-8): cannot SSH: timed out after 10 s"]
+    assert f"unreachable: gpu-[008-009]" in format_report(CheckReport([down]))[2]
+
+
+def test_fold_keeps_names_it_cannot_fold_as_they_are():
+    from ftbundle.hostlist import fold, fold_numbers
+
+    assert fold(["10.0.0.1", "10.0.0.2", "10.0.1.7"]) == "10.0.0.[1-2],10.0.1.7"
+    assert fold(["a[1]", "b,c"]) == "a[1], b,c"  # brackets and commas are NodeSet's syntax
+    assert fold(["x@grp", "y"]) in ("x@grp,y", "x@grp, y")
+    assert fold([]) == "" and fold_numbers([5, 0, 1, 2]) == "0-2,5"
 
 
 def test_report_is_a_table_on_a_terminal():
@@ -702,3 +739,41 @@ def test_versions_without_site_agree_with_the_full_interpreter(tmp_path):
     assert no_site(python, "onlyviapth") == "absent"  # -S alone misses it ...
     fast, full = ask(python, ["onlyviapth", "inthevenv"])
     assert fast == full and fast["onlyviapth"] == "1.2.3"  # ... the probe does not
+
+
+@pytest.mark.parametrize("n", [2, 40])
+def test_status_folds_nodes_by_state(n):
+    """`ftbundle status`: a row per node for a small run; beyond 16 nodes, rows only for the
+    nodes that are not fine; at every size the nodes grouped by state as ranges."""
+    from ftbundle.plan import NodePlan
+    from ftbundle.runs import RunRef, format_status
+
+    nodes = tuple(NodePlan(rank=r, host=Host(f"gpu{r:02d}", f"10.0.0.{r}"), program=("true",), env={}, workdir="/w",
+                           log_path=f"/s/node-{r}.log", env_file=None) for r in range(n))
+    ref = RunRef("r1", "/s/runs/r1", {"nnodes": n, "nproc_per_node": 1}, nodes, 1)
+    states = [(node, "exited 4" if node.rank == 1 else "running", "last line") for node in nodes]
+    lines = format_status(ref, states)
+    rows = [line for line in lines if line.startswith("  rank")]
+    if n == 2:
+        assert len(rows) == 2 and lines[-1] == "nodes: running gpu00 (rank 0); exited 4 gpu01 (rank 1)"
+    else:
+        assert rows == ["  rank 1   gpu01                exited 4     last line"]
+        assert lines[-1] == f"nodes: running gpu[00,02-{n - 1}] (ranks 0,2-{n - 1}); exited 4 gpu01 (rank 1)"
+
+
+def test_probe_waits_grow_with_the_hosts_and_a_timeout_is_named(tmp_path):
+    """The probe's waits account for the spread of n probes' starts; an expired wait says it
+    was one, and for how long, not 'no route' or a bare error."""
+    from ftbundle import check as C
+    from ftbundle.check import scale_s
+    from ftbundle.remote import probe
+
+    assert scale_s(2) == 0 and scale_s(16) == 2.0 and scale_s(256) == 32.0
+    layout = layout_of(tmp_path, 16)
+    spec = C.probe_spec(layout, 1, token="t", expect=list(range(16)), port_peers=15)
+    assert spec["sentinel_wait_s"] == C.SENTINEL_WAIT_S + 2 and spec["port"]["connect_s"] == C.CONNECT_S + 2
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    answer = probe.connect("127.0.0.1", closed, 0.3)
+    assert answer["reachable"] is False and answer["error"] == "Connection refused; kept trying for 0.3 s"

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -105,3 +106,50 @@ def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
     assert f"Resuming training from {output}/checkpoint-{step}" in log
     assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 400 > step
     assert job_processes(cluster) == {}
+
+
+def test_detached_nodes_stop_when_a_node_or_the_referee_goes_silent(make_cluster, tmp_path):
+    """Detached watching: rank 0 referees (it alone reads every heartbeat file) and writes one
+    verdict the others read. A killed host (no exit file, its heartbeat frozen) stops the
+    others within the stale time; so does a killed rank 0 (its verdict frozen)."""
+    from ftbundle.launch.node import DETACHED_STALE_S
+
+    cluster = make_cluster(3)
+    shared = cluster.shared_dir
+    limit = DETACHED_STALE_S + 15  # stale time, a beat to write the verdict, one to read it, load
+
+    def run_detached(name: str, inventory) -> Path:
+        job = write_job(tmp_path / f"{name}.yaml", base_job(name, shared, inventory, {"command": "sleep 300"}))
+        started = ftbundle("run", str(job), "--detach", timeout=90)
+        assert started.returncode == 0, started.stderr
+        run_id = re.search(r"run (\S+) started on all", started.stderr).group(1)
+        return shared / "runs" / run_id
+
+    def stopped_within(hosts, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if not {h for h in job_processes(cluster) if h in hosts}:
+                return True
+            time.sleep(1)
+        return False
+
+    run = run_detached("silent-node", cluster.write_inventory(tmp_path / "all.yml"))
+    assert set(job_processes(cluster)) == {"node0", "node1", "node2"}
+    assert (run / "watch.a1").read_text().split()[1] == "ok"
+    cluster.kill("node1")
+    killed = time.monotonic()
+    assert stopped_within({"node0", "node2"}, limit), job_processes(cluster)
+    took = time.monotonic() - killed
+    assert took >= DETACHED_STALE_S - 2, took  # not before the node was really silent
+    assert "node-1.a1.hb unchanged" in (run / "watch.a1").read_text()
+    assert "rank 0's watcher says stop: node-1.a1.hb unchanged" in (run / "node-2-node2.a1.log").read_text()
+
+    inventory = cluster.write_inventory(tmp_path / "two.yml")
+    data = yaml.safe_load(inventory.read_text())
+    data["all"]["children"]["trainers"]["hosts"].pop("node1")
+    inventory.write_text(yaml.safe_dump(data))
+    run = run_detached("silent-referee", inventory)
+    assert set(job_processes(cluster)) == {"node0", "node2"}
+    cluster.kill("node0")
+    assert stopped_within({"node2"}, limit), job_processes(cluster)
+    assert "rank 0's watcher silent" in (run / "node-1-node2.a1.log").read_text()

@@ -43,6 +43,12 @@ PROBE_DEADLINE_S = 120  # the probe answers with what it has by then
 LISTEN_S = 8  # how long rank 0's listener waits for every other host
 CONNECT_S = 6  # how long the other hosts keep trying to reach it
 SENTINEL_WAIT_S = 5  # how long a host waits to see every other host's sentinel
+COMMAND_S = 5  # a probe's own short commands (ip route get, ss)
+# The probes of n hosts start over a spread that grows with n (the controller opens n
+# channels and sends each the probe): every wait above gets this much more per host, so a
+# healthy large cluster is not failed by its own start-up (256 hosts: +32 s). A wait that
+# ends early when all is seen costs a healthy cluster nothing.
+WAIT_S_PER_HOST = 0.125
 NVIDIA_SMI_TIMEOUT_S = 10
 
 
@@ -75,6 +81,7 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
     ``port_peers``: how many hosts rank 0 waits for on the master port (None: no port test);
     ``create``: rank 0 creates a missing shared_dir (not in a read-only probe: --dry-run)."""
     job = layout.job
+    extra = scale_s(len(layout.hosts))
     spec: dict = {
         "rank": rank,
         "master_addr": layout.master_addr,
@@ -87,7 +94,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         "packages": list(PACKAGES),
         "nvidia_smi_timeout_s": NVIDIA_SMI_TIMEOUT_S,
         "deadline_s": PROBE_DEADLINE_S,
-        "sentinel_wait_s": SENTINEL_WAIT_S,
+        "sentinel_wait_s": SENTINEL_WAIT_S + extra,
+        "command_s": COMMAND_S + extra,
         "token": token,
         "expect": expect,
         "storage": [{"name": "shared_dir", "path": layout.shared_dir, "create": create and rank == 0,
@@ -96,13 +104,18 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
     if token and layout.checkpoint_dir:
         spec["storage"].append({"name": "output_dir", "path": layout.checkpoint_dir, "nearest": True})
     if port_peers is not None:
-        spec["port"] = ({"role": "listen", "port": layout.master_port, "peers": port_peers, "listen_s": LISTEN_S}
+        spec["port"] = ({"role": "listen", "port": layout.master_port, "peers": port_peers, "listen_s": LISTEN_S + extra}
                         if rank == 0 else
                         {"role": "connect", "addr": layout.master_addr, "port": layout.master_port,
-                         "connect_s": CONNECT_S})
+                         "connect_s": CONNECT_S + extra})
     if layout.dataset_dir:
         spec["datasets"] = {"dir": layout.dataset_dir, "names": list(layout.datasets)}
     return spec
+
+
+def scale_s(hosts: int) -> float:
+    """Seconds added to each of the probe's waits for a cluster of ``hosts``."""
+    return round(WAIT_S_PER_HOST * hosts, 1) if hosts > 8 else 0.0
 
 
 def sentinel_token(layout: Layout) -> str | None:

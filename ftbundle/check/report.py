@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
+from ..hostlist import fold
 from .rules import Check
 
 
@@ -36,7 +37,7 @@ def format_report(report: CheckReport) -> list[str]:
     for c in report.checks:
         if not c.ok:
             lines.append(f"FAIL {c.failure}:")
-            lines += [f"  {value}: {', '.join(hosts)}" for value, hosts in c.groups]
+            lines += [f"  {value}: {fold(hosts)}" for value, hosts in c.groups]
             lines += [f"  - {detail}" for detail in c.details]
         else:
             label = c.label or c.name
@@ -44,7 +45,7 @@ def format_report(report: CheckReport) -> list[str]:
                 lines.append(label)
                 label = ""
             for value, hosts in c.groups:
-                lines.append(f"{label:<{width}}{value}: {', '.join(hosts)}")
+                lines.append(f"{label:<{width}}{value}: {fold(hosts)}")
                 label = ""
         lines += [f"{'':<{width}}note: {note}" for note in c.notes]
         lines += [f"WARN {warning}" for warning in c.warnings]
@@ -78,7 +79,7 @@ def print_table(report: CheckReport, out: TextIO) -> None:
     for c in report.checks:
         style = None if c.ok else "bold red"
         for i, (value, hosts) in enumerate(c.groups):
-            table.add_row(escape((c.label or c.name) if i == 0 else ""), escape(value), escape(", ".join(hosts)),
+            table.add_row(escape((c.label or c.name) if i == 0 else ""), escape(value), escape(fold(hosts)),
                           style=style)
         for detail in c.details:
             table.add_row("", f"[red]FAIL[/] {escape(detail)}", "")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..hostlist import fold, fold_numbers
 from ..plan import Layout
 from .facts import ClusterFacts, HostFacts, describe_gpus
 
@@ -29,7 +31,16 @@ def group_by_value(values: dict[str, str]) -> list[tuple[str, list[str]]]:
 
 def describe_groups(groups: list[tuple[str, list[str]]]) -> str:
     """`value on a, b; other on c`: a grouping on one line, for failure messages."""
-    return "; ".join(f"{value} on {', '.join(hosts)}" for value, hosts in groups)
+    return "; ".join(f"{value} on {fold(hosts)}" for value, hosts in groups)
+
+
+def per_hosts(items: list[tuple[str, object, Callable[[str], str]]]) -> list[str]:
+    """[(host, what, line(hosts))] -> one line per distinct ``what``, its hosts folded
+    (`node[3-5,9]`): 35 hosts with the same problem make one line, not 35."""
+    groups: dict[object, tuple[list[str], Callable[[str], str]]] = {}
+    for host, what, line in items:
+        groups.setdefault(what, ([], line))[0].append(host)
+    return [line(fold(hosts)) for hosts, line in groups.values()]
 
 
 @dataclass
@@ -69,7 +80,12 @@ def check_ssh(facts: list[HostFacts]) -> Check:
     bad = [f for f in facts if f.error]
     if bad:
         check.failure = "hosts not reachable"
-        check.details = [f"{f.host} (rank {f.rank}): {f.error}" for f in bad]
+        by_reason: dict[str, list[HostFacts]] = {}
+        for f in bad:  # "cannot SSH to ADDRESS: REASON": hosts with the same reason make one line
+            by_reason.setdefault(re.sub(r"^cannot SSH to \S+( through \S+)?: ", "", f.error), []).append(f)
+        check.details = [f"{fs[0].host} (rank {fs[0].rank}): {fs[0].error}" if len(fs) == 1 else
+                         f"{fold(f.host for f in fs)} (ranks {fold_numbers(f.rank for f in fs)}): cannot SSH: {reason}"
+                         for reason, fs in by_reason.items()]
     return check
 
 
@@ -82,7 +98,7 @@ def check_hostnames(facts: list[HostFacts]) -> Check:
     twins = [(name, hosts) for name, hosts in groups if len(hosts) > 1]
     if twins:
         check.failure = "hosts are the same machine"
-        check.details = [f"{', '.join(hosts)} all have hostname {name}" for name, hosts in twins]
+        check.details = [f"{fold(hosts)} all have hostname {name}" for name, hosts in twins]
     return check
 
 
@@ -172,22 +188,26 @@ def check_dirs(facts: list[HostFacts], layout: Layout) -> Check:
     created_on = next((f.host for f in facts if f.shared.created), None)
     if created_on:
         check.notes.append(f"created {shared_dir} on {created_on} (rank 0)")
+    problems = []
     for f in facts:
         if not f.workdir_ok and workdir != shared_dir:
-            check.details.append(f"workdir {workdir} does not exist on {f.host}")
+            problems.append((f.host, "workdir", lambda hosts: f"workdir {workdir} does not exist on {hosts}"))
         s = f.shared
         if s.exists:
             continue
         if not s.parent_exists:
-            check.details.append(f"{parent}, the parent of shared_dir {shared_dir}, does not exist on "
-                                 f"{f.host} (shared storage not mounted there?)")
+            problems.append((f.host, "parent", lambda hosts: (
+                f"{parent}, the parent of shared_dir {shared_dir}, does not exist on "
+                f"{hosts} (shared storage not mounted there?)")))
         elif created_on and created_on != f.host:
-            check.details.append(f"shared_dir {shared_dir} was just created on {created_on} (rank 0), but "
-                                 f"{f.host} does not see it: {parent} on {f.host} is not the same storage "
-                                 f"as on {created_on}")
+            problems.append((f.host, "unseen", lambda hosts: (
+                f"shared_dir {shared_dir} was just created on {created_on} (rank 0), but "
+                f"{hosts} does not see it: {parent} on {hosts} is not the same storage as on {created_on}")))
         else:
-            check.details.append(f"shared_dir {shared_dir} does not exist on {f.host} and could not be created "
-                                 "there" + (f" ({s.error})" if s.error else ""))
+            problems.append((f.host, ("create", s.error), lambda hosts, error=s.error: (
+                f"shared_dir {shared_dir} does not exist on {hosts} and could not be created "
+                "there" + (f" ({error})" if error else ""))))
+    check.details = per_hosts(problems)
     if check.details:
         check.failure = "directories missing"
         bad = {f.host for f in facts if not f.shared.exists or (not f.workdir_ok and workdir != shared_dir)}
@@ -202,18 +222,21 @@ def check_storage(facts: list[HostFacts], name: str, path: str, *, fail: bool) -
     if len(asked) < 2:
         return None
     writers = {f.rank: f.host for f in asked if f.storage[name].written}
-    values = {f.host: f"sees {', '.join(writers[r] for r in f.storage[name].seen if r in writers) or 'no sentinel'}"
+    values = {f.host: f"sees {fold(writers[r] for r in f.storage[name].seen if r in writers) or 'no sentinel'}"
               for f in asked}
     check = Check(name, group_by_value(values), label=f"{name} {path}")
-    problems = []
+    found = []
     for f in asked:
         s = f.storage[name]
         if not s.written:
-            problems.append(f"cannot write to {s.where or path} on {f.host}" + (f" ({s.error})" if s.error else ""))
+            found.append((f.host, ("write", s.where, s.error), lambda hosts, s=s: (
+                f"cannot write to {s.where or path} on {hosts}" + (f" ({s.error})" if s.error else ""))))
             continue
-        missing = [host for rank, host in writers.items() if rank not in s.seen]
+        missing = fold(host for rank, host in writers.items() if rank not in s.seen)
         if missing:
-            problems.append(f"{f.host} does not see the sentinel of {', '.join(missing)} in {s.where}")
+            found.append((f.host, ("unseen", missing, s.where), lambda hosts, missing=missing, s=s: (
+                f"{hosts} does not see the sentinel of {missing} in {s.where}")))
+    problems = per_hosts(found)
     wheres = {f.storage[name].where for f in asked if f.storage[name].where}
     if problems:
         what = f"{name} {path} is not shared by all hosts"
@@ -284,10 +307,11 @@ def check_route(facts: list[HostFacts], layout: Layout) -> Check:
         else:
             values[f.host] = r.dev
     check = Check("route", group_by_value(values), label=f"route to {layout.master_addr}")
+    unrouted = [(f.host, f.route.error if f.route else "no answer", lambda hosts, f=f: (
+                 f"no route from {hosts} to {layout.master_addr}: {f.route.error if f.route else 'no answer'}"))
+                for f in facts if f.route is None or f.route.dev is None]
+    check.details += per_hosts(unrouted)
     for f in facts:
-        if f.route is None or f.route.dev is None:
-            check.details.append(f"no route from {f.host} to {layout.master_addr}: "
-                                 f"{f.route.error if f.route else 'no answer'}")
         for var in IFNAME_VARS:
             spec = layout.job.env.get(var) or f.env.get(var)
             if not spec:
@@ -327,8 +351,8 @@ def check_port(facts: list[HostFacts], layout: Layout) -> Check | None:
     bad = [h for h, v in values.items() if v != "reachable from"]
     if bad:
         check.failure = f"master port {port} on {rank0.host} not reachable"
-        check.details = [f"{h} cannot connect to {rank0.host} port {port} (firewall? wrong ftb_master_addr?)"
-                         for h in bad]
+        check.details = per_hosts([(h, "unreachable", lambda hosts: (
+            f"{hosts} cannot connect to {rank0.host} port {port} (firewall? wrong ftb_master_addr?)")) for h in bad])
     if layout.all_local:
         check.notes.append("local only: reachability from other hosts not tested")
     return check

@@ -373,7 +373,9 @@ class Supervisor:
             self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
 
     def _unreachable_note(self, lost: list[int]) -> str:
-        names = ", ".join(self.plan.nodes[r].host.name for r in lost)
+        from ..hostlist import fold
+
+        names = fold(self.plan.nodes[r].host.name for r in lost)
         return (f"could not reach {names} (its own watchdog stops its job within {WATCHDOG_S}s of "
                 "losing the controller)")
 

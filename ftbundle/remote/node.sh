@@ -7,7 +7,7 @@
 # Modes:
 #   node ARGV...   run the job's ARGV (see "the node channel" below)
 #   job ARGV...    internal: the job itself, in its own session, output into the log
-#   watch PID      internal: a detached node's watcher (peers' state on shared storage)
+#   watch PID      internal: a detached node's watcher (rank 0 referees, see mode_watch)
 #   stop MARKER [CONTAINER]
 #                  stop every process of one job on this host (teardown, `ftbundle stop`,
 #                  fencing before a restart); exit 0 when none is left
@@ -117,34 +117,85 @@ ftb_disk_full() {  # DIR: say so (exit 0) when the filesystem under DIR has no s
   [ -n "$avail" ] && [ "$avail" -lt 64 ]
 }
 
-mode_watch() {  # a detached node: beat into FTB_HBFILE, stop when a peer fails or goes stale
-  local pid=$1 beat=0 f v now
+# A detached node's watcher. Every node beats into its own FTB_HBFILE. Rank 0's watcher is
+# the referee: it alone reads every node's heartbeat and exit file, and writes one verdict
+# file (FTB_RUN_DIR/watch.aN: "BEAT ok|stop REASON|done") that every other node reads: O(n)
+# reads of shared storage per second across the cluster, not O(n^2). A node stops its job
+# when the verdict says stop, when the referee's beat stops changing for FTB_STALE s (rank 0
+# gone: the job cannot go on without its master anyway), or on a stop request. Reads are
+# bash's own `read`, no process per file. (docs/launcher.md, "Detached runs".)
+mode_watch() {
+  local pid=$1 beat=0 now
+  local verdict="$FTB_RUN_DIR/watch.a$FTB_ATTEMPT"
+  if [ "${FTB_HBFILE##*/}" = "node-0.a$FTB_ATTEMPT.hb" ]; then
+    ftb_referee "$pid" "$verdict"
+  else
+    local seen="" since=$SECONDS line rstate rest done=0
+    while kill -0 "$pid" 2>/dev/null; do
+      beat=$((beat + 1))
+      echo "$beat" >"$FTB_HBFILE.tmp" && mv -f "$FTB_HBFILE.tmp" "$FTB_HBFILE"
+      [ -e "$FTB_STOP_REQUEST" ] && break
+      if [ "$done" = 0 ]; then
+        line=""
+        { IFS= read -r line <"$verdict"; } 2>/dev/null  # read, not stat: NFS revalidates on open
+        rstate=${line#* }; rest=${rstate#* }; rstate=${rstate%% *}  # "BEAT STATE REASON..."
+        case $rstate in
+          stop) echo "ftbundle: rank 0's watcher says stop: $rest" >>"$FTB_LOG"; break ;;
+          done) done=1 ;;  # rank 0 finished with 0: nothing left to referee
+        esac
+        now=$SECONDS
+        if [ "$line" != "$seen" ]; then
+          seen=$line; since=$now
+        elif [ "$done" = 0 ] && [ $((now - since)) -ge "$FTB_STALE" ]; then
+          echo "ftbundle: rank 0's watcher silent for ${FTB_STALE}s ($verdict unchanged): stopping" >>"$FTB_LOG"
+          break
+        fi
+      fi
+      sleep "$FTB_HEARTBEAT"
+    done
+  fi
+  kill -0 "$pid" 2>/dev/null && ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}"
+  exit 0
+}
+
+ftb_referee() {  # PID VERDICT: rank 0's watcher (see mode_watch)
+  local pid=$1 out=$2 beat=0 f v now state=ok
   local -A last_value=() last_change=()
   while kill -0 "$pid" 2>/dev/null; do
     beat=$((beat + 1))
     echo "$beat" >"$FTB_HBFILE.tmp" && mv -f "$FTB_HBFILE.tmp" "$FTB_HBFILE"
     for f in "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".exit; do
       [ -e "$f" ] || continue
-      v=$(cat "$f" 2>/dev/null)
-      if [ -n "$v" ] && [ "$v" != 0 ]; then break 2; fi
+      v=""; { read -r v <"$f"; } 2>/dev/null
+      if [ -n "$v" ] && [ "$v" != 0 ]; then state="stop ${f##*/} says exit $v"; break; fi
     done
-    [ -e "$FTB_STOP_REQUEST" ] && break
+    [ -e "$FTB_STOP_REQUEST" ] && state="stop stop requested"
     now=$SECONDS
-    for f in "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".hb; do
-      [ -e "$f" ] && [ "$f" != "$FTB_HBFILE" ] || continue
-      [ -e "${f%.hb}.exit" ] && continue  # that node is done, not silent
-      v=$(cat "$f" 2>/dev/null)  # read, not stat: NFS revalidates on open
-      if [ "${last_value[$f]-}" != "$v" ]; then
-        last_value[$f]=$v; last_change[$f]=$now
-      elif [ $((now - ${last_change[$f]})) -ge "$FTB_STALE" ]; then
-        echo "ftbundle: $f unchanged for ${FTB_STALE}s: that node is gone; stopping" >>"$FTB_LOG"
-        break 2
-      fi
-    done
+    if [ "$state" = ok ]; then
+      for f in "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".hb; do
+        [ -e "$f" ] && [ "$f" != "$FTB_HBFILE" ] || continue
+        [ -e "${f%.hb}.exit" ] && continue  # that node is done, not silent
+        v=""; { read -r v <"$f"; } 2>/dev/null
+        if [ "${last_value[$f]-}" != "$v" ]; then
+          last_value[$f]=$v; last_change[$f]=$now
+        elif [ $((now - ${last_change[$f]})) -ge "$FTB_STALE" ]; then
+          state="stop ${f##*/} unchanged for ${FTB_STALE}s: that node is gone"
+          break
+        fi
+      done
+    fi
+    echo "$beat $state" >"$out.tmp" && mv -f "$out.tmp" "$out"
+    if [ "$state" != ok ]; then
+      echo "ftbundle: ${state#stop }; stopping every node" >>"$FTB_LOG"
+      break
+    fi
     sleep "$FTB_HEARTBEAT"
   done
-  kill -0 "$pid" 2>/dev/null && ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}"
-  exit 0
+  if [ "$state" = ok ]; then  # our own job ended: a failure stops the others, a success frees them
+    v=""; { read -r v <"$FTB_EXIT"; } 2>/dev/null
+    if [ "${v:-1}" = 0 ]; then state=done; else state="stop rank 0 exited ${v:-without a code}"; fi
+    echo "$((beat + 1)) $state" >"$out.tmp" && mv -f "$out.tmp" "$out"
+  fi
 }
 
 mode_node() {

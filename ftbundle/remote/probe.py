@@ -141,8 +141,12 @@ def system(spec, out):
     except OSError:
         out["route"] = {"error": f"cannot resolve {addr}"}
         return
-    code, text, err, _ = run(["ip", "-o", "route", "get", resolved], 5)
+    limit = spec.get("command_s", 5)
+    code, text, err, timed_out = run(["ip", "-o", "route", "get", resolved], limit)
     words = (text or "").split()
+    if timed_out:  # a loaded host, not a missing route: said as what it is
+        out["route"] = {"error": f"`ip route get {resolved}` timed out after {limit:g} s"}
+        return
     if code != 0 or "dev" not in words:
         out["route"] = {"error": last_line(err or text, "no route")}
         return
@@ -351,9 +355,9 @@ def connect(addr, port_number, wait):
             with socket.create_connection((addr, port_number), timeout=2):
                 return {"role": "connect", "reachable": True}
         except OSError as exc:
-            last = exc.strerror or str(exc)
-        if time.monotonic() >= end:
-            return {"role": "connect", "reachable": False, "error": last}
+            last = "timed out" if isinstance(exc, socket.timeout) else exc.strerror or str(exc)
+        if time.monotonic() >= end:  # the last try's error, and how long it kept trying
+            return {"role": "connect", "reachable": False, "error": f"{last}; kept trying for {wait:g} s"}
         time.sleep(POLL_S)  # (refused: rank 0's probe has not bound the port yet)
 
 
