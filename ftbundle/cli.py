@@ -264,6 +264,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return with_run(args, stop_run)
 
 
+def cmd_stacks(args: argparse.Namespace) -> int:
+    from .commands.stacks import show_stacks
+
+    return with_run(args, show_stacks)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """The job as an sbatch script, Kubeflow manifests or a qsub script: to -o or stdout."""
     from .export import export
@@ -439,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, func, text in (("status", cmd_status, "state of every node of a run"),
                              ("logs", cmd_logs, "a node's log (rank 0's by default)"),
-                             ("stop", cmd_stop, "stop every node of a run")):
+                             ("stop", cmd_stop, "stop every node of a run"),
+                             ("stacks", cmd_stacks, "every rank's state and Python stack, grouped; the run goes on")):
         p = sub.add_parser(name, help=text, parents=[hosts])
         p.add_argument("job", help="the job file the run was started from")
         p.add_argument("--run", help="run id (default: the job's latest run)")

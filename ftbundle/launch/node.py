@@ -78,8 +78,16 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STALE": str(DETACHED_STALE_S),
         "FTB_STOP_REQUEST": f"{plan.run_dir}/{STOP_REQUEST}",
         "FTB_DETACH": "1" if detach else "0",
+        "FTB_PROGRESS_FILES": progress_files(plan, node) if plan.stall_timeout else "",
     }
     return {**control, **node.env}
+
+
+def progress_files(plan: Plan, node: NodePlan) -> str:
+    """What the stall watchdog counts as progress on a node (see :mod:`.stall`)."""
+    from .stall import progress_globs
+
+    return " ".join(progress_globs(plan, node))
 
 
 def env_payload(env: dict[str, str]) -> bytes:
@@ -246,8 +254,8 @@ class NodeRunner:
             self._emit("exit", code=code)
 
     def _on_line(self, line: bytes) -> None:
-        if line == HEARTBEAT:
-            self._emit("hb")
+        if line == HEARTBEAT or line.startswith(HEARTBEAT + b" "):
+            self._emit("hb", line[len(HEARTBEAT):].decode(errors="replace").strip())  # (the ranks' output size)
         elif line.startswith(PID):
             pid = line[len(PID):].decode().strip()
             self._emit("pid", pid)

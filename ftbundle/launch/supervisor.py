@@ -40,6 +40,7 @@ from ..ui.progress import Progress
 from .display import Display, ProgressFeed
 from .failure import rank_failure
 from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
+from .stall import STALLED_EXIT_CODE, StallClock, stall_report
 
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", "5"))
 START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
@@ -117,6 +118,7 @@ class Supervisor:
         self.status = [NodeStatus() for _ in plan.nodes]
         self.failures: list[Failure] = []
         self._stop_pinging = threading.Event()
+        self.stall = StallClock(plan.stall_timeout)  # progress from the heartbeats (:mod:`.stall`)
 
     def say(self, message: str) -> None:
         if self.ui is not None:
@@ -213,6 +215,8 @@ class Supervisor:
             self._check_silence(self.lost_after)
             if self.failures:
                 return self._fail()
+            if self.stall.stalled(time.monotonic()):
+                return self._stalled()
             if all(st.state is State.EXITED for st in self.status):
                 self._drain_rank0()
                 return Outcome(0)
@@ -233,6 +237,7 @@ class Supervisor:
             return  # a node that has ended says nothing more that matters
         if event.kind == "hb":
             st.last_heartbeat = event.at
+            self.stall.observe(event.rank, event.text, event.at)
             if st.state is State.STARTING:
                 self._set(event.rank, State.RUNNING)
                 self._show_nodes()
@@ -293,6 +298,27 @@ class Supervisor:
         else:
             self._print_log_tail(first.rank)
         return Outcome(first.code, first, teardown_s=took, lost=tuple(lost), progress=self.progress)
+
+    def _stalled(self) -> Outcome:
+        """No progress for stall_timeout: every rank's state and stack first (:mod:`.stall`),
+        then the same teardown as a failure; exit STALLED_EXIT_CODE."""
+        if self.ui is not None:
+            self.ui.stop()
+        silent = self.stall.silent_for(time.monotonic())
+        self.say(f"stalled: no progress from any rank for {silent:.0f}s (stall_timeout {self.plan.stall_timeout}s); "
+                 "collecting every rank's state and stack")
+        lines, culprit = stall_report(self.plan, self.cluster, self.attempt)
+        for line in lines:
+            self.say(self.redact(line))
+        while (event := self._next_event(0)) is not None:  # the heartbeats that came meanwhile
+            self._handle(event)
+        t0 = time.monotonic()
+        lost = self._teardown()
+        took = time.monotonic() - t0
+        self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
+        failure = Failure(culprit.node_rank if culprit else 0, culprit.host if culprit else self.plan.nodes[0].host.name,
+                          f"stalled: no progress for {silent:.0f}s", STALLED_EXIT_CODE, t0)
+        return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress)
 
     def _print_failure_summary(self, first: Failure) -> None:
         """Who failed, the failing rank's own traceback, a hint (:mod:`ftbundle.ui.summary`)."""

@@ -21,7 +21,8 @@
 #           (secrets never appear on a command line); every line after it is a ping. When pings stop
 #           for FTB_WATCHDOG seconds, or stdin closes, the node stops its job: a controller
 #           that disappears (Ctrl-C, laptop lid, network cut) leaves nothing running.
-#   stderr  `ftb-pid PID` once the job runs, then `ftb-hb` every FTB_HEARTBEAT seconds,
+#   stderr  `ftb-pid PID` once the job runs, then `ftb-hb [BYTES]` every FTB_HEARTBEAT seconds
+#           (BYTES: how much the ranks have written so far, for the stall watchdog),
 #           and `ftbundle: ...` messages. Rank 0's log travels on a channel of its own
 #           (`tail`), so output can never hold a heartbeat back.
 #   exit    the job's exit code (also written to FTB_EXIT on shared storage).
@@ -30,6 +31,7 @@
 #   FTB_RUN_DIR FTB_WORKDIR FTB_LOG FTB_EXIT FTB_PIDFILE FTB_HBFILE FTB_MARKER FTB_ATTEMPT
 #   FTB_ENV_FILE FTB_PATH_PREPEND FTB_CONTAINER FTB_SECRET_NAMES FTB_MIN_SECRET_LEN
 #   FTB_WATCHDOG FTB_HEARTBEAT FTB_STOP_GRACE FTB_DETACH FTB_STALE FTB_STOP_REQUEST
+#   FTB_PROGRESS_FILES (space-separated paths and globs: the heartbeat carries their total size)
 set -u
 
 ftb_pids() { grep -lzxF "FTB_JOB=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
@@ -56,6 +58,15 @@ ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
   [ -n "${2:-}" ] && docker rm -f "$2" >/dev/null 2>&1
   sleep 0.2
   [ -z "$(ftb_pids "$1")" ]
+}
+
+ftb_progress() {  # " BYTES": the size of everything the job's ranks wrote (stall watchdog, ftbundle/launch/stall.py)
+  # One stat for every rank of the node; nothing when FTB_PROGRESS_FILES is unset (watchdog off).
+  [ -n "${FTB_PROGRESS_FILES:-}" ] || return 0
+  local n sum=0
+  # (unquoted on purpose: the list holds globs, one for every local rank's output files)
+  for n in $(stat -c %s -- $FTB_PROGRESS_FILES 2>/dev/null); do sum=$((sum + n)); done
+  echo " $sum"
 }
 
 ftb_env() {  # read the environment from stdin (up to the empty pair) and export it
@@ -147,7 +158,7 @@ mode_node() {
     exit 0
   fi
   # (sleep gets none of our streams: a killed loop must not leave one holding the channel open)
-  ( while kill -0 "$pid" 2>/dev/null; do echo ftb-hb >&2; sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; done ) &
+  ( while kill -0 "$pid" 2>/dev/null; do echo "ftb-hb$(ftb_progress)" >&2; sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; done ) &
   local hbpid=$!
   # (a background job reads /dev/null unless told otherwise: hand it our stdin explicitly)
   ( while IFS= read -r -t "$FTB_WATCHDOG" _; do :; done; ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}" ) <&0 &
