@@ -6,7 +6,7 @@ import time
 
 from common import OUT_DIR, REPO, machine
 
-ORDER = ["launch", "chatty", "teardown", "overhead", "provision"]
+ORDER = ["launch", "chatty", "teardown", "stall", "overhead", "provision"]
 
 
 def main() -> None:

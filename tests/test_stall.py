@@ -151,3 +151,72 @@ def test_slow_run_is_never_stopped_and_stacks_shows_every_rank(cluster, tmp_path
     assert "stalled" not in err
     assert "step 5 allreduce ok" in out
     assert job_processes(cluster) == {}
+
+
+def test_detached_run_applies_stall_timeout_itself(cluster, tmp_path):
+    # rank 2 (node 1, local rank 0) deadlocks at step 3; nobody is attached: rank 0's node referees
+    job = stall_job(cluster, tmp_path, "stall-detached", "--hang-rank", "2", "--how", "lock", "--hang-at", "3",
+                    "--sleep", "0.5")
+    started = ftbundle("run", "--detach", job, timeout=180)
+    assert started.returncode == 0, started.stderr
+    detached_at = time.monotonic()
+    deadline = detached_at + 60 + STALL_TIMEOUT + 90  # start-up, the steps, the limit, the collection
+    time.sleep(STALL_TIMEOUT)
+    while job_processes(cluster) and time.monotonic() < deadline:
+        time.sleep(1)
+    took = time.monotonic() - detached_at
+    assert job_processes(cluster) == {}, f"still running {took:.0f}s after the detached start"
+    status = ftbundle("status", job, timeout=120)
+    print(status.stdout)
+    assert status.returncode == 1 and "state: stalled" in status.stdout, status.stdout + status.stderr
+    odd = [line for line in status.stdout.splitlines() if "the odd one out" in line]
+    assert len(odd) == 1 and f"rank 2 on {cluster.hosts[1].name} (node 1, local 0" in odd[0], status.stdout
+    assert "wait_for_lock at stall.py:" in odd[0], status.stdout
+    print(f"detached: stalled, diagnosed and stopped {took:.0f}s after the detached start")
+
+
+HANG = """
+import threading, time
+def wait_for_lock():
+    lock = threading.Lock(); lock.acquire(); lock.acquire()
+wait_for_lock()
+"""
+
+
+def test_collector_reads_a_rank_inside_a_container_from_the_host(testhost_image, tmp_path):
+    """The docker runtime's ranks live in a container; the collector, run on the host, finds
+    them under the container's init and py-spy reads them from outside, stopped or not."""
+    import json
+    import secrets
+    import sys
+
+    from ftbundle.launch.stall import collector_source
+
+    (tmp_path / "hang.py").write_text(HANG)
+    name = f"ftb-stalltest-{secrets.token_hex(4)}"
+    subprocess.run(["docker", "run", "-d", "--rm", "--name", name, "--entrypoint", "python3", "-e", "LOCAL_RANK=1",
+                    "-e", "RANK=3", "-v", f"{tmp_path}:/w:ro", testhost_image, "/w/hang.py"], check=True,
+                   capture_output=True)
+    try:
+        spec = {"marker": "", "container": name, "pyspy_dirs": [str(Path(sys.executable).parent)],
+                "out_dir": str(tmp_path / "out"), "host": "h", "node_rank": 0, "sample_s": 0.5}
+
+        def collect() -> dict:
+            deadline = time.monotonic() + 30
+            while True:
+                p = subprocess.run(["python3", "-S", "-", json.dumps(spec)], input=collector_source(),
+                                   capture_output=True, timeout=60)
+                ranks = json.loads(p.stdout)["ranks"]
+                if (ranks and ranks[0]["threads"]) or time.monotonic() > deadline:
+                    return ranks[0] if ranks else {}
+                time.sleep(1)  # (the interpreter may still be starting)
+
+        running = collect()
+        assert running.get("rank") == 3 and running["local_rank"] == 1, running
+        assert running["threads"][0]["frames"][0]["name"] == "wait_for_lock"
+        subprocess.run(["docker", "kill", "-s", "STOP", name], check=True, capture_output=True)
+        stopped = collect()
+        assert stopped["state"] == "T" and stopped["threads"][0]["frames"][0]["name"] == "wait_for_lock", stopped
+        assert "wait_for_lock" in (tmp_path / "out" / "rank-3.txt").read_text()
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)

@@ -55,15 +55,14 @@ def test_bad_stall_timeout_exits_2_and_starts_nothing(tmp_path):
 
 def test_clock_starts_at_the_first_progress_and_every_new_byte_resets_it():
     clock = StallClock(10)
-    clock.observe(0, "0", at=0)
+    clock.observe(0, "500", at=0)  # an earlier attempt's output: the baseline, not progress
     clock.observe(1, "0", at=0)
     assert not clock.stalled(now=100)  # loading a model for 100 s is not a stall
     clock.observe(1, "120", at=100)  # the first output
     assert not clock.stalled(now=110) and clock.stalled(now=110.5)
-    clock.observe(0, "0", at=105)
-    clock.observe(0, "40", at=108)  # any rank's new output resets it
+    clock.observe(0, "540", at=108)  # any rank's new output resets it
     assert not clock.stalled(now=118) and clock.stalled(now=118.5)
-    clock.observe(0, "40", at=118)  # the same size: no progress
+    clock.observe(0, "540", at=118)  # the same size: no progress
     assert clock.stalled(now=119)
     off = StallClock(0)
     off.observe(0, "1", 0)

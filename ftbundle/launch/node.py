@@ -79,6 +79,7 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STOP_REQUEST": f"{plan.run_dir}/{STOP_REQUEST}",
         "FTB_DETACH": "1" if detach else "0",
         "FTB_PROGRESS_FILES": progress_files(plan, node) if plan.stall_timeout else "",
+        "FTB_STALL_TIMEOUT": str(plan.stall_timeout),
     }
     return {**control, **node.env}
 

@@ -33,6 +33,9 @@ STACKS_DIR = "stacks"  # in the run directory: one folder per collection, a file
 CPU_SAMPLE_S = 2.0  # each rank's CPU time is read twice, this far apart
 COLLECT_TIMEOUT_S = 60.0
 TRAINER_LOG = "trainer_log.jsonl"  # LlamaFactory's, in output_dir
+STACKS_PROGRAM = "stacks.py"  # remote/stacks.py, staged in the run directory for detached nodes
+DETACHED_STALL = "stalled.a{attempt}"  # in the run directory: a detached run's referee found a stall
+DETACHED_STACKS = "a{attempt}-stall-detached"  # under stacks/: what the detached nodes collected
 
 FROZEN = {"T": "stopped (SIGSTOP)", "t": "stopped (traced)", "D": "in D state (uninterruptible I/O)",
           "Z": "a zombie"}
@@ -62,10 +65,8 @@ class StallClock:
             return
         before = self.last.get(rank)
         self.last[rank] = value
-        if before is not None and before != value:
-            self.last_progress = at
-        elif before is None and value != "0" and self.last_progress is None:
-            self.last_progress = at  # output before the first heartbeat is progress too
+        if before is not None and before != value:  # (the first reading is the baseline: the files
+            self.last_progress = at                 # may hold an earlier attempt's output)
 
     def silent_for(self, now: float) -> float:
         return 0.0 if self.last_progress is None else now - self.last_progress
@@ -249,7 +250,8 @@ def report_lines(d: Diagnosis, *, out_dir: str, expected: int | None = None,
         cpu = (f"{min(cpus):.2f}" if len(set(cpus)) < 2 else f"{min(cpus):.2f}-{max(cpus):.2f}") if cpus else "?"
         how = "" if members[0].state in FROZEN else ("with " if key.startswith("no Python") else "in ")
         lines.append(f"  {len(members)} rank{'s' if len(members) != 1 else ''} {how}{key}  "
-                     f"({_names(members)}; {cpu} s CPU each in {members[0].sample_s:.0f} s)")
+                     f"({_names(members)}; {cpu} s CPU{' each' if len(members) > 1 else ''} "
+                     f"in {members[0].sample_s:.0f} s)")
     if expected is not None and total < expected:
         lines.append(f"  {expected - total} rank(s) not found (exited, or on a host that did not answer)")
     for r in d.odd:
@@ -265,10 +267,37 @@ def report_lines(d: Diagnosis, *, out_dir: str, expected: int | None = None,
     return lines
 
 
-def stall_report(plan: Plan, cluster: Cluster, attempt: int, label: str = "stall") -> tuple[list[str], RankStack | None]:
-    """Collect from every node of the plan's attempt and diagnose: (lines, the first odd one)."""
+def stall_report(plan: Plan, cluster: Cluster, attempt: int,
+                 label: str = "stall") -> tuple[list[str], RankStack | None, int]:
+    """Collect from every node of the plan's attempt and diagnose: (lines, the first odd
+    one, how many ranks were found)."""
     out_dir = stacks_dir(plan.run_dir, f"a{attempt}-{label}")
     ranks, problems = collect(cluster, plan_targets(plan, attempt), out_dir)
     d = diagnose(ranks)
     lines = report_lines(d, out_dir=out_dir, expected=plan.world_size, problems=problems)
-    return lines, (d.odd[0] if d.odd else None)
+    return lines, (d.odd[0] if d.odd else None), len(ranks)
+
+
+def ending(plan: Plan, found: int) -> bool:
+    """No rank process left on any host of a torchrun job: its ranks have finished and
+    torchrun is ending (its agents wait for each other at an exit barrier), not stalled."""
+    return found == 0 and not any(n.per_node for n in plan.nodes)
+
+
+def read_collected(cluster: Cluster, host: Host, out_dir: str) -> list[RankStack]:
+    """What a detached run's nodes collected (their node-N.json in ``out_dir``), read
+    through ``host``."""
+    try:
+        result = cluster.run(host, ["sh", "-c", 'cat -- "$1"/node-*.json 2>/dev/null', "sh", out_dir], timeout=15)
+    except (HostUnreachable, TimeoutError, OSError, EOFError):
+        return []
+    ranks: list[RankStack] = []
+    for line in result.stdout.splitlines():
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        t = Target(int(data.get("node_rank") or 0), Host(str(data.get("host")), ""), "")
+        ranks += [_rank_stack(t, r) for r in data.get("ranks") or []]
+    ranks.sort(key=lambda r: (r.rank is None, r.rank or 0, r.node_rank))
+    return ranks

@@ -40,7 +40,7 @@ from ..ui.progress import Progress
 from .display import Display, ProgressFeed
 from .failure import rank_failure
 from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
-from .stall import STALLED_EXIT_CODE, StallClock, stall_report
+from .stall import STACKS_PROGRAM, STALLED_EXIT_CODE, StallClock, collector_source, ending, stall_report
 
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", "5"))
 START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
@@ -215,8 +215,8 @@ class Supervisor:
             self._check_silence(self.lost_after)
             if self.failures:
                 return self._fail()
-            if self.stall.stalled(time.monotonic()):
-                return self._stalled()
+            if self.stall.stalled(time.monotonic()) and (outcome := self._stalled()) is not None:
+                return outcome
             if all(st.state is State.EXITED for st in self.status):
                 self._drain_rank0()
                 return Outcome(0)
@@ -299,19 +299,23 @@ class Supervisor:
             self._print_log_tail(first.rank)
         return Outcome(first.code, first, teardown_s=took, lost=tuple(lost), progress=self.progress)
 
-    def _stalled(self) -> Outcome:
+    def _stalled(self) -> Outcome | None:
         """No progress for stall_timeout: every rank's state and stack first (:mod:`.stall`),
-        then the same teardown as a failure; exit STALLED_EXIT_CODE."""
-        if self.ui is not None:
-            self.ui.stop()
+        then the same teardown as a failure; exit STALLED_EXIT_CODE. None: not a stall after
+        all (no rank is left: torchrun is ending), the run goes on."""
         silent = self.stall.silent_for(time.monotonic())
-        self.say(f"stalled: no progress from any rank for {silent:.0f}s (stall_timeout {self.plan.stall_timeout}s); "
-                 "collecting every rank's state and stack")
-        lines, culprit = stall_report(self.plan, self.cluster, self.attempt)
-        for line in lines:
-            self.say(self.redact(line))
+        lines, culprit, found = stall_report(self.plan, self.cluster, self.attempt)
         while (event := self._next_event(0)) is not None:  # the heartbeats that came meanwhile
             self._handle(event)
+        if ending(self.plan, found):
+            self.stall.last_progress = time.monotonic()  # (asked again after another stall_timeout)
+            return None
+        if self.ui is not None:
+            self.ui.stop()
+        self.say(f"stalled: no progress from any rank for {silent:.0f}s (stall_timeout {self.plan.stall_timeout}s); "
+                 "every rank's state and stack:")
+        for line in lines:
+            self.say(self.redact(line))
         t0 = time.monotonic()
         lost = self._teardown()
         took = time.monotonic() - t0
@@ -462,6 +466,8 @@ def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = ())
     files = dict(plan.files)
     files["plan.json"] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
     files[ATTEMPT_FILE] = "1\n"
+    if plan.stall_timeout:  # a detached run's nodes collect their stacks with it (node.sh stall-watch)
+        files[STACKS_PROGRAM] = collector_source().decode()
     stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, leftovers)
 
 

@@ -8,6 +8,7 @@
 #   node ARGV...   run the job's ARGV (see "the node channel" below)
 #   job ARGV...    internal: the job itself, in its own session, output into the log
 #   watch PID      internal: a detached node's watcher (peers' state on shared storage)
+#   stall-watch PID  internal: a detached node's stall watchdog (progress files; rank 0 referees)
 #   stop MARKER [CONTAINER]
 #                  stop every process of one job on this host (teardown, `ftbundle stop`,
 #                  fencing before a restart); exit 0 when none is left
@@ -32,6 +33,7 @@
 #   FTB_ENV_FILE FTB_PATH_PREPEND FTB_CONTAINER FTB_SECRET_NAMES FTB_MIN_SECRET_LEN
 #   FTB_WATCHDOG FTB_HEARTBEAT FTB_STOP_GRACE FTB_DETACH FTB_STALE FTB_STOP_REQUEST
 #   FTB_PROGRESS_FILES (space-separated paths and globs: the heartbeat carries their total size)
+#   FTB_STALL_TIMEOUT (detached runs: the stall watchdog's limit; 0 or empty: off)
 set -u
 
 ftb_pids() { grep -lzxF "FTB_JOB=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
@@ -144,6 +146,57 @@ mode_watch() {  # a detached node: beat into FTB_HBFILE, stop when a peer fails 
   exit 0
 }
 
+# -- the stall watchdog of a detached run (ftbundle/launch/stall.py does it for attached runs) --
+ftb_has_ranks() {  # whether any rank process (torchrun's children: LOCAL_RANK) of the job is left
+  local p
+  for p in $(ftb_pids "$FTB_MARKER"); do
+    grep -qz '^LOCAL_RANK=' "/proc/$p/environ" 2>/dev/null && return 0
+  done
+  return 1
+}
+
+mode_stall_watch() {  # PID: every node writes its ranks' progress to node-R.aN.progress; rank 0
+  # referees: no change in any node's file for FTB_STALL_TIMEOUT seconds (after the first
+  # change) and it writes stalled.aN; every node then collects its ranks' state and stacks
+  # (FTB_RUN_DIR/stacks.py, staged at launch) into stacks/aN-stall-detached/, and rank 0
+  # asks every node to stop (FTB_STOP_REQUEST, which each node's watcher obeys).
+  local pid=$1 v last="" all prev="" changed=$SECONDS started=0 n
+  local progress="${FTB_HBFILE%.hb}.progress" request="$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
+  local out="$FTB_RUN_DIR/stacks/a$FTB_ATTEMPT-stall-detached"
+  while kill -0 "$pid" 2>/dev/null; do
+    v=$(ftb_progress)
+    if [ "$v" != "$last" ]; then echo "$v" >"$progress.tmp" && mv -f "$progress.tmp" "$progress"; last=$v; fi
+    if [ -e "$request" ]; then
+      python3 -S - --env "$out" <"$FTB_RUN_DIR/stacks.py" >/dev/null 2>&1
+      echo done >"${FTB_HBFILE%.hb}.stacked"
+      break
+    fi
+    if [ "${NODE_RANK:-}" = 0 ]; then
+      all=$(cat "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".progress 2>/dev/null)
+      if [ "$all" != "$prev" ]; then
+        [ -n "$prev" ] && started=1
+        prev=$all; changed=$SECONDS
+      elif [ "$started" = 1 ] && [ $((SECONDS - changed)) -gt "$FTB_STALL_TIMEOUT" ]; then
+        if [ -z "${FTB_CONTAINER:-}" ] && ! ftb_has_ranks; then  # ranks done, torchrun ending: not a stall
+          changed=$SECONDS; sleep 2; continue
+        fi
+        echo "ftbundle: no progress from any rank for ${FTB_STALL_TIMEOUT}s: stalled; every rank's stack into $out, then every node stops" >>"$FTB_LOG"
+        echo "$((SECONDS - changed))" >"$request"
+        python3 -S - --env "$out" <"$FTB_RUN_DIR/stacks.py" >/dev/null 2>&1
+        echo done >"${FTB_HBFILE%.hb}.stacked"
+        for n in $(seq 60); do  # the other nodes' collections, for at most a minute
+          [ "$(ls "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".stacked 2>/dev/null | wc -l)" -ge "${NNODES:-1}" ] && break
+          sleep 1
+        done
+        echo "stalled" >"$FTB_STOP_REQUEST"
+        break
+      fi
+    fi
+    sleep 2
+  done
+  exit 0
+}
+
 mode_node() {
   ftb_env
   [ -d "$FTB_RUN_DIR" ] || mkdir -p -- "$FTB_RUN_DIR" || { echo "ftbundle: cannot create $FTB_RUN_DIR on $(hostname)" >&2; exit 96; }
@@ -155,6 +208,9 @@ mode_node() {
   echo "ftb-pid $pid" >&2
   if [ "${FTB_DETACH:-0}" = 1 ]; then
     setsid bash -c "$BASH_EXECUTION_STRING" ftb watch "$pid" </dev/null >/dev/null 2>&1 &
+    if [ "${FTB_STALL_TIMEOUT:-0}" != 0 ]; then
+      setsid bash -c "$BASH_EXECUTION_STRING" ftb stall-watch "$pid" </dev/null >/dev/null 2>&1 &
+    fi
     exit 0
   fi
   # (sleep gets none of our streams: a killed loop must not leave one holding the channel open)
@@ -208,6 +264,7 @@ case $mode in
   node) mode_node "$@" ;;
   job) mode_job "$@" ;;
   watch) mode_watch "$@" ;;
+  stall-watch) mode_stall_watch "$@" ;;
   stop) ftb_stop "$@"; exit $? ;;
   state) mode_state "$@" ;;
   follow) mode_follow "$@" ;;

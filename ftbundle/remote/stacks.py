@@ -87,17 +87,27 @@ def container_pids(name):
     return found
 
 
+def is_python(pid):
+    try:
+        return os.path.basename(os.readlink("/proc/%s/exe" % pid)).startswith("python")
+    except OSError:
+        return False
+
+
 def rank_processes(pids):
-    """{pid: (rank, local_rank)} of the processes that are ranks (not their workers)."""
+    """{pid: (rank, local_rank)} of the processes that are ranks: Python processes with
+    LOCAL_RANK (set by torchrun) whose parent is not one (that would be a dataloader worker);
+    a shell or an init in between (a container's entrypoint) is not a rank."""
     envs = {p: read_environ(p) for p in pids}
+    marked = [p for p in pids if env_value(envs[p], "LOCAL_RANK") is not None]
+    pythons = {p for p in marked if is_python(p)}
+    candidates = [p for p in marked if p in pythons] if pythons else marked
     ranks = {}
-    for p in pids:
+    for p in candidates:
         local = env_value(envs[p], "LOCAL_RANK")
-        if local is None:
-            continue
         st = stat_of(p)
         parent = str(st[1]) if st else None
-        if parent in envs and env_value(envs[parent], "LOCAL_RANK") is not None:
+        if parent in candidates:
             continue  # a dataloader worker or other child of a rank
         rank = env_value(envs[p], "RANK")
         ranks[p] = (int(rank) if rank and rank.isdigit() else None, int(local) if local.isdigit() else None)
@@ -141,8 +151,17 @@ def stack_text(threads):
     return "\n".join(lines)
 
 
+def spec_from_env(out_dir):
+    """A detached node's own collection (node.sh's stall-watch): its values from the node's
+    environment, as the node program has it."""
+    prepend = os.environ.get("FTB_PATH_PREPEND")
+    return {"marker": os.environ.get("FTB_MARKER", ""), "container": os.environ.get("FTB_CONTAINER") or None,
+            "pyspy_dirs": [prepend] if prepend else [], "out_dir": out_dir, "host": os.uname().nodename,
+            "node_rank": int(os.environ.get("NODE_RANK", "0")), "sample_s": 2.0, "timeout": 20}
+
+
 def main():
-    spec = json.loads(sys.argv[1])
+    spec = spec_from_env(sys.argv[2]) if sys.argv[1] == "--env" else json.loads(sys.argv[1])
     pids = container_pids(spec["container"]) if spec.get("container") else marker_pids(spec["marker"])
     ranks = rank_processes(pids)
     tick = os.sysconf("SC_CLK_TCK")
@@ -163,6 +182,11 @@ def main():
     for t in threads:
         t.join()
     out_dir = spec.get("out_dir")
+    if out_dir and ranks:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError:
+            pass
     reports = []
     for p, (rank, local) in sorted(ranks.items(), key=lambda kv: (kv[1][0] is None, kv[1][0] or 0)):
         a, b = first.get(p), second.get(p)
@@ -179,12 +203,19 @@ def main():
                       % (spec.get("host"), spec.get("node_rank"), rank, local, p, report["state"],
                          STATES.get(report["state"], "?"), report["cpu_s"], wall))
             try:
-                os.makedirs(out_dir, exist_ok=True)
                 with open(os.path.join(out_dir, "rank-%s.txt" % (rank if rank is not None else "p" + p)), "w") as f:
                     f.write(header + "\n" + (stack_text(threads_) or error or "") + "\n")
             except OSError as exc:
                 report["write_error"] = str(exc)
-    print(json.dumps({"ranks": reports, "pyspy": pyspy, "error": None if ranks else "no rank process found"}))
+    result = json.dumps({"ranks": reports, "pyspy": pyspy, "error": None if ranks else "no rank process found",
+                         "host": spec.get("host"), "node_rank": spec.get("node_rank")})
+    if out_dir and ranks:  # the whole answer too, for a later look (`ftbundle status` of a detached run)
+        try:
+            with open(os.path.join(out_dir, "node-%s.json" % spec.get("node_rank")), "w") as f:
+                f.write(result + "\n")
+        except OSError:
+            pass
+    print(result)
 
 
 if __name__ == "__main__":
