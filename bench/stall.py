@@ -114,7 +114,7 @@ def progress_reading_cpu_ms(cluster: Cluster, shared: Path) -> float:
     run = runs[-1]
     globs = f"{run}/node-1-*.a*.log {run}/ranks/node-1/*/*/*/*.log"
     script = (f"export FTB_PROGRESS_FILES='{globs}'; "
-              "eval \"$(sed -n '/^ftb_progress()/,/^}}/p' /dev/stdin)\"; "
+              "eval \"$(sed -n '/^ftb_progress()/,/^}/p' /dev/stdin)\"; "
               "for i in $(seq 200); do x=$(ftb_progress); done; times")
     node_sh = (REPO / "ftbundle" / "remote" / "node.sh").read_text()
     out = subprocess.run(["docker", "exec", "-i", cluster.hosts[1].container, "bash", "-c", script],

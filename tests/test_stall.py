@@ -89,7 +89,7 @@ def test_rank_stuck_in_a_python_function_is_named_and_the_run_stopped(cluster, t
     assert "wait_for_lock at stall.py:" in odd[0], err
     assert job_processes(cluster) == {}
     stacks = list((run_dir_of(cluster) / "stacks").iterdir())
-    assert len(stacks) == 1 and sorted(p.name for p in stacks[0].iterdir()) == [f"rank-{r}.txt" for r in range(4)]
+    assert len(stacks) == 1 and sorted(p.name for p in stacks[0].glob("rank-*")) == [f"rank-{r}.txt" for r in range(4)]
     assert "wait_for_lock" in (stacks[0] / "rank-3.txt").read_text()
     assert str(stacks[0]) in err
     print(err)

@@ -142,3 +142,31 @@ def test_nccl_jobs_get_torch_flight_recorder_and_async_error_handling(tmp_path):
     assert mine.nodes[0].env["TORCH_NCCL_DESYNC_DEBUG"] == "0" and mine.nodes[0].env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     cpu = plan_of(job(tmp_path), HOSTS, facts=ClusterFacts([HostFacts("n1", 0), HostFacts("n2", 1)]))
     assert not any(k.startswith("TORCH_NCCL") for k in cpu.nodes[0].env)
+
+
+def test_llamafactory_clock_waits_for_the_first_trainer_step():
+    clock = StallClock(10, wait_for_step=True)
+    clock.observe(0, "100 0", at=0)
+    clock.observe(0, "5000 0", at=5)  # model loading's output: not yet
+    assert not clock.stalled(now=500)
+    clock.observe(0, "5200 180", at=600)  # trainer_log.jsonl has its first step
+    assert not clock.stalled(now=610) and clock.stalled(now=611)
+
+
+def test_node_program_reports_progress_and_trainer_steps(tmp_path):
+    """ftb_progress, as node.sh runs it with each heartbeat: the ranks' bytes, then the
+    trainer log's once it exists (0 before)."""
+    from ftbundle.launch.node import program
+
+    (tmp_path / "a.log").write_text("x" * 10)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "b.log").write_text("y" * 5)
+    script = program().split("\nftb_env() {")[0] + "\nftb_progress\n"
+    env = {"PATH": "/usr/bin:/bin", "FTB_PROGRESS_FILES": f"{tmp_path}/*.log {tmp_path}/r/*.log"}
+    run = lambda **extra: subprocess.run(["bash", "-c", script], env={**env, **extra}, capture_output=True,  # noqa: E731
+                                         text=True).stdout
+    assert run() == " 15\n"
+    assert run(FTB_PROGRESS_STEPS=str(tmp_path / "trainer_log.jsonl")) == " 15 0\n"
+    (tmp_path / "trainer_log.jsonl").write_text("{}\n")
+    assert run(FTB_PROGRESS_STEPS=str(tmp_path / "trainer_log.jsonl")) == " 15 3\n"
+    assert run(FTB_PROGRESS_FILES="") == ""

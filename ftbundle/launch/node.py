@@ -80,6 +80,7 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_DETACH": "1" if detach else "0",
         "FTB_PROGRESS_FILES": progress_files(plan, node) if plan.stall_timeout else "",
         "FTB_STALL_TIMEOUT": str(plan.stall_timeout),
+        "FTB_PROGRESS_STEPS": steps_file(plan, node) if plan.stall_timeout else "",
     }
     return {**control, **node.env}
 
@@ -89,6 +90,12 @@ def progress_files(plan: Plan, node: NodePlan) -> str:
     from .stall import progress_globs
 
     return " ".join(progress_globs(plan, node))
+
+
+def steps_file(plan: Plan, node: NodePlan) -> str:
+    from .stall import steps_file
+
+    return steps_file(plan, node)
 
 
 def env_payload(env: dict[str, str]) -> bytes:

@@ -43,30 +43,41 @@ STATE_WORDS = {"R": "running", "S": "sleeping", "I": "idle", "X": "gone"}
 
 
 def progress_globs(plan: Plan, node: NodePlan) -> list[str]:
-    """What a node counts as its ranks' output: its log (local rank 0, every attempt), the
-    other local ranks' files under torchrun's --log-dir, and (rank 0) the trainer's log."""
+    """What a node counts as its ranks' output: its log (local rank 0, every attempt) and
+    the other local ranks' files under torchrun's --log-dir."""
     globs = [posixpath.join(plan.run_dir, node_log_name(node.rank, node.host.name, 0).replace(".a0.", ".a*.")),
              posixpath.join(plan.run_dir, RANKS_DIR, f"node-{node.rank}", "*", "*", "*", "*.log")]
-    if node.rank == 0 and plan.checkpoint_dir:
-        globs.append(posixpath.join(plan.checkpoint_dir, TRAINER_LOG))
     return globs
 
 
-class StallClock:
-    """Progress as the heartbeats report it; pure (times are given)."""
+def steps_file(plan: Plan, node: NodePlan) -> str:
+    """Rank 0 of a LlamaFactory job: the trainer's log, whose first line is its first step
+    (the stall clock waits for it: loading a model or a first compile is not a stall)."""
+    return posixpath.join(plan.checkpoint_dir, TRAINER_LOG) if node.rank == 0 and plan.checkpoint_dir else ""
 
-    def __init__(self, timeout: float):
+
+class StallClock:
+    """Progress as the heartbeats report it (``BYTES`` or, from rank 0 of a LlamaFactory job,
+    ``BYTES STEPS_BYTES``); pure (times are given). With ``wait_for_step`` the clock starts
+    only once the trainer's log has its first step."""
+
+    def __init__(self, timeout: float, wait_for_step: bool = False):
         self.timeout = timeout
+        self.wait_for_step = wait_for_step
+        self.stepped = False
         self.last: dict[int, str] = {}
         self.last_progress: float | None = None  # None: no progress yet, the clock has not started
 
     def observe(self, rank: int, value: str, at: float) -> None:
         if not value:
             return
+        parts = value.split()
+        if len(parts) > 1 and parts[1] != "0":
+            self.stepped = True
         before = self.last.get(rank)
         self.last[rank] = value
-        if before is not None and before != value:  # (the first reading is the baseline: the files
-            self.last_progress = at                 # may hold an earlier attempt's output)
+        if before is not None and before != value and (self.stepped or not self.wait_for_step):
+            self.last_progress = at  # (the first reading is the baseline: an earlier attempt's output)
 
     def silent_for(self, now: float) -> float:
         return 0.0 if self.last_progress is None else now - self.last_progress

@@ -118,7 +118,8 @@ class Supervisor:
         self.status = [NodeStatus() for _ in plan.nodes]
         self.failures: list[Failure] = []
         self._stop_pinging = threading.Event()
-        self.stall = StallClock(plan.stall_timeout)  # progress from the heartbeats (:mod:`.stall`)
+        # progress from the heartbeats (:mod:`.stall`); LlamaFactory: from its first step on
+        self.stall = StallClock(plan.stall_timeout, wait_for_step=bool(plan.checkpoint_dir))
 
     def say(self, message: str) -> None:
         if self.ui is not None:

@@ -34,6 +34,7 @@
 #   FTB_WATCHDOG FTB_HEARTBEAT FTB_STOP_GRACE FTB_DETACH FTB_STALE FTB_STOP_REQUEST
 #   FTB_PROGRESS_FILES (space-separated paths and globs: the heartbeat carries their total size)
 #   FTB_STALL_TIMEOUT (detached runs: the stall watchdog's limit; 0 or empty: off)
+#   FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job: trainer_log.jsonl, the first step starts the stall clock)
 set -u
 
 ftb_pids() { grep -lzxF "FTB_JOB=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
@@ -65,10 +66,13 @@ ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
 ftb_progress() {  # " BYTES": the size of everything the job's ranks wrote (stall watchdog, ftbundle/launch/stall.py)
   # One stat for every rank of the node; nothing when FTB_PROGRESS_FILES is unset (watchdog off).
   [ -n "${FTB_PROGRESS_FILES:-}" ] || return 0
-  local n sum=0
+  local n sum=0 steps=""
   # (unquoted on purpose: the list holds globs, one for every local rank's output files)
   for n in $(stat -c %s -- $FTB_PROGRESS_FILES 2>/dev/null); do sum=$((sum + n)); done
-  echo " $sum"
+  # FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job): the trainer's log, whose first line is
+  # the first step: the stall clock starts there, not at the model loading's output
+  [ -n "${FTB_PROGRESS_STEPS:-}" ] && { steps=$(stat -c %s -- "$FTB_PROGRESS_STEPS" 2>/dev/null) || steps=0; }
+  echo " $sum${steps:+ $steps}"
 }
 
 ftb_env() {  # read the environment from stdin (up to the empty pair) and export it
@@ -160,7 +164,8 @@ mode_stall_watch() {  # PID: every node writes its ranks' progress to node-R.aN.
   # change) and it writes stalled.aN; every node then collects its ranks' state and stacks
   # (FTB_RUN_DIR/stacks.py, staged at launch) into stacks/aN-stall-detached/, and rank 0
   # asks every node to stop (FTB_STOP_REQUEST, which each node's watcher obeys).
-  local pid=$1 v last="" all prev="" changed=$SECONDS started=0 n
+  local pid=$1 v last="" all prev="" changed=$SECONDS started=0 n continue_wait
+  local -a files
   local progress="${FTB_HBFILE%.hb}.progress" request="$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
   local out="$FTB_RUN_DIR/stacks/a$FTB_ATTEMPT-stall-detached"
   while kill -0 "$pid" 2>/dev/null; do
@@ -171,8 +176,12 @@ mode_stall_watch() {  # PID: every node writes its ranks' progress to node-R.aN.
       echo done >"${FTB_HBFILE%.hb}.stacked"
       break
     fi
-    if [ "${NODE_RANK:-}" = 0 ]; then
-      all=$(cat "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".progress 2>/dev/null)
+    files=("$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".progress)
+    case $v in *" "*" "0|*" "*" ") continue_wait=1 ;; *) continue_wait=0 ;; esac  # (no trainer step yet)
+    if [ "${NODE_RANK:-}" = 0 ] && [ -e "${files[0]}" ] && [ "${#files[@]}" -ge "${NNODES:-1}" ] \
+        && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then
+      # (only once every node has written one: a node's first file is not progress)
+      all=$(cat -- "${files[@]}" 2>/dev/null)
       if [ "$all" != "$prev" ]; then
         [ -n "$prev" ] && started=1
         prev=$all; changed=$SECONDS
