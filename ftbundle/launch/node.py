@@ -27,6 +27,7 @@ from importlib import resources
 from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
 from ..job import MIN_SECRET_LEN, is_secret
 from ..plan import NodeFiles, NodePlan, Plan
+from .stall import progress_globs, steps_file
 
 HEARTBEAT_S = 1  # the node says it is alive this often
 WATCHDOG_S = 10  # the node stops its job after this long without a ping from the controller
@@ -78,24 +79,11 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STALE": str(DETACHED_STALE_S),
         "FTB_STOP_REQUEST": f"{plan.run_dir}/{STOP_REQUEST}",
         "FTB_DETACH": "1" if detach else "0",
-        "FTB_PROGRESS_FILES": progress_files(plan, node) if plan.stall_timeout else "",
+        "FTB_PROGRESS_FILES": " ".join(progress_globs(plan, node)) if plan.stall_timeout else "",  # (.stall)
         "FTB_STALL_TIMEOUT": str(plan.stall_timeout),
         "FTB_PROGRESS_STEPS": steps_file(plan, node) if plan.stall_timeout else "",
     }
     return {**control, **node.env}
-
-
-def progress_files(plan: Plan, node: NodePlan) -> str:
-    """What the stall watchdog counts as progress on a node (see :mod:`.stall`)."""
-    from .stall import progress_globs
-
-    return " ".join(progress_globs(plan, node))
-
-
-def steps_file(plan: Plan, node: NodePlan) -> str:
-    from .stall import steps_file
-
-    return steps_file(plan, node)
 
 
 def env_payload(env: dict[str, str]) -> bytes:
