@@ -61,9 +61,11 @@ def hang_trial(cluster: Cluster, shared: Path, how: str, stall_timeout: int) -> 
     proc = subprocess.Popen(sigint_ready([sys.executable, "-m", "ftbundle", "run", "-v", str(job)]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     diagnosed: list[float] = []
+    said: list[str] = []
 
     def read_err():
         for line in proc.stderr:
+            said.append(line)
             if "the odd one out" in line and not diagnosed:
                 diagnosed.append(time.monotonic())
 
@@ -75,7 +77,9 @@ def hang_trial(cluster: Cluster, shared: Path, how: str, stall_timeout: int) -> 
             if needle in line:
                 break
         else:
-            raise RuntimeError("the job never got going")
+            proc.wait(10)
+            reader.join(5)
+            raise RuntimeError("the job never got going:\n" + "".join(said[-30:]))
         if how == "lock":
             hang = time.monotonic() + SLEEP
         else:
@@ -131,6 +135,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--stall-timeout", type=int, default=10)
     parser.add_argument("--steps", type=int, default=60, help="steps of the healthy runs (0.5 s each)")
+    parser.add_argument("--hangs", default="lock,sigstop", help="which hangs to inject (default: both)")
     args = parser.parse_args()
     ensure_image()
     shared = Path(tempfile.mkdtemp(prefix="ftb-bench-", dir="/tmp"))
@@ -138,7 +143,7 @@ def main() -> None:
     rows = []
     try:
         with Cluster(2, shared_dir=shared) as cluster:
-            for how in ("lock", "sigstop"):
+            for how in args.hangs.split(","):
                 results = [hang_trial(cluster, shared, how, args.stall_timeout) for _ in range(args.trials)]
                 print(how, [f"{d:.1f}/{s:.1f}" for d, s in results], flush=True)
                 diag = [d for d, _ in results]
