@@ -20,7 +20,7 @@ from .commands.init import cmd_init
 from .commands.plot import cmd_plot
 from .commands.run import cmd_run
 from .commands.runs import cmd_runs
-from .commands.status import cmd_logs, cmd_status, cmd_stop
+from .commands.status import cmd_logs, cmd_stacks, cmd_status, cmd_stop
 from .errors import EXIT_USAGE, UserError
 
 
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, func, text in (("status", cmd_status, "state of every node of a run"),
                              ("logs", cmd_logs, "a rank's output (rank 0's by default), or --all ranks'"),
-                             ("stop", cmd_stop, "stop every node of a run")):
+                             ("stop", cmd_stop, "stop every node of a run"),
+                             ("stacks", cmd_stacks, "every rank's state and Python stack, grouped; the run goes on")):
         p = sub.add_parser(name, help=text, parents=[hosts])
         p.add_argument("job", help="the job file the run was started from")
         p.add_argument("--run", help="run id (default: the job's latest run)")

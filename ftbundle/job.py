@@ -24,6 +24,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 # Shorter values are not masked in output: "1" or "abc" would blank out unrelated text.
 MIN_SECRET_LEN = 4
+MIN_STALL_TIMEOUT_S = 5  # progress is sampled every second; a shorter limit would mistake a pause for a stall
 DEFAULT_NCCL_ENV_FILE = "/etc/ftbundle/nccl.env"
 # repo@sha256:<digest> (pulled from a registry), or an image ID (loaded from a tarball):
 # either names exactly one image's bytes, whatever a tag points to today.
@@ -80,6 +81,7 @@ class Job:
     runtime: Runtime = field(default_factory=Runtime)
     restarts: int = 0
     check: bool = True
+    stall_timeout: int = 600  # seconds without progress before a run is diagnosed and stopped; 0: never
 
     @property
     def base_dir(self) -> Path:
@@ -91,7 +93,7 @@ class Job:
 
 _TOP_KEYS = {
     "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
-    "env", "runtime", "train", "restarts", "check",
+    "env", "runtime", "train", "restarts", "check", "stall_timeout",
 }
 _RUNTIME_KEYS = {"kind", "python", "image", "gpus", "docker_args", "env_file"}
 _TRAIN_KEYS = {"llamafactory", "script", "args", "command", "deepspeed"}
@@ -209,6 +211,9 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
     master_port = r.integer(data, "master_port", "master_port", 29500, 1, 65535)
     restarts = r.integer(data, "restarts", "restarts", 0, 0, 100)
     check = r.boolean(data, "check", "check", True)
+    stall_timeout = r.integer(data, "stall_timeout", "stall_timeout", 600, 0, 7 * 24 * 3600)
+    if 0 < stall_timeout < MIN_STALL_TIMEOUT_S:
+        raise r.error("stall_timeout", f"must be 0 (off) or at least {MIN_STALL_TIMEOUT_S} seconds, got {stall_timeout}")
 
     shared_dir = r.string(data, "shared_dir", "shared_dir")
     workdir = r.string(data, "workdir", "workdir")
@@ -244,6 +249,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         runtime=runtime,
         restarts=restarts,
         check=check,
+        stall_timeout=stall_timeout,
     )
 
 

@@ -90,6 +90,7 @@ class Plan:
     # LlamaFactory resumes from output_dir's newest checkpoint-N by itself (overwrite_output_dir
     # false, no resume_from_checkpoint): ftbundle says so before launch, or refuses a finished one
     resumes: bool = False
+    stall_timeout: int = 0  # seconds without progress before the run is diagnosed and stopped; 0: never
 
     @property
     def world_size(self) -> int:
@@ -137,6 +138,7 @@ class Plan:
             "world_size": self.world_size,
             "checkpoint_dir": self.checkpoint_dir,
             "image": self.image,
+            "stall_timeout": self.stall_timeout,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "nodes": [
@@ -315,6 +317,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
                                                        prepared.effective_batch))
 
     lf_env = llamafactory.credential_env(layout.lf_secrets)
+    nccl = _uses_nccl(job, facts, gpus)
     nodes = []
     for rank, host in enumerate(layout.hosts):
         env = {
@@ -326,6 +329,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             "FTB_RUN_ID": layout.run_id,
             "FTB_RUN_DIR": layout.run_dir,
             "PYTHONUNBUFFERED": "1",
+            **(nccl_debug_env(layout.run_dir) if nccl else {}),
             **lf_env,
             **job.env,
         }
@@ -362,7 +366,36 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         nproc_per_node=nproc, nodes=tuple(nodes), files=dict(layout.files), warnings=tuple(warnings),
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
         finetuning_type=finetuning_type, resumes=resumes,
+        stall_timeout=job.stall_timeout,
     )
+
+
+NCCL_TRACE_PREFIX = "nccl-trace-rank-"  # in the run directory; torch appends the global rank
+
+
+def nccl_debug_env(run_dir: str) -> dict[str, str]:
+    """What torch offers for a hung NCCL collective, turned on (a job's own `env:` wins):
+    a timed-out collective aborts its communicator and ends the rank (so the launcher sees an
+    exit instead of a hang), the flight recorder keeps the last collectives of every rank and
+    dumps them into the run directory on a timeout, and desync debugging names the rank the
+    others waited for."""
+    return {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": posixpath.join(run_dir, NCCL_TRACE_PREFIX),
+        "TORCH_NCCL_DESYNC_DEBUG": "1",
+    }
+
+
+def _uses_nccl(job: Job, facts: ClusterFacts | None, gpus: str | None) -> bool:
+    """NCCL will carry the collectives: the docker runtime is given GPUs, the hosts asked
+    have GPUs, or the job sets NCCL variables itself."""
+    if gpus:
+        return True
+    if facts is not None and any(f.gpus for f in facts.reached):
+        return True
+    return any(name.startswith("NCCL_") for name in job.env)
 
 
 def _auto_nproc(layout: Layout, facts: ClusterFacts | None) -> int:

@@ -104,8 +104,33 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     else:  # a node that stopped its job by itself says why (node.sh: "stopped: launcher lost: ...")
         why = next((state.split(":")[1].strip() for _, state, _ in states if state.startswith("stopped: ")), "")
         summary = "failed" if failed else (f"stopped: {why}" if why else "stopped")
+    stalled = _detached_stall(ref, cluster)
+    if stalled:
+        summary = "stalled"
     print(f"state: {summary}", file=out)
-    return 1 if failed or summary.startswith("stopped") else 0
+    for line in stalled:
+        print(line, file=out)
+    return 1 if failed or summary.startswith("stopped") or summary == "stalled" else 0
+
+
+def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
+    """A detached run stopped by its own stall watchdog (node.sh stall-watch): the grouped
+    view of what its nodes collected; nothing when it did not stall."""
+    import dataclasses
+
+    from .launch.stall import DETACHED_STACKS, DETACHED_STALL, STACKS_DIR, diagnose, read_collected, report_lines
+
+    host = ref.nodes[0].host
+    said = _read(cluster, host, posixpath.join(ref.run_dir, DETACHED_STALL.format(attempt=ref.attempt)))
+    if said is None:
+        return []
+    out_dir = posixpath.join(ref.run_dir, STACKS_DIR, DETACHED_STACKS.format(attempt=ref.attempt))
+    names = {n.rank: n.host.name for n in ref.nodes}
+    ranks = [dataclasses.replace(r, host=names.get(r.node_rank, r.host)) for r in read_collected(cluster, host, out_dir)]
+    timeout = ref.record.get("stall_timeout")
+    head = f"stalled: no progress from any rank for {said.strip()}s (stall_timeout {timeout}s); every node was stopped"
+    expected = ref.record.get("nnodes", 0) * ref.record.get("nproc_per_node", 0) or None
+    return [head] + report_lines(diagnose(ranks), out_dir=out_dir, expected=expected)
 
 
 def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[str]:

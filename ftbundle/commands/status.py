@@ -1,4 +1,4 @@
-"""`ftbundle status`, `logs` and `stop`: a run after launch (attached, detached or finished),
+"""`ftbundle status`, `logs`, `stop` and `stacks`: a run after launch (attached, detached or finished),
 found in the job's run directories through one connection per host."""
 
 from __future__ import annotations
@@ -39,3 +39,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from ..runs import stop_run
 
     return with_run(args, stop_run)
+
+
+def cmd_stacks(args: argparse.Namespace) -> int:
+    from .stacks import show_stacks
+
+    return with_run(args, show_stacks)

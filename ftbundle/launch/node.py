@@ -27,6 +27,7 @@ from importlib import resources
 from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
 from ..job import MIN_SECRET_LEN, is_secret
 from ..plan import NodeFiles, NodePlan, Plan
+from .stall import progress_globs, steps_file
 
 HEARTBEAT_S = 1  # the node says it is alive this often
 WATCHDOG_S = 10  # the node stops its job after this long without a ping from the controller
@@ -79,6 +80,9 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STALE": str(DETACHED_STALE_S),
         "FTB_STOP_REQUEST": f"{plan.run_dir}/{STOP_REQUEST}",
         "FTB_DETACH": "1" if detach else "0",
+        "FTB_PROGRESS_FILES": " ".join(progress_globs(plan, node)) if plan.stall_timeout else "",  # (.stall)
+        "FTB_STALL_TIMEOUT": str(plan.stall_timeout),
+        "FTB_PROGRESS_STEPS": steps_file(plan, node) if plan.stall_timeout else "",
     }
     return {**control, **node.env}
 
@@ -260,8 +264,8 @@ class NodeRunner:
             self._emit("exit", code=code)
 
     def _on_line(self, line: bytes) -> None:
-        if line == HEARTBEAT:
-            self._emit("hb")
+        if line == HEARTBEAT or line.startswith(HEARTBEAT + b" "):
+            self._emit("hb", line[len(HEARTBEAT):].decode(errors="replace").strip())  # (the ranks' output size)
         elif line.startswith(PID):
             pid = line[len(PID):].decode().strip()
             self._emit("pid", pid)

@@ -40,6 +40,7 @@ from ..ui.progress import Progress
 from .display import Display, ProgressFeed
 from .failure import rank_failure
 from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
+from .stall import STACKS_PROGRAM, STALLED_EXIT_CODE, StallClock, collector_source, ending, stall_report
 
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", "5"))
 START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
@@ -121,6 +122,8 @@ class Supervisor:
         self.failures: list[Failure] = []
         self._stop_pinging = threading.Event()
         self._awake = time.monotonic()  # when the loop last looked at its events
+        # progress from the heartbeats (:mod:`.stall`); LlamaFactory: from its first step on
+        self.stall = StallClock(plan.stall_timeout, wait_for_step=bool(plan.checkpoint_dir))
 
     def say(self, message: str) -> None:
         if self.ui is not None:
@@ -248,6 +251,8 @@ class Supervisor:
             self._check_silence(self.lost_after)
             if self.failures:
                 return self._fail()
+            if self.stall.stalled(time.monotonic()) and (outcome := self._stalled()) is not None:
+                return outcome
             if all(st.state is State.EXITED for st in self.status):
                 self._drain_rank0()
                 return Outcome(0)
@@ -268,6 +273,7 @@ class Supervisor:
             return  # a node that has ended says nothing more that matters
         if event.kind == "hb":
             st.last_heartbeat = event.at
+            self.stall.observe(event.rank, event.text, event.at)
             if st.state is State.STARTING:
                 self._set(event.rank, State.RUNNING)
                 self._show_nodes()
@@ -351,6 +357,31 @@ class Supervisor:
                  "and writes why into its log; `ftbundle runs` shows the run as stopped: launcher lost")
         lost = list(range(len(self.status)))
         return Outcome(LOST_EXIT_CODE, first, teardown_s=took, lost=tuple(lost), progress=self.progress)
+
+    def _stalled(self) -> Outcome | None:
+        """No progress for stall_timeout: every rank's state and stack first (:mod:`.stall`),
+        then the same teardown as a failure; exit STALLED_EXIT_CODE. None: not a stall after
+        all (no rank is left: torchrun is ending), the run goes on."""
+        silent = self.stall.silent_for(time.monotonic())
+        lines, culprit, found = stall_report(self.plan, self.cluster, self.attempt)
+        while (event := self._next_event(0)) is not None:  # the heartbeats that came meanwhile
+            self._handle(event)
+        if ending(self.plan, found):
+            self.stall.last_progress = time.monotonic()  # (asked again after another stall_timeout)
+            return None
+        if self.ui is not None:
+            self.ui.stop()
+        self.say(f"stalled: no progress from any rank for {silent:.0f}s (stall_timeout {self.plan.stall_timeout}s); "
+                 "every rank's state and stack:")
+        for line in lines:
+            self.say(self.redact(line))
+        t0 = time.monotonic()
+        lost = self._teardown()
+        took = time.monotonic() - t0
+        self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
+        failure = Failure(culprit.node_rank if culprit else 0, culprit.host if culprit else self.plan.nodes[0].host.name,
+                          f"stalled: no progress for {silent:.0f}s", STALLED_EXIT_CODE, t0)
+        return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress)
 
     def _print_failure_summary(self, first: Failure) -> None:
         """Who failed, the failing rank's own traceback, a hint (:mod:`ftbundle.ui.summary`)."""
@@ -511,6 +542,8 @@ def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = ())
     files = dict(plan.files)
     files["plan.json"] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
     files[ATTEMPT_FILE] = "1\n"
+    if plan.stall_timeout:  # a detached run's nodes collect their stacks with it (node.sh stall-watch)
+        files[STACKS_PROGRAM] = collector_source().decode()
     stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, leftovers, min_free_mb=MIN_FREE_MB)
 
 

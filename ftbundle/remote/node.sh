@@ -8,6 +8,7 @@
 #   node ARGV...   run the job's ARGV (see "the node channel" below)
 #   job ARGV...    internal: the job itself, in its own session, output into the log
 #   watch PID      internal: a detached node's watcher (rank 0 referees, see mode_watch)
+#   stall-watch PID  internal: a detached node's stall watchdog (progress files; rank 0 referees)
 #   stop MARKER [CONTAINER]
 #                  stop every process of one job on this host (teardown, `ftbundle stop`,
 #                  fencing before a restart); exit 0 when none is left
@@ -25,7 +26,8 @@
 #           (Ctrl-C, laptop lid, network cut) leaves nothing running; without `stop`, the node
 #           says "launcher lost" in the log and in node-R.aN.stopped. A node program that
 #           finds `stop` or a closed stdin already waiting never starts its job.
-#   stderr  `ftb-pid PID` once the job runs, then `ftb-hb` every FTB_HEARTBEAT seconds,
+#   stderr  `ftb-pid PID` once the job runs, then `ftb-hb [BYTES]` every FTB_HEARTBEAT seconds
+#           (BYTES: how much the ranks have written so far, for the stall watchdog),
 #           and `ftbundle: ...` messages. Rank 0's log travels on a channel of its own
 #           (`tail`), so output can never hold a heartbeat back.
 #   exit    the job's exit code (also written to FTB_EXIT on shared storage).
@@ -34,6 +36,9 @@
 #   FTB_RUN_DIR FTB_WORKDIR FTB_LOG FTB_EXIT FTB_PIDFILE FTB_HBFILE FTB_MARKER FTB_ATTEMPT
 #   FTB_ENV_FILE FTB_PATH_PREPEND FTB_CONTAINER FTB_SECRET_NAMES FTB_MIN_SECRET_LEN
 #   FTB_WATCHDOG FTB_HEARTBEAT FTB_STOP_GRACE FTB_DETACH FTB_STALE FTB_STOP_REQUEST
+#   FTB_PROGRESS_FILES (space-separated paths and globs: the heartbeat carries their total size)
+#   FTB_STALL_TIMEOUT (detached runs: the stall watchdog's limit; 0 or empty: off)
+#   FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job: trainer_log.jsonl, the first step starts the stall clock)
 set -u
 
 ftb_pids() { grep -lzxF "FTB_JOB=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
@@ -60,6 +65,18 @@ ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
   [ -n "${2:-}" ] && docker rm -f "$2" >/dev/null 2>&1
   sleep 0.2
   [ -z "$(ftb_pids "$1")" ]
+}
+
+ftb_progress() {  # " BYTES": the size of everything the job's ranks wrote (stall watchdog, ftbundle/launch/stall.py)
+  # One stat for every rank of the node; nothing when FTB_PROGRESS_FILES is unset (watchdog off).
+  [ -n "${FTB_PROGRESS_FILES:-}" ] || return 0
+  local n sum=0 steps=""
+  # (unquoted on purpose: the list holds globs, one for every local rank's output files)
+  for n in $(stat -c %s -- $FTB_PROGRESS_FILES 2>/dev/null); do sum=$((sum + n)); done
+  # FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job): the trainer's log, whose first line is
+  # the first step: the stall clock starts there, not at the model loading's output
+  [ -n "${FTB_PROGRESS_STEPS:-}" ] && { steps=$(stat -c %s -- "$FTB_PROGRESS_STEPS" 2>/dev/null) || steps=0; }
+  echo " $sum${steps:+ $steps}"
 }
 
 ftb_env() {  # read the environment from stdin (up to the empty pair) and export it
@@ -198,6 +215,62 @@ ftb_referee() {  # PID VERDICT: rank 0's watcher (see mode_watch)
   fi
 }
 
+# -- the stall watchdog of a detached run (ftbundle/launch/stall.py does it for attached runs) --
+ftb_has_ranks() {  # whether any rank process (torchrun's children: LOCAL_RANK) of the job is left
+  local p
+  for p in $(ftb_pids "$FTB_MARKER"); do
+    grep -qz '^LOCAL_RANK=' "/proc/$p/environ" 2>/dev/null && return 0
+  done
+  return 1
+}
+
+mode_stall_watch() {  # PID: every node writes its ranks' progress to node-R.aN.progress; rank 0
+  # referees: no change in any node's file for FTB_STALL_TIMEOUT seconds (after the first
+  # change) and it writes stalled.aN; every node then collects its ranks' state and stacks
+  # (FTB_RUN_DIR/stacks.py, staged at launch) into stacks/aN-stall-detached/, and rank 0
+  # asks every node to stop (FTB_STOP_REQUEST, which each node's watcher obeys).
+  local pid=$1 v last="" all prev="" changed=$SECONDS started=0 n continue_wait
+  local -a files
+  local progress="${FTB_HBFILE%.hb}.progress" request="$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
+  local out="$FTB_RUN_DIR/stacks/a$FTB_ATTEMPT-stall-detached"
+  while kill -0 "$pid" 2>/dev/null; do
+    v=$(ftb_progress)
+    if [ "$v" != "$last" ]; then echo "$v" >"$progress.tmp" && mv -f "$progress.tmp" "$progress"; last=$v; fi
+    if [ -e "$request" ]; then
+      python3 -S - --env "$out" <"$FTB_RUN_DIR/stacks.py" >/dev/null 2>&1
+      echo done >"${FTB_HBFILE%.hb}.stacked"
+      break
+    fi
+    files=("$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".progress)
+    case $v in *" "*" "0|*" "*" ") continue_wait=1 ;; *) continue_wait=0 ;; esac  # (no trainer step yet)
+    if [ "${NODE_RANK:-}" = 0 ] && [ -e "${files[0]}" ] && [ "${#files[@]}" -ge "${NNODES:-1}" ] \
+        && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then
+      # (only once every node has written one: a node's first file is not progress)
+      all=$(cat -- "${files[@]}" 2>/dev/null)
+      if [ "$all" != "$prev" ]; then
+        [ -n "$prev" ] && started=1
+        prev=$all; changed=$SECONDS
+      elif [ "$started" = 1 ] && [ $((SECONDS - changed)) -gt "$FTB_STALL_TIMEOUT" ]; then
+        if [ -z "${FTB_CONTAINER:-}" ] && ! ftb_has_ranks; then  # ranks done, torchrun ending: not a stall
+          changed=$SECONDS; sleep 2; continue
+        fi
+        echo "ftbundle: no progress from any rank for ${FTB_STALL_TIMEOUT}s: stalled; every rank's stack into $out, then every node stops" >>"$FTB_LOG"
+        echo "$((SECONDS - changed))" >"$request"
+        python3 -S - --env "$out" <"$FTB_RUN_DIR/stacks.py" >/dev/null 2>&1
+        echo done >"${FTB_HBFILE%.hb}.stacked"
+        for n in $(seq 60); do  # the other nodes' collections, for at most a minute
+          [ "$(ls "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".stacked 2>/dev/null | wc -l)" -ge "${NNODES:-1}" ] && break
+          sleep 1
+        done
+        echo "stalled" >"$FTB_STOP_REQUEST"
+        break
+      fi
+    fi
+    sleep 2
+  done
+  exit 0
+}
+
 mode_node() {
   ftb_env
   # The gate: what the launcher said while this program was on its way (a slow session
@@ -222,10 +295,13 @@ mode_node() {
   echo "ftb-pid $pid" >&2
   if [ "${FTB_DETACH:-0}" = 1 ]; then
     setsid bash -c "$BASH_EXECUTION_STRING" ftb watch "$pid" </dev/null >/dev/null 2>&1 &
+    if [ "${FTB_STALL_TIMEOUT:-0}" != 0 ]; then
+      setsid bash -c "$BASH_EXECUTION_STRING" ftb stall-watch "$pid" </dev/null >/dev/null 2>&1 &
+    fi
     exit 0
   fi
   # (sleep gets none of our streams: a killed loop must not leave one holding the channel open)
-  ( while kill -0 "$pid" 2>/dev/null; do echo ftb-hb >&2; sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; done ) &
+  ( while kill -0 "$pid" 2>/dev/null; do echo "ftb-hb$(ftb_progress)" >&2; sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; done ) &
   local hbpid=$!
   # (a background job reads /dev/null unless told otherwise: hand it our stdin explicitly)
   # The watchdog: `stop` from the launcher stops the job quietly; a closed stdin or no
@@ -306,6 +382,7 @@ case $mode in
   node) mode_node "$@" ;;
   job) mode_job "$@" ;;
   watch) mode_watch "$@" ;;
+  stall-watch) mode_stall_watch "$@" ;;
   stop) ftb_stop "$@"; exit $? ;;
   state) mode_state "$@" ;;
   follow) mode_follow "$@" ;;
