@@ -598,7 +598,7 @@ def test_reports_fold_host_lists_at_every_size(tmp_path, n):
     down = R.check_ssh([HostFacts(name, rank, error=f"cannot SSH to root@10.0.0.{rank}:22: timed out after 10 s")
                         if rank in (7, 8) else facts(name, rank) for rank, name in enumerate(names)])
     assert down.details == ["gpu-[008-009] (ranks 7-8): cannot SSH: timed out after 10 s"]
-    assert f"unreachable: gpu-[008-009]" in format_report(CheckReport([down]))[2]
+    assert "unreachable: gpu-[008-009]" in format_report(CheckReport([down]))[2]
 
 
 def test_fold_keeps_names_it_cannot_fold_as_they_are():

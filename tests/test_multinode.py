@@ -7,12 +7,11 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import ASSETS, REPO, base_job, ftbundle, job_processes, only_run_dir, read_plan, write_job
+from tests.helpers import REPO, base_job, ftbundle, job_processes, only_run_dir, read_plan, write_job
 
 pytestmark = pytest.mark.cluster
 

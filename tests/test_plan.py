@@ -2,7 +2,6 @@
 
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 

@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.cluster import Cluster
 from tests.helpers import REPO
