@@ -27,9 +27,11 @@ _HEADER = re.compile(r"^==> (.*) <==$")
 
 
 def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, started: float, duration_s: float,
-                progress, failed_host: str | None) -> dict:
-    """summary.json's content. Pure."""
-    state = "finished" if exit_code == 0 else ("interrupted" if interrupted else "failed")
+                progress, failed_host: str | None, stalled: bool = False) -> dict:
+    """summary.json's content. Pure. ``stalled``: the stall watchdog stopped the run (it
+    made no progress for stall_timeout), which `ftbundle runs` lists as such, not "failed"."""
+    state = ("finished" if exit_code == 0 else "interrupted" if interrupted else "stalled" if stalled
+             else "failed")
     return {
         "run_id": plan.run_id, "job": plan.job_name, "state": state, "exit_code": exit_code,
         "attempt": attempt, "started": started, "duration_s": round(duration_s, 1),

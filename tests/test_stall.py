@@ -7,6 +7,7 @@ damages a host.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -92,6 +93,7 @@ def test_rank_stuck_in_a_python_function_is_named_and_the_run_stopped(cluster, t
     assert len(stacks) == 1 and sorted(p.name for p in stacks[0].glob("rank-*")) == [f"rank-{r}.txt" for r in range(4)]
     assert "wait_for_lock" in (stacks[0] / "rank-3.txt").read_text()
     assert str(stacks[0]) in err
+    assert json.loads((run_dir_of(cluster) / "summary.json").read_text())["state"] == "stalled"
     print(err)
     print(f"hang -> diagnosed and stopped: {took:.1f}s after the last step (stall_timeout {STALL_TIMEOUT}s)")
 

@@ -13,7 +13,7 @@ import time
 import yaml
 
 from ftbundle.cli import main
-from ftbundle.history import format_runs, run_row, split_tail_output
+from ftbundle.history import format_runs, run_row, run_summary, split_tail_output
 from ftbundle.launch.failure import parse_root_cause
 from ftbundle.ui.phases import Phases, warning_key
 from ftbundle.ui.progress import Progress, parse_bar, parse_hf_dict, parse_trainer_log, status_line
@@ -184,6 +184,23 @@ def test_torchruns_own_traceback_is_never_taken_for_the_ranks():
     text = "\n".join(lines)
     assert "its last 4 line(s) before torchrun's report, in /l:" in text and "ChildFailedError" not in text
     assert "  | terminate called without an active exception" in text and "killed by SIGABRT" in lines[0]
+
+
+def test_a_stalled_run_is_recorded_and_listed_as_stalled_not_failed():
+    """The stall watchdog's stop (exit 124) is its own state in summary.json and `ftbundle
+    runs`; a job that exits 124 by itself (a `timeout` inside it) is a plain failure."""
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(run_id="j-20261124-230000-abcd", job_name="j", nodes=[], nproc_per_node=2,
+                           checkpoint_dir=None)
+    common = dict(interrupted=False, attempt=1, started=0.0, duration_s=3.0, progress=Progress(), failed_host="b")
+    stalled = run_summary(plan, exit_code=124, stalled=True, **common)
+    own_124 = run_summary(plan, exit_code=124, **common)
+    assert (stalled["state"], own_124["state"]) == ("stalled", "failed")
+    row = run_row(plan.run_id, {"plan.json": json.dumps({"job": "j", "nodes": [{"host": "a"}]}),
+                                "summary.json": json.dumps(stalled)})
+    assert (row.state, row.exit_code) == ("stalled", 124)
+    assert "stalled" in format_runs([row]).splitlines()[1]
 
 
 def test_run_history_rows_from_files():

@@ -88,6 +88,7 @@ class Outcome:
     teardown_s: float | None = None
     lost: tuple[int, ...] = ()  # ranks that could not be confirmed stopped
     progress: Progress | None = None  # what rank 0 said about training (without -v)
+    stalled: bool = False  # stopped by the stall watchdog (not a job's own exit code 124)
 
 
 class Supervisor:
@@ -381,7 +382,8 @@ class Supervisor:
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         failure = Failure(culprit.node_rank if culprit else 0, culprit.host if culprit else self.plan.nodes[0].host.name,
                           f"stalled: no progress for {silent:.0f}s", STALLED_EXIT_CODE, t0)
-        return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress)
+        return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress,
+                       stalled=True)
 
     def _print_failure_summary(self, first: Failure) -> None:
         """Who failed, the failing rank's own traceback, a hint (:mod:`ftbundle.ui.summary`)."""
@@ -679,6 +681,7 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
 
     progress = outcome.progress or Progress()
     summary = run_summary(plan, exit_code=outcome.exit_code, interrupted=outcome.interrupted,
+                          stalled=outcome.stalled,
                           attempt=attempt, started=started_wall, duration_s=duration_s, progress=progress,
                           failed_host=outcome.failure.host if outcome.failure else None)
     files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
