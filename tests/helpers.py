@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -62,6 +63,23 @@ def start_ftbundle(*args: str) -> subprocess.Popen:
     """`ftbundle ARGS` running, its output on pipes, SIGINT as in a terminal."""
     return subprocess.Popen(sigint_ready([sys.executable, "-m", "ftbundle", *args]), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def read_stdout_until(proc: subprocess.Popen, text: str, timeout: float = 60) -> list[str]:
+    """Read a running ftbundle's stdout (with -v: rank 0's output) line by line until a line
+    holds ``text``; the lines read, that one included. If it never shows (the output ends, or
+    ``timeout`` passes), ftbundle is killed and the test fails with what it printed."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return seen
+    proc.kill()
+    raise AssertionError(f"{text!r} never showed on ftbundle's stdout:\n" + "".join(seen) + proc.stderr.read())
 
 
 def only_run_dir(shared: Path) -> Path:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.helpers import ASSETS, base_job, job_processes, start_ftbundle, write_job
+from tests.helpers import ASSETS, base_job, job_processes, read_stdout_until, start_ftbundle, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -28,16 +28,7 @@ def allreduce_job(cluster, tmp_path, name: str) -> str:
 
 def wait_for_steps(proc, steps: int = 3, timeout: float = 120) -> list[str]:
     """Read ftbundle's stdout until rank 0 has done `steps` all-reduce steps."""
-    lines = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if f"step {steps - 1} allreduce ok" in line:
-            return lines
-    raise AssertionError("training never got going:\n" + "".join(lines) + proc.stderr.read())
+    return read_stdout_until(proc, f"step {steps - 1} allreduce ok", timeout)
 
 
 @pytest.fixture

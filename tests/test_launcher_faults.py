@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import Cluster
-from tests.helpers import base_job, ftbundle, job_processes, only_run_dir, start_ftbundle, write_job
+from tests.helpers import (base_job, ftbundle, job_processes, only_run_dir, read_stdout_until, start_ftbundle,
+                           write_job)
 
 pytestmark = pytest.mark.cluster
 
@@ -38,21 +39,6 @@ def command_job(cluster, tmp_path, name: str, command: str, **extra) -> str:
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
     job = base_job(name, cluster.shared_dir, inventory, {"command": command}, **extra)
     return str(write_job(tmp_path / "job.yaml", job))
-
-
-def wait_for_line(proc, text: str, timeout: float = 60) -> None:
-    """Read ftbundle's stdout (-v: rank 0's output) until ``text`` shows."""
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if text in line:
-            return
-    proc.kill()
-    raise AssertionError(f"{text!r} never showed:\n" + "".join(seen) + proc.stderr.read())
 
 
 def wait_until_clean(cluster, limit: float) -> float | None:
@@ -84,7 +70,7 @@ def test_a_pause_of_the_launcher_shorter_than_the_watchdog_keeps_the_run(cluster
     heartbeat before reading the heartbeats waiting for it, and kill the run."""
     job = command_job(cluster2, tmp_path, "paused", "echo started; sleep 16; echo done")
     proc = start_ftbundle("run", "-v", job)
-    wait_for_line(proc, "started")
+    read_stdout_until(proc, "started")
     time.sleep(1)
     proc.send_signal(signal.SIGSTOP)
     time.sleep(7)
@@ -119,7 +105,7 @@ def test_launcher_cut_off_from_every_node_says_so_and_the_nodes_stop_themselves(
     job = command_job(cluster2, tmp_path, "cut", "echo started; sleep 120")
     proc = start_ftbundle("run", "-v", job)
     try:
-        wait_for_line(proc, "started")
+        read_stdout_until(proc, "started")
         time.sleep(1)
         for host in cluster2.hosts:
             controller_cut(cluster2, host, True)
@@ -159,7 +145,7 @@ def test_sigkill_of_the_launcher_stops_every_job_and_the_run_says_launcher_lost(
     forever in `ftbundle runs`."""
     job = command_job(cluster2, tmp_path, "sigkill", "echo started; sleep 120")
     proc = start_ftbundle("run", "-v", job)
-    wait_for_line(proc, "started")
+    read_stdout_until(proc, "started")
     time.sleep(1)
     killed_at = time.monotonic()
     proc.kill()
@@ -240,7 +226,7 @@ def test_a_killed_node_program_is_named_and_its_host_still_stopped(cluster2, tmp
     this is no lost connection: it is named as killed, and its job is stopped like the others."""
     job = command_job(cluster2, tmp_path, "killed-wrapper", "echo started; sleep 120")
     proc = start_ftbundle("run", "-v", job)
-    wait_for_line(proc, "started")
+    read_stdout_until(proc, "started")
     time.sleep(1)
     cluster2.exec("node1", "pid=$(pgrep -o -f ' ftb node '); kill -KILL -- -$(ps -o pgid= -p $pid | tr -d ' ')")
     code, err = finish(proc, 30)

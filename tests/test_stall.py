@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import Cluster
-from tests.helpers import ASSETS, base_job, ftbundle, job_processes, start_ftbundle, write_job
+from tests.helpers import ASSETS, base_job, ftbundle, job_processes, read_stdout_until, start_ftbundle, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -46,17 +46,8 @@ def stall_job(cluster, tmp_path, name: str, *args: str) -> str:
 
 def run_until_step(proc, step: int, timeout: float = 180) -> float:
     """Read ftbundle's stdout (-v: rank 0's lines) until rank 0 reports ``step``; when."""
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if f"step {step} allreduce ok" in line:
-            return time.monotonic()
-    proc.kill()
-    raise AssertionError("training never got going:\n" + "".join(seen) + proc.stderr.read())
+    read_stdout_until(proc, f"step {step} allreduce ok", timeout)
+    return time.monotonic()
 
 
 def finish(proc, timeout: float) -> tuple[str, str]:
