@@ -10,8 +10,12 @@ demo: venv model  ## a real LoRA fine-tune of a tiny local model, 2 ranks on loc
 	@rm -rf $(QUICKSTART)/.shared/output/quickstart-lora  # a fresh fine-tune, not a resume of the last one
 	$(VENV)/bin/ftbundle run $(QUICKSTART)/job.yaml  # ends with a summary: final loss, adapter path, run dir
 
+# make test runs the test modules on TEST_WORKERS pytest-xdist workers (one module per worker
+# at a time, longest first: tests/conftest.py); TEST_WORKERS=0 runs them one after another.
+TEST_WORKERS ?= 3
+
 test: tools venv engine image  ## everything CI runs
-	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 tests
+	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 unit: venv  ## the fast tests: no Docker, no training
 	$(PY) -m pytest -q -m "not cluster and not train" tests
@@ -25,8 +29,10 @@ engine:  ## a Docker engine (installed and started when missing)
 tools:  ## command-line tools the tests drive (tmux, curl, ssh), installed when missing
 	@bash .ci/tools.sh
 
-image: engine  ## the containerized test hosts' image, built locally, cached by recipe
+image: engine  ## the images the tests use (test hosts, Slurm hosts, CPU training), built locally, cached by recipe
 	@bash .ci/testhost-image.sh >/dev/null
+	@bash .ci/slurmhost-image.sh >/dev/null
+	@bash .ci/train-image.sh >/dev/null
 
 model: venv
 	HF_HUB_OFFLINE=1 $(PY) -m ftbundle.tinymodel --data $(QUICKSTART)/data/support.json --out $(QUICKSTART)/.shared/tiny-llama

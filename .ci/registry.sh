@@ -15,6 +15,9 @@ if ! command -v docker-registry >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2 || {
         apt-get update -q >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2; }
 fi
+# one starter at a time (parallel test workers): the others find it answering
+exec 9>/var/lock/ftbundle-registry-$PORT.lock
+flock 9
 if ! curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1; then
     mkdir -p "$ROOT"
     cat > "$ROOT/config.yml" <<CONFIG
@@ -30,10 +33,11 @@ http:
   addr: :$PORT
 CONFIG
     say "starting on :$PORT"
-    nohup docker-registry serve "$ROOT/config.yml" > /var/log/ftbundle-registry.log 2>&1 &
+    nohup docker-registry serve "$ROOT/config.yml" > /var/log/ftbundle-registry.log 2>&1 9>&- &  # not holding the lock
     for _ in $(seq 30); do curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1 && break; sleep 0.5; done
     curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null
 fi
+flock -u 9
 image=$(bash .ci/train-image.sh | tail -n 1)
 repo="127.0.0.1:$PORT/ftbundle/train-cpu"
 tag=${image#*:}

@@ -12,6 +12,12 @@ ref="ftbundle-train-cpu:$hash"
 if docker image inspect "$ref" >/dev/null 2>&1; then
     echo "$ref"; exit 0
 fi
+# one build at a time (parallel test workers, two checkouts): the others wait and reuse it
+exec 9>/var/lock/ftbundle-train-image.lock
+flock 9
+if docker image inspect "$ref" >/dev/null 2>&1; then
+    echo "$ref"; exit 0
+fi
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 # The controller's pip resolves torch and its pure-Python dependencies (cp311 wheels,

@@ -55,6 +55,10 @@ LABEL_OWNER_NS = "org.ftbundle.testcluster.pidns"
 LABEL_TMPDIR = "org.ftbundle.testcluster.tmpdir"
 
 TEST_NET = ipaddress.ip_network("198.18.0.0/15")
+# The Molecule scenarios' fixed networks (molecule/*/molecule.yml: 198.18.249.0/24 and
+# 198.18.250.0/24): a cluster never takes them, so a scenario can start while clusters of
+# other test workers are up.
+RESERVED_NETS = (ipaddress.ip_network("198.18.248.0/21"),)
 _SYSTEM_PREFIXES = {
     "/",
     "/usr",
@@ -559,7 +563,8 @@ class Cluster:
         rng = random.SystemRandom()
         # a /24 holds the hosts from .11 up to 240 of them; a larger cluster (bench/launch.py's
         # 256 hosts) gets a /22
-        candidates = list(TEST_NET.subnets(new_prefix=24 if self.n <= 240 else 22))
+        candidates = [net for net in TEST_NET.subnets(new_prefix=24 if self.n <= 240 else 22)
+                      if not any(net.overlaps(r) for r in RESERVED_NETS)]
         last = ""
         for _attempt in range(30):
             net = rng.choice(candidates)

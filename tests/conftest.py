@@ -46,8 +46,37 @@ def gpu_present() -> bool:
     return p.returncode == 0 and "GPU " in p.stdout
 
 
+# `make test` runs the modules on several pytest-xdist workers, one module per worker at a
+# time (--dist loadfile, so a module's fixtures, e.g. its cluster, are made once), handing
+# out the modules in collection order (--no-loadscope-reorder). The longest go first, so
+# that none starts last and runs alone: these were the longest in a measured run (seconds
+# of one worker, docs/testing.md), the rest follow in file order.
+LONGEST_FIRST = (
+    "test_provisioning_livedin.py",
+    "test_provisioning.py",
+    "test_stall.py",
+    "test_export_slurm_gpu.py",
+    "test_launcher_faults.py",
+    "test_resume.py",
+    "test_export_slurm.py",
+    "test_logs_all.py",
+    "test_docker_runtime_faults.py",
+    "test_export_pbs.py",
+    "test_check_scale.py",
+    "test_detach_restart.py",
+    "test_failures.py",
+)
+
+
+def _module_rank(item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.gpu`` tests run only where a GPU is present."""
+    """The longest modules first (a stable sort: tests keep their order inside a module);
+    ``@pytest.mark.gpu`` tests run only where a GPU is present."""
+    items.sort(key=_module_rank)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and not gpu_present():
         skip = pytest.mark.skip(reason="no GPU here (nvidia-smi -L lists none); runs on a GPU machine")
@@ -104,3 +133,22 @@ def make_cluster(testhost_image):
         c.down()
     for d in tmpdirs:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Seconds per module (setup + call + teardown of its tests, on whichever worker ran
+    it): what LONGEST_FIRST is ordered by, and where make test's time goes."""
+    per_module: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            nodeid = getattr(rep, "nodeid", "")
+            duration = getattr(rep, "duration", None)
+            if not nodeid or duration is None or getattr(rep, "when", None) is None:
+                continue
+            module = nodeid.split("::", 1)[0]
+            per_module[module] = per_module.get(module, 0.0) + duration
+    if not per_module:
+        return
+    terminalreporter.write_sep("=", "seconds per module (longest first)")
+    for module, secs in sorted(per_module.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{secs:8.1f}  {module}")

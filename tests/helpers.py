@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,6 +16,34 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = Path(__file__).resolve().parent / "assets"
+QUICKSTART = REPO / "examples" / "quickstart"
+# What the tests make once per checkout and share (pytest-xdist workers and later runs too):
+# the tiny model. Ignored by git.
+TEST_CACHE = REPO / ".test-cache"
+
+
+@functools.cache
+def tiny_model() -> Path:
+    """The tiny Llama made from the quickstart's data (ftbundle.tinymodel), built once per
+    checkout: the build is idempotent (a stamp of its inputs) and runs under a lock, so
+    parallel workers wait for one build instead of making their own."""
+    out = TEST_CACHE / "tiny-llama"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(TEST_CACHE / "tiny-llama.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = subprocess.run([sys.executable, "-m", "ftbundle.tinymodel", "--data", str(QUICKSTART / "data/support.json"),
+                            "--out", str(out)], capture_output=True, text=True, check=False,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if p.returncode != 0:
+        raise RuntimeError(f"ftbundle.tinymodel failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return out
+
+
+def place_tiny_model(dest: Path) -> Path:
+    """A copy of the tiny model at dest (under a cluster's shared_dir, which the hosts mount
+    at the same path). A copy, not a link: the hosts see only shared_dir."""
+    shutil.copytree(tiny_model(), dest)
+    return dest
 
 
 def plan_of(job, hosts, run_id: str = "r1", facts=None):

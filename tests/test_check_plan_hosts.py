@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ASSETS, REPO, base_job, ftbundle, job_processes, only_run_dir, write_job
+from tests.helpers import ASSETS, REPO, base_job, ftbundle, job_processes, only_run_dir, place_tiny_model, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -68,8 +68,7 @@ def test_secrets_reach_no_file_no_terminal_and_no_command_line(cluster2, tmp_pat
     inventory = cluster2.write_inventory(tmp_path / "hosts.yml")
     quickstart = REPO / "examples" / "quickstart"
     shutil.copytree(quickstart / "data", shared / "data")
-    subprocess.run([sys.executable, "-m", "ftbundle.tinymodel", "--data", str(shared / "data/support.json"),
-                    "--out", str(shared / "tiny-llama")], check=True, capture_output=True)
+    place_tiny_model(shared / "tiny-llama")
     train = yaml.safe_load((quickstart / "train.yaml").read_text())
     train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
                   "output_dir": str(shared / "output/lora"), "max_steps": 4, "save_steps": 2,

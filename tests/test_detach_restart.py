@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import ASSETS, REPO, base_job, ftbundle, job_processes, only_run_dir, start_ftbundle, write_job
+from tests.helpers import ASSETS, REPO, base_job, ftbundle, job_processes, only_run_dir, place_tiny_model, start_ftbundle, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -76,8 +74,7 @@ def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
     quickstart = REPO / "examples" / "quickstart"
     shutil.copytree(quickstart / "data", shared / "data")
-    subprocess.run([sys.executable, "-m", "ftbundle.tinymodel", "--data", str(shared / "data/support.json"),
-                    "--out", str(shared / "tiny-llama")], check=True, capture_output=True)
+    place_tiny_model(shared / "tiny-llama")
     train = yaml.safe_load((quickstart / "train.yaml").read_text())
     output = shared / "output/lora"
     train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from ftbundle.cli import main
+from tests.helpers import place_tiny_model
 from tests.slurm import SlurmCluster, ensure_slurm_image
 
 pytestmark = pytest.mark.cluster
@@ -119,9 +120,7 @@ def quickstart_work(slurm) -> Path:
     """examples/quickstart's data and the tiny model, in a work directory on shared storage."""
     work = slurm.shared_dir / "quickstart"
     shutil.copytree(QUICKSTART / "data", work / "data")
-    subprocess.run([sys.executable, "-m", "ftbundle.tinymodel", "--data", str(QUICKSTART / "data/support.json"),
-                    "--out", str(work / "tiny-llama")], check=True, capture_output=True,
-                   env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    place_tiny_model(work / "tiny-llama")
     return work
 
 

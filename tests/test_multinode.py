@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
 
-from tests.helpers import REPO, base_job, ftbundle, job_processes, only_run_dir, read_plan, write_job
+from tests.helpers import REPO, base_job, ftbundle, job_processes, only_run_dir, place_tiny_model, read_plan, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -90,8 +88,7 @@ def test_llamafactory_lora_sft_on_three_hosts(cluster3, tmp_path):
     inventory = cluster3.write_inventory(tmp_path / "hosts.yml")
     quickstart = REPO / "examples" / "quickstart"
     shutil.copytree(quickstart / "data", shared / "data")
-    subprocess.run([sys.executable, "-m", "ftbundle.tinymodel", "--data", str(shared / "data/support.json"),
-                    "--out", str(shared / "tiny-llama")], check=True, capture_output=True)
+    place_tiny_model(shared / "tiny-llama")
     train = yaml.safe_load((quickstart / "train.yaml").read_text())
     train.update({
         "model_name_or_path": str(shared / "tiny-llama"),

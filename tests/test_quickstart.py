@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import helpers
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart"
 
@@ -18,12 +20,9 @@ pytestmark = pytest.mark.train
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    """The tiny Llama made from the example data (cached for the session)."""
-    out = tmp_path_factory.mktemp("model") / "tiny-llama"
-    subprocess.run([sys.executable, "-m", "ftbundle.tinymodel", "--data", str(QUICKSTART / "data/support.json"),
-                    "--out", str(out)], check=True, env={**_env(), "HF_HUB_OFFLINE": "1"})
-    return out
+def tiny_model() -> Path:
+    """The tiny Llama made from the example data (built once per checkout: tests/helpers.py)."""
+    return helpers.tiny_model()
 
 
 def _env() -> dict[str, str]:

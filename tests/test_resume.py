@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from tests.helpers import REPO, base_job, ftbundle, job_processes, write_job
+from tests.helpers import REPO, base_job, ftbundle, job_processes, place_tiny_model, write_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 
@@ -25,8 +23,7 @@ def test_a_finished_training_is_refused_and_a_checkpoint_is_resumed_and_counted_
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
     quickstart = REPO / "examples" / "quickstart"
     shutil.copytree(quickstart / "data", shared / "data")
-    subprocess.run([sys.executable, "-m", "ftbundle.tinymodel", "--data", str(shared / "data/support.json"),
-                    "--out", str(shared / "tiny-llama")], check=True, capture_output=True)
+    place_tiny_model(shared / "tiny-llama")
     train = yaml.safe_load((quickstart / "train.yaml").read_text())
     output = shared / "output/lora"
     train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
