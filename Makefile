@@ -17,8 +17,8 @@ TEST_WORKERS ?= 3
 test: tools venv engine image  ## everything CI runs
 	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
-unit: venv  ## the fast tests: no Docker, no training
-	$(PY) -m pytest -q -m "not cluster and not train" tests
+unit: venv  ## the fast tests: no Docker, no training, no lint
+	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster and not train and not lint" tests
 
 venv:
 	@bash .ci/venv.sh
