@@ -15,7 +15,7 @@ demo: venv model  ## a real LoRA fine-tune of a tiny local model, 2 ranks on loc
 TEST_WORKERS ?= 3
 
 test: tools venv engine image  ## everything CI runs
-	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 tests
 
 unit: venv  ## the fast tests: no Docker, no training, no lint
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cluster and not train and not lint" tests

@@ -78,7 +78,7 @@ def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
     train = yaml.safe_load((quickstart / "train.yaml").read_text())
     output = shared / "output/lora"
     train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
-                  "output_dir": str(output), "max_steps": 400, "save_steps": 10, "save_total_limit": 3,
+                  "output_dir": str(output), "max_steps": 100, "save_steps": 10, "save_total_limit": 3,
                   "per_device_train_batch_size": 2})
     job = write_job(tmp_path / "job.yaml", base_job("restart", shared, inventory, {"llamafactory": train},
                                                     restarts=1))
@@ -95,13 +95,13 @@ def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
     assert "restarting all nodes" in err and "node node1 (rank 1" in err
-    resumed = re.search(rf"resuming from checkpoint-(\d+) of 400 in {re.escape(str(output))}", err)
+    resumed = re.search(rf"resuming from checkpoint-(\d+) of 100 in {re.escape(str(output))}", err)
     assert resumed, err
     step = int(resumed.group(1))
     assert step >= 10
     log = (only_run_dir(shared) / "node-0-node0.a2.log").read_text()
     assert f"Resuming training from {output}/checkpoint-{step}" in log
-    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 400 > step
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 100 > step
     assert job_processes(cluster) == {}
 
 
