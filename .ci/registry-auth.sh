@@ -11,7 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${FTB_REGISTRY_AUTH_PORT:-5001}
-ROOT=/var/lib/ftbundle-registry-auth
+# one registry per port (tests/testbed.py gives each checkout its own): its own storage and log
+ROOT=/var/lib/ftbundle-registry-auth; LOG=/var/log/ftbundle-registry-auth.log
+[ "$PORT" = 5001 ] || { ROOT="$ROOT-$PORT"; LOG="/var/log/ftbundle-registry-auth-$PORT.log"; }
 PYTHON=${FTB_PYTHON:-python3}
 USER_NAME=ftbundle-test
 say() { echo "registry-auth: $*" >&2; }
@@ -57,12 +59,12 @@ http:
   addr: :$PORT
 CONFIG
     say "starting on :$PORT (htpasswd)"
-    nohup docker-registry serve "$ROOT/config.yml" > /var/log/ftbundle-registry-auth.log 2>&1 &
+    nohup docker-registry serve "$ROOT/config.yml" > "$LOG" 2>&1 &
     for _ in $(seq 30); do
         code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/v2/" || true)
         [ "$code" = 401 ] && break; sleep 0.5
     done
-    [ "$code" = 401 ] || { say "not answering 401 on :$PORT: $(tail -n 5 /var/log/ftbundle-registry-auth.log)"; exit 1; }
+    [ "$code" = 401 ] || { say "not answering 401 on :$PORT: $(tail -n 5 "$LOG")"; exit 1; }
 fi
 image=$(bash .ci/train-image.sh | tail -n 1)
 repo="127.0.0.1:$PORT/ftbundle/train-cpu"

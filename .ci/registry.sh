@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${FTB_REGISTRY_PORT:-5000}
-ROOT=/var/lib/ftbundle-registry
+# one registry per port (tests/testbed.py gives each checkout its own): its own storage and log
+ROOT=/var/lib/ftbundle-registry; LOG=/var/log/ftbundle-registry.log
+[ "$PORT" = 5000 ] || { ROOT="$ROOT-$PORT"; LOG="/var/log/ftbundle-registry-$PORT.log"; }
 say() { echo "registry: $*" >&2; }
 
 if ! command -v docker-registry >/dev/null; then
@@ -33,7 +35,7 @@ http:
   addr: :$PORT
 CONFIG
     say "starting on :$PORT"
-    nohup docker-registry serve "$ROOT/config.yml" > /var/log/ftbundle-registry.log 2>&1 9>&- &  # not holding the lock
+    nohup docker-registry serve "$ROOT/config.yml" > "$LOG" 2>&1 9>&- &  # not holding the lock
     for _ in $(seq 30); do curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1 && break; sleep 0.5; done
     curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null
 fi

@@ -58,7 +58,7 @@ TEST_NET = ipaddress.ip_network("198.18.0.0/15")
 # The Molecule scenarios' fixed networks (molecule/*/molecule.yml: 198.18.249.0/24 and
 # 198.18.250.0/24): a cluster never takes them, so a scenario can start while clusters of
 # other test workers are up.
-RESERVED_NETS = (ipaddress.ip_network("198.18.248.0/21"),)
+RESERVED_NETS = (ipaddress.ip_network("198.18.240.0/20"),)
 _SYSTEM_PREFIXES = {
     "/",
     "/usr",

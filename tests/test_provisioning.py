@@ -26,11 +26,16 @@ import pytest
 import yaml
 
 from tests.helpers import ASSETS, REPO, ftbundle, write_job
+from tests.testbed import checkout_testbed, ensure_registry
 
 BIN = Path(sys.executable).parent
-HOSTS = ["ftb-mol-node0", "ftb-mol-node1", "ftb-mol-node2"]
-ADDRESSES = ["198.18.250.11", "198.18.250.12", "198.18.250.13"]
-REGISTRY = "198.18.250.1:5000"  # the controller's registry, as the hosts reach it
+# this checkout's names and addresses for the scenario (tests/testbed.py; slot 0: ftb-mol-node0..2,
+# 198.18.250.11-13, the registry on :5000)
+TESTBED = checkout_testbed()
+SCENARIO = TESTBED.default
+HOSTS = SCENARIO.hosts
+ADDRESSES = SCENARIO.addresses
+REGISTRY = f"{SCENARIO.gateway}:{TESTBED.registry_port}"  # the controller's registry, as the hosts reach it
 
 
 def run(argv: list[str], *, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -79,17 +84,17 @@ class Molecule:
 @pytest.fixture(scope="module")
 def molecule(testhost_image) -> Molecule:
     """site.yml converged on three fresh containerized hosts; destroyed afterwards."""
-    pushed = run(["bash", ".ci/registry.sh"], timeout=1200)
+    pushed = run(["bash", ".ci/registry.sh"], env=dict(os.environ, **TESTBED.script_env()), timeout=1200)
     assert pushed.returncode == 0, tail(pushed)
     image = f"{REGISTRY}/{pushed.stdout.strip().splitlines()[-1]}"
     workdir = Path(tempfile.mkdtemp(prefix="ftb-molecule-", dir="/tmp"))
     (workdir / "shared").mkdir()
     env = dict(os.environ, FTB_TESTHOST_IMAGE=testhost_image, FTB_MOLECULE_IMAGE=image,
                FTB_MOLECULE_WORKDIR=str(workdir), PATH=f"{BIN}:{os.environ['PATH']}",
-               ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
+               ANSIBLE_FORCE_COLOR="0", PY_COLORS="0", **TESTBED.molecule_env(SCENARIO, workdir / "state"))
     mol = Molecule(env, workdir, image)
-    # debris of an earlier, interrupted session, even one run from another checkout (another
-    # state dir); the containers go first, with their volumes (molecule's destroy keeps each
+    # debris of an earlier, interrupted session of this checkout (names are per checkout:
+    # tests/testbed.py); the containers go first, with their volumes (molecule's destroy keeps each
     # host's /var/lib/docker volume: 1.3 GB a host, a full disk after a dozen runs)
     remove_scenario_debris()
     mol("destroy", timeout=300)
@@ -112,10 +117,17 @@ def molecule(testhost_image) -> Molecule:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def registry_alive() -> None:
+    """Each test finds the controller's registry answering (started again if it died since
+    the module's converge: a pull by digest would otherwise fail for a reason no role has)."""
+    ensure_registry(TESTBED.registry_port)
+
+
 def remove_scenario_debris() -> None:
     """The scenario's containers and network have fixed names (molecule.yml)."""
     subprocess.run(["docker", "rm", "-f", "-v", *HOSTS], capture_output=True, timeout=300)
-    subprocess.run(["docker", "network", "rm", "ftb-molecule"], capture_output=True, timeout=120)
+    subprocess.run(["docker", "network", "rm", SCENARIO.network], capture_output=True, timeout=120)
 
 
 @pytest.mark.cluster
@@ -252,7 +264,7 @@ def test_a_host_whose_image_differs_fails_verify_naming_it(molecule):
 @pytest.mark.parametrize("extra, message", [
     ('{"ftb_node_rank": 0}', "ftb_node_rank must be set on all trainers or none, numbering them 0..2 once each; "
                              "got [0, 0, 0]"),
-    ('{"ftb_shared_dir": ""}', "ftb-mol-node0: variable 'ftb_shared_dir' is not set"),
+    ('{"ftb_shared_dir": ""}', f"{HOSTS[0]}: variable 'ftb_shared_dir' is not set"),
     ('{"preflight_training_group": "gpus"}', "inventory group 'gpus' is missing or empty"),
 ])
 def test_preflight_refuses_a_bad_inventory_before_anything_changes(molecule, extra, message):
@@ -327,7 +339,7 @@ def test_air_gapped_tarball_is_loaded_and_pinned_by_image_id(molecule, tmp_path)
 
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("clients", ["[]", '["198.18.250.12", "*"]'])
+@pytest.mark.parametrize("clients", ["[]", f'["{ADDRESSES[1]}", "*"]'])
 def test_nfs_export_refuses_an_empty_or_open_client_list(molecule, clients):
     before = docker_exec(HOSTS[0], "cat /etc/exports.d/ftbundle.exports").stdout
     proc = molecule("converge", "--", "--tags", "nfs", "-e", f'{{"nfs_server_clients": {clients}}}')
@@ -354,12 +366,12 @@ def test_an_administrators_fstab_entry_is_refused_or_kept_and_verify_names_the_o
         kept = molecule("converge", "--", "--tags", "nfs")
         assert kept.returncode == 0, tail(kept, 12000)
         fstab = docker_exec(HOSTS[2], "cat /etc/fstab").stdout
-        assert theirs in fstab and "198.18.250.11:/srv/ftbundle" not in fstab, fstab
+        assert theirs in fstab and f"{ADDRESSES[0]}:/srv/ftbundle" not in fstab, fstab
 
         verify = molecule("converge", "--", "--tags", "verify")
         assert verify.returncode != 0, tail(verify)
         assert "shared storage (fstab; mounted) differs:" in verify.stdout, tail(verify, 12000)
-        assert re.search(r"fstab: filer\.example\.com:/vol/ml nfs; mounted: .*: ftb-mol-node2", verify.stdout), \
+        assert re.search(rf"fstab: filer\.example\.com:/vol/ml nfs; mounted: .*: {HOSTS[2]}", verify.stdout), \
             tail(verify, 12000)
     finally:
         docker_exec(HOSTS[2], f"cat > /etc/fstab <<'EOF'\n{original}EOF")
@@ -376,7 +388,7 @@ def test_verify_never_pulls_and_names_a_host_missing_the_recorded_image(molecule
     try:
         proc = molecule("converge", "--", "--tags", "verify")
         assert proc.returncode != 0, tail(proc)
-        assert "image ID differs:" in proc.stdout and "image missing: ftb-mol-node1" in proc.stdout, tail(proc, 12000)
+        assert "image ID differs:" in proc.stdout and f"image missing: {HOSTS[1]}" in proc.stdout, tail(proc, 12000)
         # verify ran the image with --pull=never: node1 still does not have it
         assert docker_exec(HOSTS[1], f"docker image inspect {molecule.image}", check=False).returncode != 0
     finally:
@@ -399,7 +411,7 @@ def test_a_rotated_cluster_key_replaces_the_old_one_everywhere(molecule):
         authorized = docker_exec(host, "cat /root/.ssh/authorized_keys").stdout
         assert new in authorized and old not in authorized, authorized
     # the mesh works on the new key, strict host keys still on
-    out = docker_exec(HOSTS[0], "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes ftb-mol-node2 hostname").stdout
+    out = docker_exec(HOSTS[0], f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes {HOSTS[2]} hostname").stdout
     assert out.strip() == "node2"
 
 
@@ -417,7 +429,7 @@ def test_an_active_ufw_stops_the_firewall_role_before_it_changes_anything(molecu
         proc = molecule("converge", "--", "--tags", "firewall", "--limit", HOSTS[2],
                         "-e", '{"firewall_extra_cluster_addresses": ["198.18.251.7"]}')
         assert proc.returncode != 0, tail(proc)
-        assert "ftb-mol-node2: ufw is active." in proc.stdout and "Nothing was changed" in proc.stdout, tail(proc, 12000)
+        assert f"{HOSTS[2]}: ufw is active." in proc.stdout and "Nothing was changed" in proc.stdout, tail(proc, 12000)
         assert docker_exec(HOSTS[2], "cat /etc/ftbundle/firewall.nft").stdout == rules
     finally:
         docker_exec(HOSTS[2], "ufw --force disable && DEBIAN_FRONTEND=noninteractive apt-get purge -y -q ufw", check=False)

@@ -23,11 +23,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_provisioning import BIN, recap, run, tail
+from tests.test_provisioning import BIN, TESTBED, recap, registry_alive, run, tail  # noqa: F401 (autouse)
+from tests.testbed import ensure_registry
 
-HOSTS = ["ftb-liv-node0", "ftb-liv-node1", "ftb-liv-node2"]
-REGISTRY = "198.18.249.1:5000"  # the controller's registry, as these hosts reach it
-NETWORK = "ftb-livedin"
+# this checkout's names and addresses for the scenario (tests/testbed.py; slot 0: ftb-liv-node0..2,
+# 198.18.249.11-13, the registries on :5000 and :5001)
+SCENARIO = TESTBED.livedin
+HOSTS = SCENARIO.hosts
+REGISTRY = f"{SCENARIO.gateway}:{TESTBED.registry_port}"  # the controller's registry, as these hosts reach it
+NETWORK = SCENARIO.network
 
 
 def docker_exec(host: str, command: str) -> str:
@@ -53,14 +57,14 @@ def remove_debris() -> None:
 @pytest.fixture(scope="module")
 def livedin(testhost_image):
     """The lived-in hosts, created and prepared (not yet converged); destroyed afterwards."""
-    pushed = run(["bash", ".ci/registry.sh"], timeout=1200)
+    pushed = run(["bash", ".ci/registry.sh"], env=dict(os.environ, **TESTBED.script_env()), timeout=1200)
     assert pushed.returncode == 0, tail(pushed)
     image = f"{REGISTRY}/{pushed.stdout.strip().splitlines()[-1]}"
     workdir = Path(tempfile.mkdtemp(prefix="ftb-livedin-", dir="/tmp"))
     (workdir / "shared").mkdir()
     env = dict(os.environ, FTB_TESTHOST_IMAGE=testhost_image, FTB_MOLECULE_IMAGE=image,
                FTB_LIVEDIN_WORKDIR=str(workdir), PATH=f"{BIN}:{os.environ['PATH']}",
-               ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
+               ANSIBLE_FORCE_COLOR="0", PY_COLORS="0", **TESTBED.molecule_env(SCENARIO, workdir / "state"))
     scenario = Scenario(env)
     remove_debris()  # first, with the hosts' volumes: molecule's destroy keeps them
     scenario("destroy", timeout=300)
@@ -129,8 +133,8 @@ def test_a_limit_converge_keeps_the_cluster_whole(livedin):
     known = docker_exec(HOSTS[1], "cat /etc/ssh/ssh_known_hosts")
     rules = docker_exec(HOSTS[1], "nft list table inet ftbundle")
     for i, host in enumerate(HOSTS):
-        assert host in known and f"fd00:f7b:0:249::1{i + 1}" in known, known
-        assert f"198.18.249.1{i + 1}" in rules and f"fd00:f7b:0:249::1{i + 1}" in rules, rules
+        assert host in known and SCENARIO.addresses6[i] in known, known
+        assert SCENARIO.addresses[i] in rules and SCENARIO.addresses6[i] in rules, rules
     assert "bastion.example.com" in known
     verified = livedin("verify")
     assert verified.returncode == 0, tail(verified, 12000)
@@ -149,12 +153,12 @@ def connects(address: str, port: int, host: str | None = None) -> bool:
 @pytest.mark.timeout(600)
 def test_a_port_a_container_publishes_is_open_to_members_only(livedin):
     """`docker run -p` DNATs around the input chain: the firewall's forward chain must
-    still keep non-members (here the controller, 198.18.249.1) out, and let members in."""
+    still keep non-members (here the controller, the network's gateway) out, and let members in."""
     image = docker_exec(HOSTS[0], "cat /etc/ftbundle/image.ref").strip()
     docker_exec(HOSTS[0], f"docker rm -f published >/dev/null 2>&1; docker run -d --name published -p 18080:18080 "
                           f"--pull=never {image} python3 -m http.server 18080")
     try:
-        address = "198.18.249.11"
+        address = SCENARIO.addresses[0]
         deadline = time.monotonic() + 60
         while not connects(address, 18080, host=HOSTS[1]) and time.monotonic() < deadline:
             time.sleep(1)
@@ -169,19 +173,26 @@ def test_a_port_a_container_publishes_is_open_to_members_only(livedin):
 # A registry that requires a login (.ci/registry-auth.sh: htpasswd, bcrypt), credentials
 # from an Ansible Vault file. Runs last: it changes the recorded reference.
 
-AUTH_REGISTRY = "198.18.249.1:5001"  # the controller's login-only registry, as these hosts reach it
+AUTH_REGISTRY = f"{SCENARIO.gateway}:{TESTBED.auth_registry_port}"  # the controller's login-only registry, as these hosts reach it
 AUTH_USER = "ftbundle-test"
-AUTH_PASSWORD_FILE = Path("/var/lib/ftbundle-registry-auth/password")
+AUTH_PASSWORD_FILE = TESTBED.auth_registry_root / "password"
 
 
 @pytest.fixture(scope="module")
-def auth_registry() -> tuple[str, str]:
+def auth_registry_pushed() -> tuple[str, str]:
     """(the image pushed there as repo@digest, as the hosts reach it; the tag it was pushed as)."""
-    pushed = run(["bash", ".ci/registry-auth.sh"], env=dict(os.environ, FTB_PYTHON=sys.executable), timeout=1200)
+    pushed = run(["bash", ".ci/registry-auth.sh"], env=dict(os.environ, FTB_PYTHON=sys.executable, **TESTBED.script_env()), timeout=1200)
     assert pushed.returncode == 0, tail(pushed)
     image = f"{AUTH_REGISTRY}/{pushed.stdout.strip().splitlines()[-1]}"
     tag = run(["bash", ".ci/train-image.sh"]).stdout.strip().splitlines()[-1].split(":")[-1]
     return image, f"{image.split('@')[0]}:{tag}"
+
+
+@pytest.fixture
+def auth_registry(auth_registry_pushed) -> tuple[str, str]:
+    """The same, with the login-only registry answering at the start of each test."""
+    ensure_registry(TESTBED.auth_registry_port, ".ci/registry-auth.sh", FTB_PYTHON=sys.executable)
+    return auth_registry_pushed
 
 
 def vault_vars(tmp_path: Path, password: str) -> list[str]:
