@@ -52,19 +52,25 @@ def gpu_present() -> bool:
 # that none starts last and runs alone: these were the longest in a measured run (seconds
 # of one worker, docs/testing.md), the rest follow in file order.
 LONGEST_FIRST = (
-    "test_provisioning_livedin.py",
     "test_provisioning.py",
-    "test_stall.py",
-    "test_export_slurm_gpu.py",
-    "test_launcher_faults.py",
-    "test_resume.py",
+    "test_provisioning_livedin.py",
     "test_export_slurm.py",
-    "test_logs_all.py",
-    "test_docker_runtime_faults.py",
-    "test_export_pbs.py",
-    "test_check_scale.py",
     "test_detach_restart.py",
+    "test_stall.py",
+    "test_resume.py",
     "test_failures.py",
+    "test_check.py",
+    "test_launcher_core.py",
+    "test_export_slurm_gpu.py",
+    "test_multinode.py",
+    "test_check_plan_hosts.py",
+    "test_testbed.py",
+    "test_ux_run.py",
+    "test_check_scale.py",
+    "test_export_pbs.py",
+    "test_launcher_faults.py",
+    "test_logs_all.py",
+    "test_lint.py",
 )
 
 
