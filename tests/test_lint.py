@@ -4,15 +4,11 @@ tests of the Python code; `make test` runs them)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.helpers import REPO
-from tests.test_provisioning import run, tail
+from tests.test_provisioning import BIN, run, tail
 
-BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.lint
 
 

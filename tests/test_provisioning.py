@@ -121,7 +121,7 @@ def molecule(testhost_image) -> Molecule:
 def registry_alive() -> None:
     """Each test finds the controller's registry answering (started again if it died since
     the module's converge: a pull by digest would otherwise fail for a reason no role has)."""
-    ensure_registry(TESTBED.registry_port)
+    ensure_registry(TESTBED.registry_port, **TESTBED.script_env())
 
 
 def remove_scenario_debris() -> None:

@@ -191,7 +191,8 @@ def auth_registry_pushed() -> tuple[str, str]:
 @pytest.fixture
 def auth_registry(auth_registry_pushed) -> tuple[str, str]:
     """The same, with the login-only registry answering at the start of each test."""
-    ensure_registry(TESTBED.auth_registry_port, ".ci/registry-auth.sh", FTB_PYTHON=sys.executable)
+    ensure_registry(TESTBED.auth_registry_port, ".ci/registry-auth.sh", FTB_PYTHON=sys.executable,
+                    **TESTBED.script_env())
     return auth_registry_pushed
 
 

@@ -25,11 +25,6 @@ def tiny_model() -> Path:
     return helpers.tiny_model()
 
 
-def _env() -> dict[str, str]:
-    import os
-    return dict(os.environ)
-
-
 def quickstart_copy(tmp_path: Path, model: Path, **train_overrides) -> Path:
     """examples/quickstart in tmp_path, pointing at the session's model and this interpreter."""
     work = tmp_path / "quickstart"

@@ -119,9 +119,9 @@ def test_a_registry_that_died_is_started_again_with_its_image(docker_engine):
     port = 5090
     root = Path(f"/var/lib/ftbundle-registry-{port}")
     try:
-        pushed = ensure_registry(port)
+        pushed = ensure_registry(port, FTB_REGISTRY_PORT=str(port))
         assert pushed and "@sha256:" in pushed, pushed
-        assert ensure_registry(port) is None  # answering: nothing is run
+        assert ensure_registry(port, FTB_REGISTRY_PORT=str(port)) is None  # answering: nothing is run
         pids = subprocess.run(["pgrep", "-f", f"docker-registry serve {root}/config.yml"], capture_output=True,
                               text=True, check=False).stdout.split()
         assert pids
@@ -131,7 +131,7 @@ def test_a_registry_that_died_is_started_again_with_its_image(docker_engine):
         while registry_answers(port) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not registry_answers(port)
-        assert ensure_registry(port) == pushed  # started again; the same digest
+        assert ensure_registry(port, FTB_REGISTRY_PORT=str(port)) == pushed  # started again; the same digest
         repo, digest = pushed.split("@")
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/{repo}/manifests/{digest}", method="HEAD",
                                      headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})

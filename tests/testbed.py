@@ -173,12 +173,12 @@ def registry_answers(port: int, timeout: float = 5) -> bool:
 def ensure_registry(port: int, script: str = ".ci/registry.sh", **env: str) -> str | None:
     """Before each test that needs it: the registry on port answers, else it is started again
     by its script (which pushes the training image again: the same digest, its blobs are
-    still in the registry's storage). Returns the script's last line when it ran, else None."""
+    still in the registry's storage). ``env`` is the script's, naming the same port
+    (``Testbed.script_env()``). Returns the script's last line when it ran, else None."""
     if registry_answers(port):
         return None
-    var = "FTB_REGISTRY_AUTH_PORT" if "auth" in script else "FTB_REGISTRY_PORT"
     proc = subprocess.run(["bash", script], cwd=REPO, capture_output=True, text=True, timeout=1200, check=False,
-                          env={**os.environ, **env, var: str(port)})
+                          env={**os.environ, **env})
     if proc.returncode != 0 or not registry_answers(port):
         raise RuntimeError(f"{script} could not start the registry on :{port} again:\n{proc.stderr[-3000:]}")
     return proc.stdout.strip().splitlines()[-1]
