@@ -23,6 +23,9 @@ if ! command -v docker-registry >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2 || {
         apt-get update -q >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2; }
 fi
+# one caller at a time, from start to push (see registry.sh: concurrent pushes race)
+exec 9>/var/lock/ftbundle-registry-auth-$PORT.lock
+flock 9
 mkdir -p "$ROOT"
 chmod 0700 "$ROOT"
 if [ ! -s "$ROOT/password" ]; then
@@ -59,7 +62,7 @@ http:
   addr: :$PORT
 CONFIG
     say "starting on :$PORT (htpasswd)"
-    nohup docker-registry serve "$ROOT/config.yml" > "$LOG" 2>&1 &
+    nohup docker-registry serve "$ROOT/config.yml" > "$LOG" 2>&1 9>&- &  # not holding the lock
     for _ in $(seq 30); do
         code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/v2/" || true)
         [ "$code" = 401 ] && break; sleep 0.5
@@ -73,7 +76,7 @@ config=$(mktemp -d)
 trap 'rm -rf "$config"' EXIT
 docker --config "$config" login --username "$USER_NAME" --password-stdin "127.0.0.1:$PORT" < "$ROOT/password" >&2
 docker tag "$image" "$repo:$tag"
-out=$(docker --config "$config" push "$repo:$tag" 2>&1 | tail -n 1)
-digest=$(echo "$out" | grep -o 'sha256:[0-9a-f]\{64\}' | head -n 1)
-[ -n "$digest" ] || { say "push failed: $out"; exit 1; }
+out=$(docker --config "$config" push "$repo:$tag" 2>&1) || { say "push to :$PORT failed: $(tail -n 5 <<<"$out")"; exit 1; }
+digest=$(tail -n 1 <<<"$out" | grep -o 'sha256:[0-9a-f]\{64\}' | head -n 1)
+[ -n "$digest" ] || { say "push to :$PORT printed no digest: $(tail -n 5 <<<"$out")"; exit 1; }
 echo "ftbundle/train-cpu@$digest"

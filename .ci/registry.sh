@@ -17,7 +17,9 @@ if ! command -v docker-registry >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2 || {
         apt-get update -q >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2; }
 fi
-# one starter at a time (parallel test workers): the others find it answering
+# One caller at a time, from start to push (parallel test workers): the others find it
+# answering and their push a no-op. Two concurrent pushes of one image race in the registry
+# (both upload the config blob; one manifest PUT is refused "manifest blob unknown").
 exec 9>/var/lock/ftbundle-registry-$PORT.lock
 flock 9
 if ! curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1; then
@@ -39,12 +41,11 @@ CONFIG
     for _ in $(seq 30); do curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1 && break; sleep 0.5; done
     curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null
 fi
-flock -u 9
 image=$(bash .ci/train-image.sh | tail -n 1)
 repo="127.0.0.1:$PORT/ftbundle/train-cpu"
 tag=${image#*:}
 docker tag "$image" "$repo:$tag"
-out=$(docker push "$repo:$tag" 2>&1 | tail -n 1)
-digest=$(echo "$out" | grep -o 'sha256:[0-9a-f]\{64\}' | head -n 1)
-[ -n "$digest" ] || { say "push failed: $out"; exit 1; }
+out=$(docker push "$repo:$tag" 2>&1) || { say "push to :$PORT failed: $(tail -n 5 <<<"$out")"; exit 1; }
+digest=$(tail -n 1 <<<"$out" | grep -o 'sha256:[0-9a-f]\{64\}' | head -n 1)
+[ -n "$digest" ] || { say "push to :$PORT printed no digest: $(tail -n 5 <<<"$out")"; exit 1; }
 echo "ftbundle/train-cpu@$digest"
