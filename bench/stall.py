@@ -157,7 +157,9 @@ def main() -> None:
         shutil.rmtree(shared, ignore_errors=True)
     per_min = lambda cpu, wall: cpu / wall * 60 / 2  # noqa: E731 (2 hosts)
     cost = [["stall_timeout on", f"{on_wall:.1f}", f"{on_cpu:.2f}", f"{per_min(on_cpu, on_wall):.3f}"],
-            ["stall_timeout 0 (off)", f"{off_wall:.1f}", f"{off_cpu:.2f}", f"{per_min(off_cpu, off_wall):.3f}"]]
+            ["stall_timeout 0 (off)", f"{off_wall:.1f}", f"{off_cpu:.2f}", f"{per_min(off_cpu, off_wall):.3f}"],
+            ["the watchdog (on - off)", "", f"{on_cpu - off_cpu:.2f}",
+             f"{per_min(on_cpu, on_wall) - per_min(off_cpu, off_wall):.3f}"]]
     md = ["## Stalls (issue 20)", "",
           f"2 containerized hosts x 2 ranks, gloo, `stall_timeout: {args.stall_timeout}`. Seconds from the hang "
           "(rank 3 deadlocked in a Python function; rank 1 stopped by SIGSTOP) until ftbundle named the odd one "
@@ -167,6 +169,8 @@ def main() -> None:
           f"What the watchdog costs the controller: ftbundle's own CPU over a healthy run of {args.steps} steps "
           "with the watchdog on and off (the difference is the watchdog's; per host and minute of run):", "",
           table(["run", "wall s", "ftbundle CPU s", "CPU s per host-minute"], cost), "",
+          "(one run each: the difference is within a shared machine's noise; it bounds the cost, it does not "
+          "pin it down)", "",
           f"On each node, one progress reading (one `stat` of every rank's output files, with each heartbeat, "
           f"once a second) costs {reading_ms:.2f} ms of CPU."]
     write_section("stall", "\n".join(md))

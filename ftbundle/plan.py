@@ -155,6 +155,7 @@ class Plan:
                     "env_file": n.env_file,
                     "path_prepend": n.path_prepend,
                     "container": n.container,
+                    "per_node": n.per_node,
                     "log": n.log_path,
                     "stop_argv": list(n.stop_argv) if n.stop_argv else None,
                 }

@@ -68,7 +68,7 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
         nodes.append(NodePlan(
             rank=entry["rank"], host=host, program=tuple(entry["argv"]), env={}, workdir=entry["workdir"],
             log_path=entry["log"], env_file=entry["env_file"], container=entry.get("container"),
-            stream=entry["rank"] == 0,
+            stream=entry["rank"] == 0, per_node=bool(entry.get("per_node")),
         ))
     return RunRef(run_id, run_dir, record, tuple(nodes), int(attempt_text) if attempt_text.isdigit() else 1)
 

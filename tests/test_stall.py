@@ -168,6 +168,46 @@ def test_detached_run_applies_stall_timeout_itself(cluster, tmp_path):
     print(f"detached: stalled, diagnosed and stopped {took:.0f}s after the detached start")
 
 
+PER_NODE = """
+import os, threading, time
+def wait_for_lock():
+    lock = threading.Lock(); lock.acquire(); lock.acquire()
+def wait_for_peer():
+    while True:
+        time.sleep(1)
+for step in range(1, 4):
+    print("node", os.environ["NODE_RANK"], "step", step, flush=True)
+    time.sleep(0.5)
+wait_for_lock() if os.environ["NODE_RANK"] == "1" else wait_for_peer()
+"""
+
+
+def test_detached_command_job_without_torchrun_stalls_and_its_processes_are_shown(cluster, tmp_path):
+    """A `command:` job runs its own program once per node: no torchrun, no LOCAL_RANK on its
+    processes. Its detached watchdog took "no LOCAL_RANK process left" for torchrun ending and
+    never stopped it; the collector found no rank. Now: stalled, stopped, both processes shown."""
+    (cluster.shared_dir / "per_node.py").write_text(PER_NODE)
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = write_job(tmp_path / "job.yaml", base_job(
+        "stall-command", cluster.shared_dir, inventory, {"command": f"python3 {cluster.shared_dir}/per_node.py"},
+        stall_timeout=STALL_TIMEOUT))
+    started = ftbundle("run", "--detach", str(job), timeout=180)
+    assert started.returncode == 0, started.stderr
+    detached_at = time.monotonic()
+    deadline = detached_at + 60 + STALL_TIMEOUT + 90
+    time.sleep(STALL_TIMEOUT)
+    while job_processes(cluster) and time.monotonic() < deadline:
+        time.sleep(1)
+    took = time.monotonic() - detached_at
+    assert job_processes(cluster) == {}, f"still running {took:.0f}s after the detached start"
+    status = ftbundle("status", str(job), timeout=120)
+    print(status.stdout)
+    assert status.returncode == 1 and "state: stalled" in status.stdout, status.stdout + status.stderr
+    assert re.search(r"1 rank in wait_for_lock at per_node\.py:\d+", status.stdout), status.stdout
+    assert re.search(r"1 rank in wait_for_peer at per_node\.py:\d+", status.stdout), status.stdout
+    assert "rank(s) not found" not in status.stdout, status.stdout
+
+
 HANG = """
 import threading, time
 def wait_for_lock():

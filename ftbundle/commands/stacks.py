@@ -21,7 +21,7 @@ def targets_of(ref: RunRef) -> list[Target]:
     for node in ref.nodes:
         prepend = by_rank.get(node.rank, {}).get("path_prepend")
         targets.append(Target(node.rank, node.host, ref.files(node).marker, node.container,
-                              (prepend,) if prepend else ()))
+                              (prepend,) if prepend else (), node.per_node))
     return targets
 
 

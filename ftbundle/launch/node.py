@@ -82,6 +82,7 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_DETACH": "1" if detach else "0",
         "FTB_PROGRESS_FILES": " ".join(progress_globs(plan, node)) if plan.stall_timeout else "",  # (.stall)
         "FTB_STALL_TIMEOUT": str(plan.stall_timeout),
+        "FTB_PER_NODE": "1" if node.per_node else "0",  # a `command:` job (no torchrun; .stall, stacks.py)
         "FTB_PROGRESS_STEPS": steps_file(plan, node) if plan.stall_timeout else "",
     }
     return {**control, **node.env}

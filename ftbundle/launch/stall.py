@@ -99,6 +99,7 @@ class Target:
     marker: str
     container: str | None = None
     pyspy_dirs: tuple[str, ...] = ()
+    per_node: bool = False  # a `command:` job: its processes may carry no LOCAL_RANK
 
 
 @dataclass
@@ -117,6 +118,8 @@ class RankStack:
 
     @property
     def who(self) -> str:
+        if self.rank is None:  # a `command:` job's own process: no torchrun numbering
+            return f"pid {self.pid} on {self.host} (node {self.node_rank})"
         return (f"rank {self.rank} on {self.host} (node {self.node_rank}, local {self.local_rank}, "
                 f"pid {self.pid})")
 
@@ -133,7 +136,7 @@ def collect(cluster: Cluster, targets: list[Target], out_dir: str, *,
     def one(t: Target):
         spec = {"marker": t.marker, "container": t.container, "pyspy_dirs": list(t.pyspy_dirs),
                 "out_dir": out_dir, "host": t.host.name, "node_rank": t.node_rank, "sample_s": sample_s,
-                "timeout": 20}
+                "timeout": 20, "per_node": t.per_node}
         try:
             result = cluster.run(t.host, ["python3", "-S", "-", json.dumps(spec)], stdin=collector_source(),
                                  timeout=COLLECT_TIMEOUT_S)
@@ -173,7 +176,7 @@ def plan_targets(plan: Plan, attempt: int) -> list[Target]:
     from ..plan import NodeFiles
 
     return [Target(n.rank, n.host, NodeFiles.of(plan.run_dir, plan.run_id, n.rank, n.host.name, attempt).marker,
-                   n.container, (n.path_prepend,) if n.path_prepend else ()) for n in plan.nodes]
+                   n.container, (n.path_prepend,) if n.path_prepend else (), n.per_node) for n in plan.nodes]
 
 
 def stacks_dir(run_dir: str, label: str) -> str:

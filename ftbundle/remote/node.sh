@@ -251,7 +251,9 @@ mode_stall_watch() {  # PID: every node writes its ranks' progress to node-R.aN.
         [ -n "$prev" ] && started=1
         prev=$all; changed=$SECONDS
       elif [ "$started" = 1 ] && [ $((SECONDS - changed)) -gt "$FTB_STALL_TIMEOUT" ]; then
-        if [ -z "${FTB_CONTAINER:-}" ] && ! ftb_has_ranks; then  # ranks done, torchrun ending: not a stall
+        if [ -z "${FTB_CONTAINER:-}" ] && [ "${FTB_PER_NODE:-0}" != 1 ] && ! ftb_has_ranks; then
+          # ranks done, torchrun ending: not a stall (a `command:` job's processes need not carry
+          # LOCAL_RANK: no such shortcut for them)
           changed=$SECONDS; sleep 2; continue
         fi
         echo "ftbundle: no progress from any rank for ${FTB_STALL_TIMEOUT}s: stalled; every rank's stack into $out, then every node stops" >>"$FTB_LOG"

@@ -94,17 +94,21 @@ def is_python(pid):
         return False
 
 
-def rank_processes(pids):
+def rank_processes(pids, per_node=False):
     """{pid: (rank, local_rank)} of the processes that are ranks: Python processes with
     LOCAL_RANK (set by torchrun) whose parent is not one (that would be a dataloader worker);
-    a shell or an init in between (a container's entrypoint) is not a rank."""
+    a shell or an init in between (a container's entrypoint) is not a rank. A `command:` job
+    (``per_node``) whose processes carry no LOCAL_RANK (a program run once per node, or
+    started by a launcher that numbers ranks otherwise): its outermost Python processes."""
     envs = {p: read_environ(p) for p in pids}
     marked = [p for p in pids if env_value(envs[p], "LOCAL_RANK") is not None]
+    if not marked and per_node:
+        marked = [p for p in pids if envs[p] is not None and is_python(p)]
     pythons = {p for p in marked if is_python(p)}
     candidates = [p for p in marked if p in pythons] if pythons else marked
     ranks = {}
     for p in candidates:
-        local = env_value(envs[p], "LOCAL_RANK")
+        local = env_value(envs[p], "LOCAL_RANK") or ""
         st = stat_of(p)
         parent = str(st[1]) if st else None
         if parent in candidates:
@@ -157,13 +161,14 @@ def spec_from_env(out_dir):
     prepend = os.environ.get("FTB_PATH_PREPEND")
     return {"marker": os.environ.get("FTB_MARKER", ""), "container": os.environ.get("FTB_CONTAINER") or None,
             "pyspy_dirs": [prepend] if prepend else [], "out_dir": out_dir, "host": os.uname().nodename,
-            "node_rank": int(os.environ.get("NODE_RANK", "0")), "sample_s": 2.0, "timeout": 20}
+            "node_rank": int(os.environ.get("NODE_RANK", "0")), "sample_s": 2.0, "timeout": 20,
+            "per_node": os.environ.get("FTB_PER_NODE") == "1"}
 
 
 def main():
     spec = spec_from_env(sys.argv[2]) if sys.argv[1] == "--env" else json.loads(sys.argv[1])
     pids = container_pids(spec["container"]) if spec.get("container") else marker_pids(spec["marker"])
-    ranks = rank_processes(pids)
+    ranks = rank_processes(pids, spec.get("per_node", False))
     tick = os.sysconf("SC_CLK_TCK")
     first = {p: stat_of(p) for p in ranks}
     t0 = time.monotonic()
