@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import Cluster
-from tests.helpers import base_job, job_processes, start_ftbundle, write_job
+from tests.helpers import base_job, ftbundle, job_processes, start_ftbundle, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -69,9 +69,9 @@ def dcluster(testhost_image):
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def docker_job(cluster, image, tmp_path, name: str) -> str:
+def docker_job(cluster, image, tmp_path, name: str, **extra) -> str:
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
-    job = base_job(name, cluster.shared_dir, inventory, {"command": f"echo started; {MARK}"})
+    job = base_job(name, cluster.shared_dir, inventory, {"command": f"echo started; {MARK}"}, **extra)
     job["runtime"] = {"kind": "docker", "image": image}
     return str(write_job(tmp_path / "job.yaml", job))
 
@@ -173,3 +173,39 @@ def test_sigkill_of_the_launcher_removes_every_container(dcluster, tmp_path):
     proc.wait()
     assert wait_clean(cluster, 15) is not None, leftovers(cluster)
     print(f"launcher SIGKILLed -> every container gone {time.monotonic() - killed_at:.1f}s later")
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["attached", "detached"])
+def test_a_stall_in_containers_stops_and_removes_every_container(dcluster, tmp_path, detach):
+    """Nothing crashes: each node's job printed "started" and then sleeps in its container (a
+    hang). The watchdog (the launcher's, or rank 0's node when detached) calls it a stall
+    after stall_timeout, and every container and process goes."""
+    cluster, image = dcluster
+    job = docker_job(cluster, image, tmp_path, "dstall" + ("-detached" if detach else ""), stall_timeout=5)
+    if detach:
+        started = ftbundle("run", "--detach", "--no-check", job, timeout=120)
+        assert started.returncode == 0, started.stderr
+        t0 = time.monotonic()
+        took = wait_clean(cluster, 5 + 90)
+        status = ftbundle("status", job, timeout=60)
+        assert "state: stalled" in status.stdout, status.stdout + status.stderr
+    else:
+        proc = start_ftbundle("run", "-v", "--no-check", job)
+        try:
+            running(proc, cluster)
+            t0 = time.monotonic()
+            proc.wait(timeout=5 + 60)
+        finally:
+            proc.kill()
+        err = proc.stderr.read()
+        print(err)
+        assert proc.returncode == 124 and "stalled: no progress from any rank" in err, err
+        # each node's job process is shown (a shell job: its leaf, by state and CPU), not "not found"
+        assert "2 ranks with no Python stack (not a Python process: sleep)" in err, err
+        assert "not found" not in err and "a collective waiting" not in err, err  # (no stack: no guess)
+        # the collection's own seconds were taken for a pause of the launcher before
+        assert "ftbundle itself was paused" not in err, err
+        took = wait_clean(cluster, 10)
+    assert took is not None, leftovers(cluster)
+    print(f"stall ({'detached' if detach else 'attached'}) -> every container gone {time.monotonic() - t0:.1f}s "
+          "after the job went quiet")

@@ -208,6 +208,31 @@ def test_detached_command_job_without_torchrun_stalls_and_its_processes_are_show
     assert "rank(s) not found" not in status.stdout, status.stdout
 
 
+@pytest.mark.parametrize("detach", [False, True], ids=["attached", "detached"])
+def test_a_job_that_prints_once_then_hangs_is_still_a_stall(cluster, tmp_path, detach):
+    """Its only output comes before the watchdog's first look (a banner, then a hang in the
+    first rendezvous). The first reading the watchdog saw already held it, nothing changed
+    after, and the clock never started: a detached run hung forever. Each node now reads its
+    baseline before the job starts."""
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = str(write_job(tmp_path / "job.yaml", base_job(
+        "stall-banner", cluster.shared_dir, inventory, {"command": "echo banner; exec sleep 600"},
+        stall_timeout=5)))
+    t0 = time.monotonic()
+    if detach:
+        started = ftbundle("run", "--detach", "--no-check", job, timeout=180)
+        assert started.returncode == 0, started.stderr
+        while job_processes(cluster) and time.monotonic() - t0 < 120:
+            time.sleep(1)
+        status = ftbundle("status", job, timeout=120)
+        assert "state: stalled" in status.stdout, status.stdout + status.stderr
+    else:
+        proc = start_ftbundle("run", "--no-check", job)
+        _, err = finish(proc, 120)
+        assert proc.returncode == STALLED and "stalled: no progress from any rank for" in err, err
+    assert job_processes(cluster) == {}, f"still running {time.monotonic() - t0:.0f}s after the start"
+
+
 HANG = """
 import threading, time
 def wait_for_lock():

@@ -272,7 +272,7 @@ def report_lines(d: Diagnosis, *, out_dir: str, expected: int | None = None,
         lines.append(f"the odd one out: {r.who}: {where(r)}, {STATE_WORDS.get(r.state, FROZEN.get(r.state, r.state))}, "
                      f"{_cpu(r)}")
         lines += stack_lines(r)
-    if stalled and not d.odd and len(d.groups) == 1 and total > 1:
+    if stalled and not d.odd and len(d.groups) == 1 and total > 1 and d.groups[0][1][0].frames:
         lines.append(f"every rank is in the same place ({d.groups[0][0]}): a collective waiting on something "
                      "outside the ranks (the network, a GPU), or a deadlock they share")
     for problem in problems:

@@ -365,6 +365,7 @@ class Supervisor:
         all (no rank is left: torchrun is ending), the run goes on."""
         silent = self.stall.silent_for(time.monotonic())
         lines, culprit, found = stall_report(self.plan, self.cluster, self.attempt)
+        self._awake = time.monotonic()  # (busy collecting, not paused: no pardon for those seconds)
         while (event := self._next_event(0)) is not None:  # the heartbeats that came meanwhile
             self._handle(event)
         if ending(self.plan, found):

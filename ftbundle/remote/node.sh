@@ -224,31 +224,35 @@ ftb_has_ranks() {  # whether any rank process (torchrun's children: LOCAL_RANK) 
   return 1
 }
 
-mode_stall_watch() {  # PID: every node writes its ranks' progress to node-R.aN.progress; rank 0
-  # referees: no change in any node's file for FTB_STALL_TIMEOUT seconds (after the first
-  # change) and it writes stalled.aN; every node then collects its ranks' state and stacks
+mode_stall_watch() {  # PID BASE: every node writes its ranks' progress to node-R.aN.progress,
+  # marked "moved" once it differs from BASE (the reading taken before the job started: a job
+  # that printed its banner before anyone looked has moved all the same); rank 0 referees: no
+  # change in any node's file for FTB_STALL_TIMEOUT seconds (after the first change, or the
+  # first "moved") and it writes stalled.aN; every node then collects its ranks' state and stacks
   # (FTB_RUN_DIR/stacks.py, staged at launch) into stacks/aN-stall-detached/, and rank 0
   # asks every node to stop (FTB_STOP_REQUEST, which each node's watcher obeys).
-  local pid=$1 v last="" all prev="" changed=$SECONDS started=0 n continue_wait
+  local pid=$1 base=${2-} v mark last="" all prev="" changed=$SECONDS started=0 n continue_wait
   local -a files
   local progress="${FTB_HBFILE%.hb}.progress" request="$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
   local out="$FTB_RUN_DIR/stacks/a$FTB_ATTEMPT-stall-detached"
   while kill -0 "$pid" 2>/dev/null; do
     v=$(ftb_progress)
-    if [ "$v" != "$last" ]; then echo "$v" >"$progress.tmp" && mv -f "$progress.tmp" "$progress"; last=$v; fi
+    case $v in *" "*" "0|*" "*" ") continue_wait=1 ;; *) continue_wait=0 ;; esac  # (no trainer step yet)
+    mark=""
+    if [ "$v" != "$base" ] && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then mark=" moved"; fi
+    if [ "$v$mark" != "$last" ]; then echo "$v$mark" >"$progress.tmp" && mv -f "$progress.tmp" "$progress"; last=$v$mark; fi
     if [ -e "$request" ]; then
       python3 -S - --env "$out" <"$FTB_RUN_DIR/stacks.py" >/dev/null 2>&1
       echo done >"${FTB_HBFILE%.hb}.stacked"
       break
     fi
     files=("$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".progress)
-    case $v in *" "*" "0|*" "*" ") continue_wait=1 ;; *) continue_wait=0 ;; esac  # (no trainer step yet)
     if [ "${NODE_RANK:-}" = 0 ] && [ -e "${files[0]}" ] && [ "${#files[@]}" -ge "${NNODES:-1}" ] \
         && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then
       # (only once every node has written one: a node's first file is not progress)
       all=$(cat -- "${files[@]}" 2>/dev/null)
       if [ "$all" != "$prev" ]; then
-        [ -n "$prev" ] && started=1
+        if [ -n "$prev" ] || [[ $all == *moved* ]]; then started=1; fi
         prev=$all; changed=$SECONDS
       elif [ "$started" = 1 ] && [ $((SECONDS - changed)) -gt "$FTB_STALL_TIMEOUT" ]; then
         if [ -z "${FTB_CONTAINER:-}" ] && [ "${FTB_PER_NODE:-0}" != 1 ] && ! ftb_has_ranks; then
@@ -291,6 +295,8 @@ mode_node() {
   [ -d "$FTB_RUN_DIR" ] || mkdir -p -- "$FTB_RUN_DIR" || { echo "ftbundle: cannot create $FTB_RUN_DIR on $(hostname)" >&2; exit 96; }
   cd -- "$FTB_WORKDIR" || { echo "ftbundle: workdir $FTB_WORKDIR missing on $(hostname)" >&2; exit 96; }
   [ ! -e "$FTB_EXIT" ] || rm -f -- "$FTB_EXIT"  # (rm is a process: only when there is one)
+  # the stall watchdog's baseline, read before the job can write anything (empty when it is off)
+  local base=""; [ -z "${FTB_PROGRESS_FILES:-}" ] || base=$(ftb_progress)
   FTB_JOB=$FTB_MARKER setsid bash -c "$BASH_EXECUTION_STRING" ftb job "$@" </dev/null >/dev/null 2>&1 &
   local pid=$!
   echo "$pid $FTB_MARKER $(hostname)" >"$FTB_PIDFILE"
@@ -298,10 +304,12 @@ mode_node() {
   if [ "${FTB_DETACH:-0}" = 1 ]; then
     setsid bash -c "$BASH_EXECUTION_STRING" ftb watch "$pid" </dev/null >/dev/null 2>&1 &
     if [ "${FTB_STALL_TIMEOUT:-0}" != 0 ]; then
-      setsid bash -c "$BASH_EXECUTION_STRING" ftb stall-watch "$pid" </dev/null >/dev/null 2>&1 &
+      setsid bash -c "$BASH_EXECUTION_STRING" ftb stall-watch "$pid" "$base" </dev/null >/dev/null 2>&1 &
     fi
     exit 0
   fi
+  # the first heartbeat is the baseline (the launcher's stall clock starts at the first change)
+  [ -z "$base" ] || echo "ftb-hb$base" >&2
   # (sleep gets none of our streams: a killed loop must not leave one holding the channel open)
   ( while kill -0 "$pid" 2>/dev/null; do echo "ftb-hb$(ftb_progress)" >&2; sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; done ) &
   local hbpid=$!

@@ -99,11 +99,15 @@ def rank_processes(pids, per_node=False):
     LOCAL_RANK (set by torchrun) whose parent is not one (that would be a dataloader worker);
     a shell or an init in between (a container's entrypoint) is not a rank. A `command:` job
     (``per_node``) whose processes carry no LOCAL_RANK (a program run once per node, or
-    started by a launcher that numbers ranks otherwise): its outermost Python processes."""
+    started by a launcher that numbers ranks otherwise): its outermost Python processes, or
+    with no Python at all (a shell script, a compiled program) the leaves of its tree."""
     envs = {p: read_environ(p) for p in pids}
     marked = [p for p in pids if env_value(envs[p], "LOCAL_RANK") is not None]
     if not marked and per_node:
         marked = [p for p in pids if envs[p] is not None and is_python(p)]
+        if not marked:
+            parents = {str(st[1]) for st in (stat_of(p) for p in pids) if st}
+            marked = [p for p in pids if envs[p] is not None and p not in parents]
     pythons = {p for p in marked if is_python(p)}
     candidates = [p for p in marked if p in pythons] if pythons else marked
     ranks = {}
@@ -116,6 +120,14 @@ def rank_processes(pids, per_node=False):
         rank = env_value(envs[p], "RANK")
         ranks[p] = (int(rank) if rank and rank.isdigit() else None, int(local) if local.isdigit() else None)
     return ranks
+
+
+def command_name(pid):
+    try:
+        with open("/proc/%s/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
 
 def find_pyspy(dirs):
@@ -176,7 +188,10 @@ def main():
     stacks = {}
 
     def one(p):
-        stacks[p] = dump(pyspy, p, spec.get("timeout", 20))
+        if is_python(p):
+            stacks[p] = dump(pyspy, p, spec.get("timeout", 20))
+        else:  # py-spy has nothing to read there: say what it is instead of py-spy's error
+            stacks[p] = (None, "not a Python process: %s" % command_name(p))
 
     threads = [threading.Thread(target=one, args=(p,)) for p in ranks]
     for t in threads:
