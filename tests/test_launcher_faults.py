@@ -293,3 +293,65 @@ def test_a_full_disk_is_refused_before_launch_and_named_when_it_fills(small_disk
     status = ftbundle("status", job)
     assert "ENOSPC" in status.stdout, status.stdout + status.stderr
     fill.unlink()
+
+
+def test_a_host_whose_key_exchange_hangs_is_named_and_holds_nobody_else_back(cluster2, tmp_path, monkeypatch,
+                                                                              capfd):
+    """A send waits while its host's SSH key exchange is in progress (up to REKEY_WAIT_S, 15 s:
+    longer than the nodes' 10 s watchdog). Here node1's exchange never ends (its transport's
+    ``clear_to_send`` is cleared, as paramiko does when one begins) while the run goes on in
+    this process: nothing moves on node1's connection, its heartbeats included. node1 must be
+    named, node0 stopped by the launcher at once (its pings and its stop never queue behind
+    node1's), and node1's job stop itself by its own watchdog; nothing may be left."""
+    import re
+    import threading
+
+    from ftbundle import cli
+    from ftbundle.cluster import Cluster as FtbCluster
+
+    clusters = []
+    original_open = FtbCluster.open
+
+    def keep(self, *args, **kwargs):
+        clusters.append(self)
+        return original_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(FtbCluster, "open", keep)
+    job = command_job(cluster2, tmp_path, "rekey", "echo started; sleep 60")
+    held = {}
+
+    def hold_node1_exchange():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            logs = list((cluster2.shared_dir / "runs").glob("rekey-*/node-*.a1.log"))
+            if len(logs) == 2 and all("started" in p.read_text() for p in logs) and clusters:
+                host = next(h for h in clusters[-1].hosts if h.name == cluster2.hosts[1].name)
+                transport = clusters[-1]._transport(host)
+                transport.clear_to_send.clear()
+                held["transport"], held["at"] = transport, time.monotonic()
+                return
+            time.sleep(0.2)
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    helper = threading.Thread(target=hold_node1_exchange, daemon=True)
+    helper.start()
+    try:
+        code = cli.main(["run", "--no-check", job])
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+        if "transport" in held:
+            held["transport"].clear_to_send.set()
+    err = capfd.readouterr().err
+    assert "at" in held, "the job never started on both nodes:\n" + err
+    ended = time.monotonic() - held["at"]
+    assert code != 0 and f"node {cluster2.hosts[1].name} (rank 1" in err and "failed first" in err, err
+    stopped = re.search(r"stopped the other nodes in ([0-9.]+)s", err)
+    assert stopped and float(stopped.group(1)) < 3, err
+    run = next((cluster2.shared_dir / "runs").glob("rekey-*"))
+    assert "launcher lost" not in next(run.glob("node-0-*.a1.log")).read_text()  # stopped by the launcher
+    assert not (run / "node-0.a1.stopped").exists(), "node0 took the launcher for lost"
+    gone = wait_until_clean(cluster2, 20)  # node1: its own watchdog, 10 s after its last ping
+    assert gone is not None, job_processes(cluster2)
+    assert "launcher lost" in next(run.glob("node-1-*.a1.log")).read_text()
+    print(f"node1's exchange held: ftbundle ended {ended:.1f}s later; node1's job gone {ended + gone:.1f}s after")
