@@ -286,14 +286,16 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
     the docker runtime's GPUs, InfiniBand devices and recorded image, bf16, and whether
     output_dir is really on shared storage."""
     job = layout.job
+    wanted = job.gpus_per_node if isinstance(job.gpus_per_node, int) else None  # None: auto
     nproc = job.nproc_per_node
     if nproc == "auto":
-        nproc = _auto_nproc(layout, facts)
+        nproc = wanted if wanted else _auto_nproc(layout, facts)
     assert isinstance(nproc, int)
     image = layout.image or (_recorded_image(layout, facts) if layout.docker else None)
     gpus = job.runtime.gpus
-    if layout.docker and gpus is None and facts is not None:
-        gpus = _docker_gpus(layout, facts, nproc)
+    if layout.docker and gpus is None and facts is not None and wanted != 0:
+        gpus = _docker_gpus(layout, facts, wanted or nproc)
+    devices = _host_devices(layout, facts, wanted)
     infiniband = layout.docker and facts is not None and facts.infiniband
 
     warnings: list[str] = []
@@ -332,6 +334,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             "PYTHONUNBUFFERED": "1",
             **(nccl_debug_env(layout.run_dir) if nccl else {}),
             **lf_env,
+            **({"CUDA_VISIBLE_DEVICES": devices[host.name]} if host.name in devices else {}),
             **job.env,
         }
         torchrun = tuple(runtimes.torchrun_argv(
@@ -413,6 +416,23 @@ def _auto_nproc(layout: Layout, facts: ClusterFacts | None) -> int:
         raise UserError(f"is auto, but the hosts do not all have the same number of GPUs (> 0) visible to the "
                         f"job: {shown}", file=str(job.path), key="nproc_per_node")
     return values.pop()
+
+
+def _host_devices(layout: Layout, facts: ClusterFacts | None, wanted: int | None) -> dict[str, str]:
+    """The host runtime with a whole ``gpus_per_node``: CUDA_VISIBLE_DEVICES per host, as a
+    scheduler would give the job (none for 0, a CPU job; the first N the job would see when a
+    host has more), unless the job's env sets it. {} when there is nothing to narrow."""
+    job = layout.job
+    if wanted is None or layout.docker or "CUDA_VISIBLE_DEVICES" in job.env:
+        return {}
+    if wanted == 0:
+        return {h.name: "" for h in layout.hosts}
+    out = {}
+    for f in facts.reached if facts is not None else []:
+        seen = f.visible_gpus(job.env)
+        if len(seen) > wanted:  # (fewer: the check refuses it)
+            out[f.host] = ",".join(g.index or str(f.gpus.index(g)) for g in seen[:wanted])
+    return out
 
 
 def _docker_gpus(layout: Layout, facts: ClusterFacts, nproc: int) -> str | None:

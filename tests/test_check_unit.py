@@ -364,6 +364,45 @@ def test_auto_nproc_from_the_gpus_the_job_sees(tmp_path):
         make_plan(auto)
 
 
+def test_run_gives_the_ranks_the_gpus_per_node_the_job_asks_for(tmp_path):
+    """`gpus_per_node` as a scheduler reads it, in `ftbundle run` too: 0 is a CPU job (its ranks
+    see no GPU), N narrows a bigger host to its first N (the job's CUDA_VISIBLE_DEVICES wins),
+    `nproc_per_node: auto` is N, and a host with fewer than N fails the check by name."""
+    h100, a100 = smi("h100-x8.csv"), smi("a100-x4.csv")
+    eight = cluster_of(facts("node0", gpus=h100), facts("node1", 1, gpus=h100))
+    cpu = make_plan(layout_of(tmp_path, nproc_per_node=2, gpus_per_node=0), eight)
+    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in cpu.nodes] == ["", ""]
+    assert make_plan(layout_of(tmp_path, nproc_per_node=2, gpus_per_node=0)).nodes[0].env["CUDA_VISIBLE_DEVICES"] == ""
+    four = make_plan(layout_of(tmp_path, nproc_per_node="auto", gpus_per_node=4), eight)
+    assert four.nproc_per_node == 4 and [n.env["CUDA_VISIBLE_DEVICES"] for n in four.nodes] == ["0,1,2,3"] * 2
+    mixed = cluster_of(facts("node0", gpus=h100), facts("node1", 1, gpus=a100))
+    plan = make_plan(layout_of(tmp_path, nproc_per_node=4, gpus_per_node=4), mixed)
+    assert plan.nodes[0].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert "CUDA_VISIBLE_DEVICES" not in plan.nodes[1].env  # exactly four there: nothing to narrow
+    own = make_plan(layout_of(tmp_path, nproc_per_node=2, gpus_per_node=2, env={"CUDA_VISIBLE_DEVICES": "6,7"}),
+                    eight)
+    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in own.nodes] == ["6,7", "6,7"]
+    assert "CUDA_VISIBLE_DEVICES" not in make_plan(layout_of(tmp_path, nproc_per_node=8), eight).nodes[0].env
+    image = "reg/train@sha256:" + "a" * 64
+    docker = make_plan(layout_of(tmp_path, nproc_per_node=2, gpus_per_node=2,
+                                 runtime={"kind": "docker", "image": image}), eight).nodes[0].argv
+    assert docker[docker.index("--gpus") + 1] == '"device=0,1"'
+    assert "--gpus" not in make_plan(layout_of(tmp_path, nproc_per_node=2, gpus_per_node=0,
+                                               runtime={"kind": "docker", "image": image}), eight).nodes[0].argv
+
+    fours = cluster_of(facts("node0", gpus=a100), facts("node1", 1, gpus=a100))
+    short = R.check_gpus(fours.reached, layout_of(tmp_path, nproc_per_node=2, gpus_per_node=8), 2)
+    assert short.failure == "GPUs do not fit gpus_per_node", short
+    assert short.details == ["gpus_per_node is 8 but node0 has 4 GPU(s)", "gpus_per_node is 8 but node1 has 4 GPU(s)"]
+    differ = R.check_gpus(mixed.reached, layout_of(tmp_path, nproc_per_node=2, gpus_per_node=8), 2)
+    assert "gpus_per_node is 8 but node1 has 4 GPU(s)" in differ.details
+    assert not any("node0 has" in d and "gpus_per_node" in d for d in differ.details)
+    fits = R.check_gpus(eight.reached, layout_of(tmp_path, nproc_per_node=2, gpus_per_node=2), 2)
+    assert fits.failure is None, fits
+    off = R.check_gpus(eight.reached, layout_of(tmp_path, nproc_per_node=2, gpus_per_node=0), 2)
+    assert off.failure is None and any("a CPU job" in n for n in off.notes), off
+
+
 def test_docker_runtime_gets_the_gpus_and_infiniband_by_default(tmp_path):
     image = "reg/train@sha256:" + "a" * 64
     h100 = smi("h100-x8.csv")

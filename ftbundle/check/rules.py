@@ -158,10 +158,18 @@ def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | Non
                                    f"{nproc_per_node}")
     else:
         check.notes.append(f"no GPUs: {nproc_per_node} CPU rank(s) per host")
+    if isinstance(job.gpus_per_node, int) and job.gpus_per_node > 0:
+        for host, count in counts.items():
+            if count < job.gpus_per_node:
+                fit.append(f"gpus_per_node is {job.gpus_per_node} but {host} has {count} GPU(s)"
+                           + (" visible (CUDA_VISIBLE_DEVICES)" if limited[host] else ""))
+    elif job.gpus_per_node == 0 and any(counts.values()):
+        check.notes.append("gpus_per_node is 0: a CPU job, its ranks see no GPU (CUDA_VISIBLE_DEVICES empty)")
     if fit:
         if check.failure == "GPUs differ":
             check.details.append(f"GPUs differ: {describe_groups(check.groups)}")
-        check.failure = check.failure or "GPUs do not fit nproc_per_node"
+        check.failure = check.failure or ("GPUs do not fit " + (
+            "nproc_per_node" if any("nproc_per_node" in line for line in fit) else "gpus_per_node"))
         check.details += fit
     for f in facts:
         uuids = {g.uuid for g in f.visible_gpus(job.env)}
