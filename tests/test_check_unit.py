@@ -401,6 +401,11 @@ def test_run_gives_the_ranks_the_gpus_per_node_the_job_asks_for(tmp_path):
     assert fits.failure is None, fits
     off = R.check_gpus(eight.reached, layout_of(tmp_path, nproc_per_node=2, gpus_per_node=0), 2)
     assert off.failure is None and any("a CPU job" in n for n in off.notes), off
+    # the check says what an export of this job would request (issue 21: "the check ... show")
+    assert "an export requests 0 GPU(s) per node (gpus_per_node: 0)" in " ".join(off.notes)
+    assert "an export requests 2 GPU(s) per node (gpus_per_node: 2)" in " ".join(fits.notes)
+    auto = R.check_gpus(eight.reached, layout_of(tmp_path, nproc_per_node="auto"), 8)
+    assert "an export requests 8 GPU(s) per node (gpus_per_node: auto)" in " ".join(auto.notes)
 
 
 def test_docker_runtime_gets_the_gpus_and_infiniband_by_default(tmp_path):

@@ -165,6 +165,11 @@ def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | Non
                            + (" visible (CUDA_VISIBLE_DEVICES)" if limited[host] else ""))
     elif job.gpus_per_node == 0 and any(counts.values()):
         check.notes.append("gpus_per_node is 0: a CPU job, its ranks see no GPU (CUDA_VISIBLE_DEVICES empty)")
+    if nproc_per_node is not None:  # what `ftbundle export` would ask a scheduler for (--dry-run: all of it)
+        from ..export import gpus_per_node
+
+        check.notes.append(f"an export requests {gpus_per_node(job, nproc_per_node)} GPU(s) per node "
+                           f"(gpus_per_node: {job.gpus_per_node}); `ftbundle export --dry-run` shows cores and memory")
     if fit:
         if check.failure == "GPUs differ":
             check.details.append(f"GPUs differ: {describe_groups(check.groups)}")

@@ -116,14 +116,15 @@ def spec_from(job: Job, plan: Plan) -> ExportSpec:
     )
 
 
-def gpus_per_node(job: Job) -> int:
+def gpus_per_node(job: Job, nproc_per_node: int | None = None) -> int:
     """The GPUs each node asks the scheduler for: the job's `gpus_per_node`, or for `auto`
-    one per rank, unless the job is a CPU job (a LlamaFactory config with `use_cpu: true`)."""
+    one per rank (``nproc_per_node``: the ranks per node as resolved, for a job whose own is
+    `auto`), unless the job is a CPU job (a LlamaFactory config with `use_cpu: true`)."""
     if job.gpus_per_node != "auto":
         return int(job.gpus_per_node)
     if job.train.mode == "llamafactory" and (job.train.llamafactory or {}).get("use_cpu"):
         return 0
-    return int(job.nproc_per_node)
+    return int(nproc_per_node if nproc_per_node is not None else job.nproc_per_node)
 
 
 def resource_warnings(spec: ExportSpec, node_gpus: int | None) -> list[str]:
