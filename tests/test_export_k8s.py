@@ -240,3 +240,36 @@ def test_a_restarted_pod_prunes_a_half_written_checkpoint(tmp_path):
     subprocess.run(["bash", "-c", script, "ftb-node", "true"], check=True, timeout=30,
                    env={"PATH": "/usr/bin:/bin", "PET_NODE_RANK": "0", "FTB_WORKDIR": str(tmp_path)})
     assert sorted(p.name for p in local.iterdir()) == ["checkpoint-5"]
+
+
+@pytest.mark.parametrize("to", ["k8s", "trainjob"])
+def test_hugging_face_caches_off_the_shared_volume_are_warned_about(tmp_path, capsys, to):
+    """A pod's own disk goes with the pod: a cache outside shared_dir (the one volume every
+    pod mounts) is downloaded again by every pod on every restart. Warned in the output (and
+    the file), never silently written; a cache under shared_dir or a local model says nothing."""
+    def warnings_for(model: str, env: dict) -> str:
+        (tmp_path / "train.yaml").write_text(yaml.safe_dump({
+            "stage": "sft", "do_train": True, "finetuning_type": "lora", "dataset": "support",
+            "output_dir": "output/lora", "model_name_or_path": model}))
+        job = {"name": "hf", "nproc_per_node": 2, "shared_dir": "/shared/ftb", "env": env,
+               "runtime": {"kind": "docker", "image": DIGEST}, "train": {"llamafactory": "train.yaml"}}
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+        capsys.readouterr()
+        export(tmp_path, tmp_path / "job.yaml", to)
+        return capsys.readouterr().err
+
+    outside = warnings_for("Qwen/Qwen2.5-7B", {"HF_HOME": "/root/.cache/hf", "HF_DATASETS_CACHE": "/shared/ftb/ds"})
+    assert "HF_HOME=/root/.cache/hf is outside shared_dir (/shared/ftb)" in outside, outside
+    assert "HF_DATASETS_CACHE" not in outside
+    assert "# warning: HF_HOME=/root/.cache/hf" in (tmp_path / f"out-{to}.yaml").read_text()
+    unset = warnings_for("Qwen/Qwen2.5-7B", {})
+    assert "the model Qwen/Qwen2.5-7B comes from the Hugging Face hub and no HF_HOME is set" in unset, unset
+    assert "/shared/ftb/hf" in unset
+    assert "HF_HOME" not in warnings_for("Qwen/Qwen2.5-7B", {"HF_HOME": "/shared/ftb/hf"})
+    assert "Hugging Face" not in warnings_for("/shared/ftb/models/tiny", {})
+    # Slurm and PBS run on the cluster's own hosts, whose home directories outlive a job: nothing said
+    assert "no HF_HOME is set" in warnings_for("Qwen/Qwen2.5-7B", {})  # (the job the Slurm export reads)
+    out = tmp_path / "job.sbatch"
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "job.yaml"), "--to", "slurm", "-o", str(out), "--nodes", "2"]) == 0
+    assert "Hugging Face" not in capsys.readouterr().err

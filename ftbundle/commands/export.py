@@ -89,6 +89,10 @@ def export(job_path: str, *, to: str, inventory: str | None = None, nodes: str |
             spec.warnings, summary
     from ..export import k8s
 
+    model = str((job.train.llamafactory or {}).get("model_name_or_path") or "") if job.train.mode == "llamafactory" \
+        else ""
+    hub_model = model if model and not model.startswith(("/", ".", "~")) else None
+    spec = replace(spec, warnings=(*spec.warnings, *k8s.cache_warnings(spec, hub_model)))
     make = k8s.pytorchjob if to == "k8s" else k8s.trainjob
     n = k8s.names(spec, pvc, secret)
     objects = make(spec, res, image=image, n=n)

@@ -110,6 +110,27 @@ def _volumes(spec: ExportSpec, n: dict[str, str]) -> tuple[list[dict], list[dict
     return volumes, mounts
 
 
+HF_CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_DATASETS_CACHE")
+
+
+def cache_warnings(spec: ExportSpec, hub_model: str | None) -> list[str]:
+    """A pod's own disk is lost with the pod: a Hugging Face cache there is downloaded again by
+    every pod, on every restart. Said for each cache variable pointing outside shared_dir (the
+    one volume every pod shares), and for a job that downloads a hub model with none set."""
+    def under_shared(path: str) -> bool:
+        shared = spec.shared_dir.rstrip("/") + "/"
+        return (path.rstrip("/") + "/").startswith(shared)
+
+    out = [f"{name}={spec.env[name]} is outside shared_dir ({spec.shared_dir}): in a pod that is the "
+           "container's own disk, lost with the pod, and every pod downloads the model again; set it under "
+           "shared_dir" for name in HF_CACHE_VARS if spec.env.get(name) and not under_shared(spec.env[name])]
+    if hub_model and not any(spec.env.get(name) for name in HF_CACHE_VARS):
+        out.append(f"the model {hub_model} comes from the Hugging Face hub and no HF_HOME is set: every pod "
+                   "downloads it into its own container's ~/.cache (again on each restart); set HF_HOME "
+                   f"under shared_dir in the job's env, e.g. {spec.shared_dir.rstrip('/')}/hf")
+    return out
+
+
 def _image(spec: ExportSpec, image: str | None) -> str:
     chosen = image or spec.image
     if not chosen:
