@@ -279,6 +279,25 @@ def bash_argv(program: str, *args: str) -> list[str]:
     return ["bash", "-c", program, *args]
 
 
+def _hook_exec_answers(transport) -> None:
+    """Once per transport: sshd's success answer to a channel request goes through the
+    channel's ``ftb_on_answer`` first, on paramiko's transport thread where it is read (one
+    level under exec_command, which only waits for it). The hook says whether the answer still
+    counts: False when the start's time limit closed the channel first."""
+    if transport.__dict__.get("_ftb_answers_hooked"):
+        return
+    from paramiko.channel import Channel
+    from paramiko.common import MSG_CHANNEL_SUCCESS
+
+    def success(chan, m) -> None:
+        hook = chan.__dict__.pop("ftb_on_answer", None)
+        if hook is None or hook():
+            Channel._request_success(chan, m)
+
+    transport._channel_handler_table = {**type(transport)._channel_handler_table, MSG_CHANNEL_SUCCESS: success}
+    transport._ftb_answers_hooked = True
+
+
 class Cluster:
     """The open connections to a job's hosts (one per distinct remote host).
 
@@ -468,18 +487,29 @@ class Cluster:
             # paramiko waits for sshd's answer to the exec request without a limit: a session
             # process that never answers would hold the caller (a stop, a teardown) forever.
             # Closing the channel at the limit ends that wait with an error.
-            # The guard and the exec's success exclude each other: a guard that fires once the
-            # exec has returned closes nothing (its channel runs the command).
+            # The guard and sshd's answer exclude each other, decided where the answer is read
+            # (paramiko's transport thread, _hook_exec_answers): an answer read first makes the
+            # guard close nothing, however late exec_command itself returns; a guard that fired
+            # first makes a late answer count for nothing (the channel is closed).
             fired = threading.Event()
             settled = threading.Lock()
-            started = False
+            answered = threading.Event()
 
             def expire() -> None:
                 with settled:
-                    if not started:
+                    if not answered.is_set():
                         fired.set()
                         chan.close()
 
+            def on_answer() -> bool:
+                with settled:
+                    if fired.is_set():
+                        return False
+                    answered.set()
+                    return True
+
+            _hook_exec_answers(transport)
+            chan.ftb_on_answer = on_answer
             guard = threading.Timer(limit, expire)
             guard.daemon = True
             guard.start()
@@ -487,9 +517,7 @@ class Cluster:
                 chan.exec_command(shlex.join(argv))
             finally:
                 guard.cancel()
-            with settled:
-                started = not fired.is_set()
-            if not started:
+            if fired.is_set():
                 raise EOFError("the channel was closed at the time limit")
         except Exception as exc:
             if chan is not None and fired.is_set():

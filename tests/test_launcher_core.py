@@ -165,6 +165,48 @@ def test_a_send_during_a_rekey_waits_without_the_channel_lock(cluster2, tmp_path
         assert cluster.run(host, ["hostname"]).stdout.strip() == host.name
 
 
+def test_a_start_guard_never_closes_a_command_sshd_said_yes_to(cluster2, tmp_path, monkeypatch):
+    """A start's time limit closes a channel whose exec request sshd never answers, and only
+    that. sshd's "yes" is settled where paramiko reads it: an exec that succeeded just before
+    the limit runs its command, however late exec_command itself gets to return (held back 1 s
+    past a 0.5 s limit here; the guard used to close it and report "did not answer"). A session
+    process that really never answers (SIGSTOPped) still ends the start at the limit, named."""
+    import paramiko
+
+    from ftbundle import cluster as C
+    from ftbundle.inventory import load_hosts
+
+    host = load_hosts(cluster2.write_inventory(tmp_path / "hosts.yml"), "trainers")[0]
+    original = paramiko.Channel.exec_command
+
+    def late(self, command):
+        original(self, command)
+        time.sleep(1.0)  # answered in time; this thread was not scheduled again before the limit
+
+    with C.Cluster([host]) as cluster:
+        cluster.open()
+        monkeypatch.setattr(paramiko.Channel, "exec_command", late)
+        proc = cluster.start(host, ["bash", "-c", "echo ran"], timeout=0.5)
+        assert proc.wait(timeout=10) == 0 and proc.read_out().strip() == b"ran"
+        monkeypatch.setattr(paramiko.Channel, "exec_command", original)
+
+        session = " ".join(cluster2.exec(host.name, "pgrep -f '[s]shd: root@notty'").stdout.split())
+        assert session, "no sshd session process for this connection"
+
+        def unanswered(self, command):  # the channel is open; its session process stops before the exec
+            cluster2.exec(host.name, f"kill -STOP {session}")
+            original(self, command)
+
+        monkeypatch.setattr(paramiko.Channel, "exec_command", unanswered)
+        try:
+            began = time.monotonic()
+            with pytest.raises(C.HostUnreachable, match="did not answer the request to start the command within 2s"):
+                cluster.start(host, ["true"], timeout=2)
+            assert time.monotonic() - began < 6
+        finally:
+            cluster2.exec(host.name, f"kill -CONT {session}")
+
+
 def test_chatty_rank0_is_never_taken_for_lost(cluster2, tmp_path):
     """Rank 0 prints ~1 MB/s (10,000 lines a second) and a 10 MB burst; ftbundle's stdout is
     a pipe nobody reads for a while. The run still ends with exit 0, the node log holds every
