@@ -134,7 +134,9 @@ def test_cpu_job_gets_no_gpu_and_the_cores_it_asks_for(slurm, tmp_path):
     text = (out.parent / "job.sbatch").read_text()
     assert "--gpus" not in text and "--gres" not in text and "--exclusive" not in text
     for r in ranks.values():
-        assert r["env"].get("CUDA_VISIBLE_DEVICES") == "", r  # none, as `ftbundle run` gives a CPU job
+        # the script exports it empty, as `ftbundle run` gives a CPU job, but Slurm clears it for a
+        # task given no GPU: there the cgroup is what refuses the devices (next line)
+        assert "CUDA_VISIBLE_DEVICES" not in r["env"], r
         assert r["devices"] == {"0": "EPERM", "1": "EPERM"}, r
         assert r["cores"] == 1, r
 
@@ -158,6 +160,9 @@ def test_ssh_run_and_slurm_export_give_every_rank_the_same_view(slurm, tmp_path)
         assert ssh_env["NCCL_SOCKET_IFNAME"] == "eth0" and ssh_env["NCCL_IB_DISABLE"] == "1"  # the hosts' file
         assert ssh_env["JOB_VALUE"] == "it's $(not run) `x`"
         differ = {k for k in ssh_env.keys() | slurm_env.keys() if ssh_env.get(k) != slurm_env.get(k)}
-        assert differ == MUST_DIFFER, {k: (ssh_env.get(k), slurm_env.get(k)) for k in differ}
+        assert differ == MUST_DIFFER | {"CUDA_VISIBLE_DEVICES"}, {k: (ssh_env.get(k), slurm_env.get(k)) for k in differ}
+        # a CPU job (gpus_per_node: 0): over SSH the empty value is what hides the GPUs; Slurm clears
+        # the variable for a task given none, and its cgroup refuses the devices instead
+        assert ssh_env["CUDA_VISIBLE_DEVICES"] == "" and "CUDA_VISIBLE_DEVICES" not in slurm_env
     assert by_ssh[0]["env"]["MASTER_ADDR"] == slurm.cluster.host("node1").ip
     assert by_slurm[0]["env"]["MASTER_ADDR"] == "node1"
