@@ -25,16 +25,9 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
-if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    # update the lists only when they offer no candidate for the package
-    if ! apt-cache policy docker.io 2>/dev/null | grep "Candidate: [^(]" >/dev/null; then
-        say "apt-get update"
-        apt-get update -q >&2
-    fi
-    say "installing docker.io"
-    apt-get install -y -q docker.io >&2
-fi
+# shellcheck source=.ci/apt.sh
+. "${BASH_SOURCE[0]%/*}/apt.sh"
+ftb_need dockerd:docker.io docker:docker.io
 
 # A dockerd may be running but still starting up (or answering slowly):
 # only start one when none runs.

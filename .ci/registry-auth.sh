@@ -18,11 +18,9 @@ PYTHON=${FTB_PYTHON:-python3}
 USER_NAME=ftbundle-test
 say() { echo "registry-auth: $*" >&2; }
 
-if ! command -v docker-registry >/dev/null; then
-    say "installing docker-registry"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2 || {
-        apt-get update -q >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2; }
-fi
+# shellcheck source=.ci/apt.sh
+. .ci/apt.sh
+ftb_need docker-registry:docker-registry
 # one caller at a time, from start to push (see registry.sh: concurrent pushes race)
 exec 9>/var/lock/ftbundle-registry-auth-$PORT.lock
 flock 9

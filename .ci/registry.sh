@@ -12,11 +12,9 @@ ROOT=/var/lib/ftbundle-registry; LOG=/var/log/ftbundle-registry.log
 [ "$PORT" = 5000 ] || { ROOT="$ROOT-$PORT"; LOG="/var/log/ftbundle-registry-$PORT.log"; }
 say() { echo "registry: $*" >&2; }
 
-if ! command -v docker-registry >/dev/null; then
-    say "installing docker-registry"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2 || {
-        apt-get update -q >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >&2; }
-fi
+# shellcheck source=.ci/apt.sh
+. .ci/apt.sh
+ftb_need docker-registry:docker-registry
 # One caller at a time, from start to push (parallel test workers): the others find it
 # answering and their push a no-op. Two concurrent pushes of one image race in the registry
 # (both upload the config blob; one manifest PUT is refused "manifest blob unknown").

@@ -115,15 +115,9 @@ if [ "${FTBUNDLE_TESTHOST_REBUILD:-0}" != 1 ] && docker image inspect "$REF" >/d
 fi
 
 # --- tools --------------------------------------------------------------------
-if ! command -v debootstrap >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    # update the lists only when they offer no candidate for the package
-    if ! apt-cache policy debootstrap 2>/dev/null | grep "Candidate: [^(]" >/dev/null; then
-        apt-get update -q >&2
-    fi
-    say "installing debootstrap"
-    apt-get install -y -q debootstrap >&2
-fi
+# shellcheck source=.ci/apt.sh
+. "$HERE/apt.sh"
+ftb_need debootstrap:debootstrap
 
 # --- mirror: whatever this machine's apt uses ----------------------------------
 mirror_from_sources() {

@@ -69,24 +69,51 @@ def fake_apt(tmp_path: Path) -> tuple[Path, Path]:
     bin_dir.mkdir()
     (bin_dir / "apt-get").write_text(f'#!/bin/bash\necho "$*" >>{log}\n')
     (bin_dir / "apt-get").chmod(0o755)
+    (bin_dir / "flock").symlink_to(shutil.which("flock"))  # (apt.sh serializes installs with it)
     return bin_dir, log
+
+
+def apt_words(log: Path) -> list[str]:
+    """What apt-get was asked, without the options every call carries (-o NAME=VALUE)."""
+    words = log.read_text().split()
+    while words[:1] == ["-o"]:
+        assert words[1] == "DPkg::Lock::Timeout=600", words  # waits for another apt, never fails on its lock
+        words = words[2:]
+    return words
+
+
+def test_two_installs_at_once_run_one_after_the_other(tmp_path):
+    """make test's workers (and a second checkout) may each find a package missing at once:
+    on a fresh machine two registries started together, the second apt-get failed on dpkg's
+    lock and a whole module errored. apt.sh's installs take one lock, machine-wide."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "apt.log"
+    (bin_dir / "apt-get").write_text(f'#!/bin/bash\necho "start $*" >>{log}; sleep 0.5; echo "end $*" >>{log}\n')
+    (bin_dir / "apt-get").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FTB_APT_LOCK": str(tmp_path / "apt.lock")}
+    procs = [subprocess.Popen(["bash", "-c", f". {REPO / '.ci' / 'apt.sh'}; ftb_install pkg{i}"], env=env,
+                              stderr=subprocess.DEVNULL) for i in range(3)]
+    assert [p.wait(timeout=30) for p in procs] == [0, 0, 0]
+    events = [line.split()[0] for line in log.read_text().splitlines()]
+    assert events == ["start", "end"] * 3, log.read_text()  # never two apt-gets at once
 
 
 def test_tools_script_installs_tmux_curl_and_openssh_client_when_missing(tmp_path):
     bin_dir, log = fake_apt(tmp_path)
     p = subprocess.run(["/bin/bash", str(REPO / ".ci" / "tools.sh")], capture_output=True, text=True, timeout=60,
-                       env={"PATH": str(bin_dir)})
+                       env={"PATH": str(bin_dir), "FTB_APT_LOCK": str(tmp_path / "apt.lock")})
     assert p.returncode == 0, p.stderr
-    installed = log.read_text().split()
+    installed = apt_words(log)
     assert installed[:3] == ["install", "-y", "-q"], installed
-    assert set(installed[3:]) == {"tmux", "curl", "openssh-client"}, installed
+    assert set(installed[3:]) == {"tmux", "curl", "openssh-client", "docker-registry", "shellcheck"}, installed
     # where they are present, nothing is installed
     log.unlink()
-    for cmd in ("tmux", "curl", "ssh", "ssh-keygen"):
+    for cmd in ("tmux", "curl", "ssh", "ssh-keygen", "docker-registry", "shellcheck"):
         (bin_dir / cmd).write_text("#!/bin/sh\n")
         (bin_dir / cmd).chmod(0o755)
     p = subprocess.run(["/bin/bash", str(REPO / ".ci" / "tools.sh")], capture_output=True, text=True, timeout=60,
-                       env={"PATH": str(bin_dir)})
+                       env={"PATH": str(bin_dir), "FTB_APT_LOCK": str(tmp_path / "apt.lock")})
     assert p.returncode == 0 and not log.exists(), p.stderr
 
 
@@ -102,6 +129,7 @@ def test_venv_script_installs_python3_venv_when_the_interpreter_cannot_make_one(
     fake.write_text('#!/bin/bash\ncase "$*" in *ensurepip*|"-m venv"*) exit 1;; esac\nexec "$REAL_PYTHON" "$@"\n')
     fake.chmod(0o755)
     p = subprocess.run(["bash", str(tmp_path / ".ci" / "venv.sh")], capture_output=True, text=True, timeout=60,
-                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(fake), "REAL_PYTHON": sys.executable})
-    assert log.read_text().split() == ["install", "-y", "-q", "python3-venv"], p.stderr
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(fake), "REAL_PYTHON": sys.executable,
+                            "FTB_APT_LOCK": str(tmp_path / "apt.lock")})
+    assert apt_words(log) == ["install", "-y", "-q", "python3-venv"], p.stderr
     assert p.returncode != 0  # this fake still cannot make a venv: the script stops there
