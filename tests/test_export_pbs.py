@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from ftbundle.cli import main
+from ftbundle.export.shell import NODE_PROGRAM
 from tests.slurm import SlurmCluster, ensure_slurm_image
 from tests.test_export_slurm import SECRET, gloo_job
 
@@ -57,6 +58,7 @@ def test_pbs_script_runs_a_two_node_job_from_the_nodefile(make_cluster, tmp_path
     assert {r["node_rank"]: r["host"] for r in ranks} == {0: "node0", 1: "node1"}
     assert all(r["secret_ok"] for r in ranks)
     assert (shared / "runs").is_dir() and SECRET not in p.stdout + p.stderr
+    assert [f.read_text() for f in shared.glob("runs/*/ftb-node.sh")] == [NODE_PROGRAM + "\n"]
 
 
 def test_pbs_script_refuses_a_nodefile_of_the_wrong_size(tmp_path):

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from ftbundle.cli import main
+from ftbundle.export.shell import NODE_PROGRAM
 from tests.helpers import place_tiny_model
 from tests.slurm import SlurmCluster, ensure_slurm_image
 
@@ -113,6 +114,9 @@ def test_gloo_job_on_two_nodes(slurm, shellcheck, tmp_path):
     assert {r["host"] for r in ranks} == {"node1", "node2"}
     assert all(r["secret_ok"] for r in ranks)
     assert SECRET not in log
+    # what the nodes ran is a file in the run directory, readable after the job (no blob)
+    staged = [p.read_text() for p in shared.glob("runs/*/ftb-node.sh")]
+    assert staged and set(staged) == {NODE_PROGRAM + "\n"}, staged
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from __future__ import annotations
 from ..errors import UserError
 from . import ExportSpec, Resources
 from .shell import (
-    NODE_PROGRAM,
+    RUN_NODE,
     directive_value,
     environment,
     header,
-    node_program_def,
+    node_program_file,
     q,
     resume,
     stage_files,
@@ -98,7 +98,8 @@ def render(spec: ExportSpec, res: Resources, *, queue: str | None = None, time: 
         'export MASTER_ADDR="${FTB_HOSTS[0]}" NNODES="${#FTB_HOSTS[@]}"',
         *resume(spec),
         "",
-        *node_program_def(),
+        "# the node program every node runs, staged beside the job's files",
+        *node_program_file(),
         "",
         f"FTB_ARGV=({words(spec.docker_argv or spec.argv)})",
         *launch_lines(spec),
@@ -118,7 +119,7 @@ def launch_lines(spec: ExportSpec) -> list[str]:
     plain = [n for n in env_names(spec) if n not in spec.secret_names]
     source = f"if [ -r {q(spec.env_file)} ]; then set -a; . {q(spec.env_file)}; set +a; fi; " if spec.env_file else ""
     # the node's bash: NCCL env file, then NAME=value words up to --, then the node program
-    node = source + 'while [ "$1" != -- ]; do export "$1"; shift; done; shift; ' + NODE_PROGRAM
+    node = source + 'while [ "$1" != -- ]; do export "$1"; shift; done; shift; ' + RUN_NODE
     return [
         f"FTB_NODE_ARGV=(bash -c {q(node)} ftb-node)",
         "ftb_env_words() {  # NODE_RANK",
@@ -137,7 +138,7 @@ def launch_lines(spec: ExportSpec) -> list[str]:
         "  done",
         "  printf 'export NODE_RANK=%q\\n' \"$1\"",
         "  printf 'set -- '; printf '%q ' \"${FTB_ARGV[@]}\"; echo",
-        '  printf \'%s\\n\' "$FTB_NODE"',
+        f"  printf '%s\\n' {q(RUN_NODE)}",
         "}",
         "pids=()",
         'for rank in "${!FTB_HOSTS[@]}"; do',

@@ -2,7 +2,8 @@
 
 Every value from a job file or an inventory enters the text through :func:`q` (one
 single-quoted word, never expanded), :func:`comment` (one line, in a comment) or a quoted
-here-document (staged files, as plain text a reviewer can read); the fixed programs below
+here-document (staged files, as plain text a reviewer can read; the node program below
+is staged the same way, as ``ftb-node.sh`` in the run directory); the fixed programs below
 take their values as arguments and environment, never by pasting.
 """
 
@@ -164,8 +165,16 @@ fi'''.replace("@NODE_RANK@", NODE_RANK).replace("@MASTER_ADDR@", MASTER_ADDR).re
     "@GPU_DEVICES@", GPU_DEVICES)
 
 
-def node_program_def() -> list[str]:
-    return ["FTB_NODE=$(cat <<'FTB_NODE_EOF'", NODE_PROGRAM, "FTB_NODE_EOF", ")"]
+NODE_FILE = "ftb-node.sh"  # in the run directory, beside the staged files
+RUN_NODE = f'exec bash "$FTB_RUN_DIR"/{NODE_FILE} "$@"'  # a node's start: FTB_RUN_DIR set, argv the command
+
+
+def node_program_file() -> list[str]:
+    """The node program, staged into the run directory as a file like the job's own (a
+    reviewer reads it there and in this script; every node runs it from shared storage:
+    its batch shell wrote and closed it before any node started, so NFS's close-to-open
+    rule shows it whole to all of them)."""
+    return [f"cat >\"$FTB_RUN_DIR\"/{NODE_FILE} <<'FTB_NODE_EOF'", NODE_PROGRAM, "FTB_NODE_EOF"]
 
 
 def words(argv: tuple[str, ...]) -> str:

@@ -14,10 +14,11 @@ from __future__ import annotations
 from ..errors import UserError
 from . import ExportSpec, Resources
 from .shell import (
+    RUN_NODE,
     directive_value,
     environment,
     header,
-    node_program_def,
+    node_program_file,
     q,
     resume,
     stage_files,
@@ -89,8 +90,8 @@ def render(spec: ExportSpec, res: Resources, *, partition: str | None = None, ti
          'master $MASTER_ADDR" >&2'),
         *resume(spec),
         "",
-        *node_program_def(),
-        "export FTB_NODE",
+        "# the node program every node runs (srun), staged beside the job's files",
+        *node_program_file(),
         "",
         "# near the time limit (--signal): back into the queue; the next start resumes",
         'trap \'echo "ftbundle: requeueing job $SLURM_JOB_ID" >&2; scontrol requeue "$SLURM_JOB_ID"\' USR1',
@@ -107,10 +108,11 @@ def render(spec: ExportSpec, res: Resources, *, partition: str | None = None, ti
                  f"--container-workdir={spec.workdir}"]
     elif spec.image is not None:
         argv = spec.docker_argv or argv
+    start = q('export NODE_RANK="$SLURM_NODEID"; ' + RUN_NODE)
     lines += [
         "# NODE_RANK is the task's own SLURM_NODEID, set inside the step",
         "# shellcheck disable=SC2016",
-        f'{words(tuple(srun))} {cpus} bash -c \'export NODE_RANK="$SLURM_NODEID"; eval "$FTB_NODE"\' ftb-node \\',
+        f"{words(tuple(srun))} {cpus} bash -c {start} ftb-node \\",
         f"  {words(argv)} &",
         "FTB_SRUN=$!",
         'while :; do',
