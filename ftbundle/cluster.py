@@ -482,6 +482,11 @@ class Cluster:
             raise HostUnreachable(self.errors.get(host.name) or f"no connection to {host.name}")
         chan = None
         limit = timeout or self.connect_timeout
+        # A key exchange in progress holds every send on the transport, the channel open's
+        # included, and paramiko waits for its end without a limit: a peer that died in the
+        # middle of one held the run's last record 30 s (tests/test_launcher_faults.py).
+        if not transport.clear_to_send.wait(limit):
+            raise HostUnreachable(f"{host.name}: its SSH key exchange did not finish within {limit:g}s")
         try:
             chan = transport.open_session(timeout=limit)
             # paramiko waits for sshd's answer to the exec request without a limit: a session

@@ -9,6 +9,7 @@ hosts as it found them); the full-disk tests get their own, on a small tmpfs.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -295,14 +296,18 @@ def test_a_full_disk_is_refused_before_launch_and_named_when_it_fills(small_disk
     fill.unlink()
 
 
+@pytest.mark.parametrize("held", [1, 0], ids=["node1-held", "node0-held"])
 def test_a_host_whose_key_exchange_hangs_is_named_and_holds_nobody_else_back(cluster2, tmp_path, monkeypatch,
-                                                                              capfd):
+                                                                              capfd, held):
     """A send waits while its host's SSH key exchange is in progress (up to REKEY_WAIT_S, 15 s:
-    longer than the nodes' 10 s watchdog). Here node1's exchange never ends (its transport's
+    longer than the nodes' 10 s watchdog). Here one node's exchange never ends (its transport's
     ``clear_to_send`` is cleared, as paramiko does when one begins) while the run goes on in
-    this process: nothing moves on node1's connection, its heartbeats included. node1 must be
-    named, node0 stopped by the launcher at once (its pings and its stop never queue behind
-    node1's), and node1's job stop itself by its own watchdog; nothing may be left."""
+    this process: nothing we send reaches that node, its pings included. It must be named, the
+    other node stopped by the launcher at once (its pings and its stop never queue behind the
+    held node's), and the held node's job stop itself by its own watchdog; nothing may be left.
+    Both orders: with one pinger for every node (the old design), holding node1 passes by luck
+    (node0 was pinged just before, so node1's watchdog fires first and the launcher stops
+    node0 in time), holding node0 leaves node1 unpinged too and it takes the launcher for lost."""
     import re
     import threading
 
@@ -318,40 +323,50 @@ def test_a_host_whose_key_exchange_hangs_is_named_and_holds_nobody_else_back(clu
 
     monkeypatch.setattr(FtbCluster, "open", keep)
     job = command_job(cluster2, tmp_path, "rekey", "echo started; sleep 60")
-    held = {}
+    name, other = cluster2.hosts[held].name, 1 - held
+    held_at = {}
+    runs = cluster2.shared_dir / "runs"
+    earlier = set(runs.glob("rekey-*"))  # (the other case's run, on this module's cluster)
 
-    def hold_node1_exchange():
+    def this_run():
+        return next(iter(set(runs.glob("rekey-*")) - earlier), None)
+
+    def hold_exchange():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            logs = list((cluster2.shared_dir / "runs").glob("rekey-*/node-*.a1.log"))
+            logs = list(this_run().glob("node-*.a1.log")) if this_run() else []
             if len(logs) == 2 and all("started" in p.read_text() for p in logs) and clusters:
-                host = next(h for h in clusters[-1].hosts if h.name == cluster2.hosts[1].name)
+                host = next(h for h in clusters[-1].hosts if h.name == name)
                 transport = clusters[-1]._transport(host)
                 transport.clear_to_send.clear()
-                held["transport"], held["at"] = transport, time.monotonic()
+                held_at["transport"], held_at["at"] = transport, time.monotonic()
                 return
             time.sleep(0.2)
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    helper = threading.Thread(target=hold_node1_exchange, daemon=True)
+    helper = threading.Thread(target=hold_exchange, daemon=True)
     helper.start()
     try:
         code = cli.main(["run", "--no-check", job])
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
-        if "transport" in held:
-            held["transport"].clear_to_send.set()
+        if "transport" in held_at:
+            held_at["transport"].clear_to_send.set()
     err = capfd.readouterr().err
-    assert "at" in held, "the job never started on both nodes:\n" + err
-    ended = time.monotonic() - held["at"]
-    assert code != 0 and f"node {cluster2.hosts[1].name} (rank 1" in err and "failed first" in err, err
+    assert "at" in held_at, "the job never started on both nodes:\n" + err
+    ended = time.monotonic() - held_at["at"]
+    assert code != 0 and f"node {name} (rank {held}" in err and "failed first" in err, err
     stopped = re.search(r"stopped the other nodes in ([0-9.]+)s", err)
     assert stopped and float(stopped.group(1)) < 3, err
-    run = next((cluster2.shared_dir / "runs").glob("rekey-*"))
-    assert "launcher lost" not in next(run.glob("node-0-*.a1.log")).read_text()  # stopped by the launcher
-    assert not (run / "node-0.a1.stopped").exists(), "node0 took the launcher for lost"
-    gone = wait_until_clean(cluster2, 20)  # node1: its own watchdog, 10 s after its last ping
+    run = this_run()
+    assert "launcher lost" not in next(run.glob(f"node-{other}-*.a1.log")).read_text()  # stopped by the launcher
+    assert not (run / f"node-{other}.a1.stopped").exists(), f"node{other} took the launcher for lost"
+    gone = wait_until_clean(cluster2, 20)  # the held node: its own watchdog, 10 s after its last ping
     assert gone is not None, job_processes(cluster2)
-    assert "launcher lost" in next(run.glob("node-1-*.a1.log")).read_text()
-    print(f"node1's exchange held: ftbundle ended {ended:.1f}s later; node1's job gone {ended + gone:.1f}s after")
+    assert "launcher lost" in next(run.glob(f"node-{held}-*.a1.log")).read_text()
+    # and ftbundle itself returned at once, its record written through the node it could reach
+    # (rank 0's host held it 30 s when node0 was the held one)
+    assert ended < 15, f"ftbundle returned {ended:.1f}s after the exchange began: " + err
+    assert json.loads((run / "summary.json").read_text())["exit_code"] == code
+    print(f"{name}'s exchange held: ftbundle ended {ended:.1f}s later; its job gone {ended + gone:.1f}s after")

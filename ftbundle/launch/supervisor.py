@@ -688,8 +688,11 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
     files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
     if progress.records:
         files[METRICS_FILE] = "".join(json.dumps(r) + "\n" for r in progress.records)
+    # through a node the run could still reach (rank 0's host may be the one that was lost)
+    host = next((n.host for n in plan.nodes if n.rank not in outcome.lost and cluster.alive(n.host)),
+                plan.nodes[0].host)
     try:  # (briefly: an interrupted ftbundle must not wait long on a record)
-        stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, timeout=RECORD_TIMEOUT_S)
+        stage_files(cluster, host, plan.run_dir, files, timeout=RECORD_TIMEOUT_S)
     except Exception:
         pass
 
