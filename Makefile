@@ -29,8 +29,9 @@ engine:  ## a Docker engine (installed and started when missing)
 tools:  ## command-line tools the tests drive (tmux, curl, ssh), installed when missing
 	@bash .ci/tools.sh
 
-image: engine  ## the images the tests use (test hosts, Slurm hosts, CPU training), built locally, cached by recipe
+image: engine  ## the images the tests use (test hosts, with systemd too, Slurm hosts, CPU training), built locally, cached by recipe
 	@bash .ci/testhost-image.sh >/dev/null
+	@bash .ci/testhost-systemd-image.sh >/dev/null
 	@bash .ci/slurmhost-image.sh >/dev/null
 	@bash .ci/train-image.sh >/dev/null
 

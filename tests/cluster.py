@@ -56,7 +56,7 @@ LABEL_TMPDIR = "org.ftbundle.testcluster.tmpdir"
 
 TEST_NET = ipaddress.ip_network("198.18.0.0/15")
 # The Molecule scenarios' networks, per checkout slot (tests/testbed.py: 198.18.243.0/24 to
-# 198.18.250.0/24): a cluster never takes them, so a scenario can start while clusters of
+# 198.18.254.0/24): a cluster never takes them, so a scenario can start while clusters of
 # other test workers or checkouts are up.
 RESERVED_NETS = (ipaddress.ip_network("198.18.240.0/20"),)
 _SYSTEM_PREFIXES = {

@@ -54,6 +54,7 @@ def gpu_present() -> bool:
 LONGEST_FIRST = (
     "test_provisioning.py",
     "test_provisioning_livedin.py",
+    "test_provisioning_systemd.py",
     "test_export_slurm.py",
     "test_detach_restart.py",
     "test_stall.py",

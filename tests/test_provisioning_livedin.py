@@ -107,6 +107,13 @@ def test_converge_keeps_the_administrators_state(livedin):
     print(f"converge of site.yml on 3 lived-in hosts: {time.monotonic() - started:.0f}s")
     assert proc.returncode == 0, tail(proc, 12000)
     assert all(h["failed"] == 0 for h in recap(proc.stdout).values()), proc.stdout[-3000:]
+    # named, not silently closed: a service of the admin's inside the training range, and
+    # the admin's own fstab line for ftbundle's export (kept as it is)
+    said = " ".join(proc.stdout.split())
+    assert "listening in the training range 32768-60999, closed to non-members from now on: 40000" in said, \
+        tail(proc, 12000)
+    assert f"keeping the administrator's fstab entry '{SCENARIO.addresses[0]}:/srv/ftbundle /shared nfs rw,hard,vers=4.1" \
+        in said, tail(proc, 12000)
     verified = livedin("verify")  # molecule/lived-in/verify.yml
     assert verified.returncode == 0, tail(verified, 12000)
     assert all(h["failed"] == 0 for h in recap(verified.stdout).values()), verified.stdout[-3000:]
@@ -151,9 +158,10 @@ def connects(address: str, port: int, host: str | None = None) -> bool:
 
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
-def test_a_port_a_container_publishes_is_open_to_members_only(livedin):
-    """`docker run -p` DNATs around the input chain: the firewall's forward chain must
-    still keep non-members (here the controller, the network's gateway) out, and let members in."""
+def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
+    """`docker run -p` DNATs around the input chain: by default (compose) the firewall adds no
+    forward chain, so a non-member (the controller, the network's gateway) still reaches a port a
+    container publishes, as before site.yml; members too, and the host itself."""
     image = docker_exec(HOSTS[0], "cat /etc/ftbundle/image.ref").strip()
     docker_exec(HOSTS[0], f"docker rm -f published >/dev/null 2>&1; docker run -d --name published -p 18080:18080 "
                           f"--pull=never {image} python3 -m http.server 18080")
@@ -164,9 +172,73 @@ def test_a_port_a_container_publishes_is_open_to_members_only(livedin):
             time.sleep(1)
         assert connects(address, 18080, host=HOSTS[1])  # a member: node1
         assert connects("127.0.0.1", 18080, host=HOSTS[0])  # the host itself (docker-proxy)
-        assert not connects(address, 18080)  # a non-member: the controller
+        assert connects(address, 18080)  # a non-member: the controller
     finally:
         docker_exec(HOSTS[0], "docker rm -f published >/dev/null 2>&1; true")
+
+
+def loaded_digest(host: str) -> str:
+    rules = docker_exec(host, "nft list table inet ftbundle 2>/dev/null || true")
+    return next((line.split('"')[1] for line in rules.splitlines() if line.strip().startswith("comment ")), "")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(1200)
+def test_a_run_interrupted_after_the_firewall_is_completed_by_the_next(livedin):
+    """A run that fails after the firewall role (here: nccl_env, a wrong interface), and an
+    admin's `flush ruleset` that took our table away: the next run loads the file again
+    (the loaded table's digest differs from the file's), and the loaded set has the member
+    the interrupted run added."""
+    extra = ["-e", '{"firewall_extra_cluster_addresses": ["198.51.100.7"]}']
+    failed = livedin("converge", "--", *extra, "-e", "nccl_env_socket_ifname=ftb-nope0")
+    assert failed.returncode != 0, tail(failed)
+    assert "ftb-nope0" in failed.stdout, tail(failed, 12000)
+    for host in HOSTS:
+        assert "198.51.100.7" in docker_exec(host, "cat /etc/ftbundle/firewall.nft")
+    docker_exec(HOSTS[1], "nft delete table inet ftbundle")  # gone, as after the admin's `flush ruleset`
+    try:
+        again = livedin("converge", "--", "--tags", "firewall", *extra)
+        assert again.returncode == 0, tail(again, 12000)
+        hosts = recap(again.stdout)
+        assert hosts[HOSTS[1]]["changed"] >= 1 and hosts[HOSTS[0]]["changed"] == 0, again.stdout[-3000:]
+        rules = docker_exec(HOSTS[1], "nft list table inet ftbundle")
+        assert "198.51.100.7" in rules, rules
+        file_digest = docker_exec(HOSTS[1], "grep -o 'comment \"ftbundle [0-9a-f]*' /etc/ftbundle/firewall.nft").split()[-1]
+        assert loaded_digest(HOSTS[1]) == file_digest
+    finally:
+        back = livedin("converge", "--", "--tags", "firewall")
+        assert back.returncode == 0, tail(back, 12000)
+    assert "198.51.100.7" not in docker_exec(HOSTS[1], "nft list table inet ftbundle")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_dockerd_flags_and_iptables_drop_policies_are_refused_by_name_before_anything_changes(livedin):
+    dropin = "/etc/systemd/system/docker.service.d/registry.conf"
+    docker_exec(HOSTS[2], f"printf '[Service]\\nExecStart=\\nExecStart=/usr/bin/dockerd --insecure-registry=10.9.0.5:5000\\n' > {dropin}")
+    before = docker_exec(HOSTS[2], "cat /etc/docker/daemon.json")
+    try:
+        proc = livedin("converge", "--", "--tags", "docker", "--limit", HOSTS[2],
+                       "-e", '{"container_runtime_insecure_registries": ["198.18.249.1:5009"]}')
+        assert proc.returncode != 0, tail(proc)
+        assert f"dockerd already gets --insecure-registry in {dropin}" in " ".join(proc.stdout.split()), \
+            tail(proc, 12000)
+        assert "Nothing was changed" in proc.stdout
+        assert docker_exec(HOSTS[2], "cat /etc/docker/daemon.json") == before
+    finally:
+        docker_exec(HOSTS[2], f"rm -f {dropin}")
+
+    rules = docker_exec(HOSTS[2], "cat /etc/ftbundle/firewall.nft")
+    docker_exec(HOSTS[2], "iptables -P INPUT DROP")
+    try:
+        proc = livedin("converge", "--", "--tags", "firewall", "--limit", HOSTS[2],
+                       "-e", '{"firewall_extra_cluster_addresses": ["198.51.100.8"]}')
+        assert proc.returncode != 0, tail(proc)
+        out = " ".join(proc.stdout.split())
+        assert "nftables table ip filter, chain INPUT: input policy drop (iptables -P INPUT DROP)" in out, tail(proc, 12000)
+        assert docker_exec(HOSTS[2], "cat /etc/ftbundle/firewall.nft") == rules
+    finally:
+        docker_exec(HOSTS[2], "iptables -P INPUT ACCEPT")
 
 
 # ---------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def test_checkouts_asking_at_once_get_distinct_slots(tmp_path):
 
 def test_slots_share_no_name_subnet_or_port_and_stay_off_the_random_clusters():
     beds = [Testbed(s) for s in range(SLOTS)]
-    scenarios = [sc for bed in beds for sc in (bed.default, bed.livedin)]
+    scenarios = [sc for bed in beds for sc in (bed.default, bed.livedin, bed.systemd)]
     names = [h for sc in scenarios for h in sc.hosts] + [sc.network for sc in scenarios]
     assert len(set(names)) == len(names)
     nets4 = [ipaddress.ip_network(f"{sc.net4}.0/24") for sc in scenarios]
@@ -65,6 +65,7 @@ def test_slots_share_no_name_subnet_or_port_and_stay_off_the_random_clusters():
     assert len(roots) == SLOTS
     # slot 0 is what a machine with one checkout (CI) has always had
     assert beds[0].default.hosts[0] == "ftb-mol-node0" and beds[0].livedin.network == "ftb-livedin"
+    assert beds[0].systemd.hosts[0] == "ftb-sd-node0" and beds[0].systemd.net4 == "198.18.251"
     assert (beds[0].registry_port, beds[0].auth_registry_port) == (5000, 5001)
 
 
@@ -100,6 +101,23 @@ def test_the_molecule_scenarios_take_the_slots_names_addresses_and_registry(tmp_
     slot0 = Testbed(0)
     text = yaml.safe_dump(conf)
     for old in (getattr(slot0, which).net4 + ".", getattr(slot0, which).prefix + "-node", ":5000", ":5001"):
+        assert old not in text, old
+
+
+def test_the_systemd_scenario_takes_the_slots_names_and_addresses(tmp_path):
+    bed = Testbed(2)
+    sc = bed.systemd
+    conf = _rendered("systemd", bed.molecule_env(sc, tmp_path / "state"))
+    platforms = conf["platforms"]
+    assert [p["name"] for p in platforms] == sc.hosts[:2]
+    assert {n["name"] for p in platforms for n in p["networks"]} == {sc.network}
+    assert [n["ipv4_address"] for p in platforms for n in p["networks"]] == sc.addresses[:2]
+    assert platforms[0]["docker_networks"][0]["ipam_config"][0]["subnet"] == f"{sc.net4}.0/24"
+    inventory = conf["provisioner"]["inventory"]
+    assert sorted(inventory["host_vars"]) == sc.hosts[:2]
+    assert inventory["group_vars"]["all"]["nfs_server_clients"] == sc.addresses[:2]
+    text = yaml.safe_dump(conf)
+    for old in (Testbed(0).systemd.net4 + ".", Testbed(0).systemd.prefix + "-node"):
         assert old not in text, old
 
 

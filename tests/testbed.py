@@ -14,15 +14,15 @@ slot 1, and so on. A slot whose checkout no longer exists is given to the next o
 
 Everything of slot *s* (``RESERVED_NETS`` in tests/cluster.py keeps other clusters off them):
 
-================  ===========================  ===========================
-                  default scenario             lived-in scenario
-================  ===========================  ===========================
-hosts             ftb-mol{s}-node0..2          ftb-liv{s}-node0..2
-network           ftb-molecule{s}              ftb-livedin{s}
-IPv4 /24          198.18.(250 - 2s).0          198.18.(249 - 2s).0
-IPv6 /64          fd00:f7b:0:(250 - 2s)::      fd00:f7b:0:(249 - 2s)::
-registry          :(5000 + 2s)                 :(5000 + 2s), login-only :(5001 + 2s)
-================  ===========================  ===========================
+================  ===========================  ======================================  ====================
+                  default scenario             lived-in scenario                       systemd scenario
+================  ===========================  ======================================  ====================
+hosts             ftb-mol{s}-node0..2          ftb-liv{s}-node0..2                     ftb-sd{s}-node0..1
+network           ftb-molecule{s}              ftb-livedin{s}                          ftb-systemd{s}
+IPv4 /24          198.18.(250 - 2s).0          198.18.(249 - 2s).0                     198.18.(251 + s).0
+IPv6 /64          fd00:f7b:0:(250 - 2s)::      fd00:f7b:0:(249 - 2s)::                 (none)
+registry          :(5000 + 2s)                 :(5000 + 2s), login-only :(5001 + 2s)   (none)
+================  ===========================  ======================================  ====================
 
 (``{s}`` is empty for slot 0.)
 """
@@ -94,15 +94,18 @@ class Testbed:
 
     @property
     def default(self) -> Scenario:
-        return self._scenario("ftb-mol", "ftb-molecule", 250)
+        return self._scenario("ftb-mol", "ftb-molecule", 250 - 2 * self.slot)
 
     @property
     def livedin(self) -> Scenario:
-        return self._scenario("ftb-liv", "ftb-livedin", 249)
+        return self._scenario("ftb-liv", "ftb-livedin", 249 - 2 * self.slot)
+
+    @property
+    def systemd(self) -> Scenario:
+        return self._scenario("ftb-sd", "ftb-systemd", 251 + self.slot)
 
     def _scenario(self, prefix: str, network: str, octet: int) -> Scenario:
         tag = str(self.slot) if self.slot else ""
-        octet -= 2 * self.slot
         return Scenario(f"{prefix}{tag}", f"{network}{tag}", f"198.18.{octet}", f"fd00:f7b:0:{octet}")
 
     def molecule_env(self, scenario: Scenario, state_dir: Path) -> dict[str, str]:

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The test-host image with systemd as PID 1 (molecule/systemd): the image of
+# .ci/testhost-image.sh plus `systemd systemd-sysv dbus`, installed with apt from the
+# mirror that image's sources.list names (no debootstrap of its own).
+#
+# Tagged ftbundle-testhost-systemd:<hash>, <hash> = first 12 hex chars of
+# sha256(this script + the base image's reference); an existing one is reused. The
+# reference is the last line on stdout. Run it as shared/ENVIRONMENT.md says
+# ("Hosts with systemd as PID 1"): --cgroupns=private, --tmpfs /run, /run/lock,
+# /sys/fs/cgroup bind-mounted rw, SYS_ADMIN, apparmor and seccomp unconfined.
+set -euo pipefail
+
+SELF=$(readlink -f "${BASH_SOURCE[0]}")
+HERE=$(dirname "$SELF")
+NAME=ftbundle-testhost-systemd
+LOCK=/var/lock/ftbundle-testhost-systemd-image.lock
+say() { echo "testhost-systemd-image: $*" >&2; }
+
+BASE=$(bash "$HERE/testhost-image.sh" | tail -n1)
+HASH=$({ cat "$SELF"; echo "$BASE"; } | sha256sum | cut -c1-12)
+REF="$NAME:$HASH"
+
+mkdir -p "$(dirname "$LOCK")"
+exec 9>"$LOCK"
+flock 9
+if docker image inspect "$REF" >/dev/null 2>&1; then
+    say "reusing $REF"
+    echo "$REF"
+    exit 0
+fi
+
+START=$SECONDS
+BUILDER="ftbundle-systemd-build-$$"
+trap 'docker rm -f "$BUILDER" >/dev/null 2>&1 || true' EXIT
+say "building $REF from $BASE"
+docker run --name "$BUILDER" --entrypoint /bin/sh "$BASE" -c '
+    set -e
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends systemd systemd-sysv dbus
+    rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+    # what a container cannot do, and what the test hosts start by other means
+    systemctl mask systemd-udevd.service systemd-udevd-kernel.socket systemd-udevd-control.socket \
+        getty.target console-getty.service systemd-logind.service sys-kernel-config.mount \
+        sys-kernel-debug.mount sys-kernel-tracing.mount >/dev/null 2>&1 || true
+    systemctl enable ssh.service >/dev/null 2>&1 || true
+    : > /etc/machine-id' >&2
+docker commit \
+    --change 'ENTRYPOINT ["/usr/sbin/ftbundle-testhost-entrypoint"]' \
+    --change 'CMD ["/lib/systemd/systemd"]' \
+    --change "LABEL org.ftbundle.testhost-systemd.recipe=$HASH" \
+    "$BUILDER" "$REF" >&2
+say "built $REF in $((SECONDS - START))s"
+echo "$REF"
