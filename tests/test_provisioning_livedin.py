@@ -179,7 +179,8 @@ def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
 
 def loaded_digest(host: str) -> str:
     rules = docker_exec(host, "nft list table inet ftbundle 2>/dev/null || true")
-    return next((line.split('"')[1] for line in rules.splitlines() if line.strip().startswith("comment ")), "")
+    # the table's comment: "ftbundle <digest of the file it was loaded from>"
+    return next((line.split('"')[1].split()[-1] for line in rules.splitlines() if line.strip().startswith("comment ")), "")
 
 
 @pytest.mark.cluster
