@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test-host image with systemd as PID 1 (molecule/systemd): the image of
-# .ci/testhost-image.sh plus `systemd systemd-sysv dbus`, installed with apt from the
+# .ci/testhost-image.sh plus `systemd systemd-sysv dbus` (and firewalld, disabled: the firewall
+# role's refusal of a running firewalld is tested on these hosts), installed with apt from the
 # mirror that image's sources.list names (no debootstrap of its own).
 #
 # Tagged ftbundle-testhost-systemd:<hash>, <hash> = first 12 hex chars of
@@ -37,7 +38,9 @@ docker run --name "$BUILDER" --entrypoint /bin/sh "$BASE" -c '
     set -e
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
-    apt-get install -y -q --no-install-recommends systemd systemd-sysv dbus
+    apt-get install -y -q --no-install-recommends systemd systemd-sysv dbus firewalld
+    # installed for the refusal test of the firewall role, started by that test alone
+    systemctl disable firewalld.service >/dev/null 2>&1 || true
     rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
     # what a container cannot do, and what the test hosts start by other means
     systemctl mask systemd-udevd.service systemd-udevd-kernel.socket systemd-udevd-control.socket \
