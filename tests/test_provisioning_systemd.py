@@ -165,14 +165,17 @@ def test_a_firewall_change_that_cuts_ssh_is_rolled_back_by_the_timer(scenario, t
     connection without it. The role warns of the listener, loads the table (which now drops
     45022 from non-members, the controller among them), finds no new connection, says what
     happens next, and the systemd timer armed before the load puts back the previous table
-    and file by itself."""
+    and file by itself. The run covers both hosts: node0 is the canary (`serial: [1, "100%"]`),
+    so node1, reached on its own port 22 and fine, is not touched."""
     start_listeners("ftb-test-forward", "fwd:45022")
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ftb-test-rollback", "-f", str(key)],
                    check=True, timeout=60)
-    added = subprocess.run(["docker", "exec", "-i", NODE0, "sh", "-c", "cat >> /root/.ssh/authorized_keys"],
-                           input=(tmp_path / "id_ed25519.pub").read_text(), capture_output=True, text=True, timeout=60)
-    assert added.returncode == 0, added.stderr
+    for host in HOSTS:
+        added = subprocess.run(["docker", "exec", "-i", host, "sh", "-c", "cat >> /root/.ssh/authorized_keys"],
+                               input=(tmp_path / "id_ed25519.pub").read_text(), capture_output=True, text=True,
+                               timeout=60)
+        assert added.returncode == 0, added.stderr
     ssh_options = ["-o", "Port=45022", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
 
     def ssh_through_forwarder() -> subprocess.CompletedProcess:
@@ -180,30 +183,41 @@ def test_a_firewall_change_that_cuts_ssh_is_rolled_back_by_the_timer(scenario, t
                                f"root@{ADDRESS0}", "echo $SSH_CONNECTION"], capture_output=True, text=True, timeout=60)
 
     try:
-        opened = firewall_run(scenario, {"firewall_allowed_tcp_ports": [45022], "firewall_rollback_seconds": 40})
+        opened = firewall_run(scenario, {"firewall_allowed_tcp_ports": [45022], "firewall_rollback_seconds": 40},
+                              host=f"{NODE0},{NODE1}")
         assert opened.returncode == 0, tail(opened, 12000)
         reached = ssh_through_forwarder()
         # sshd sees the forwarder's connection from 127.0.0.1 to its own port 22, not 45022
         assert reached.returncode == 0 and reached.stdout.split()[2:] == ["127.0.0.1", "22"], reached
         digest, rules = loaded_digest(), docker_exec(NODE0, "cat /etc/ftbundle/firewall.nft").stdout
         assert "45022" in rules
+        node1 = loaded_digest(NODE1), docker_exec(NODE1, "cat /etc/ftbundle/firewall.nft").stdout
+        assert "45022" in node1[1]
 
         inventory = tmp_path / "over-ssh.yml"
-        inventory.write_text(yaml.safe_dump({"all": {"hosts": {NODE0: {
-            "ansible_connection": "ssh", "ansible_host": ADDRESS0, "ansible_user": "root",
-            "ansible_ssh_private_key_file": str(key), "ansible_ssh_common_args": " ".join(ssh_options)}}}}))
+        over_ssh = {"ansible_connection": "ssh", "ansible_user": "root", "ansible_ssh_private_key_file": str(key),
+                    "ansible_ssh_common_args": " ".join(ssh_options[2:])}
+        inventory.write_text(yaml.safe_dump({"all": {"hosts": {
+            NODE0: dict(over_ssh, ansible_host=ADDRESS0, ansible_ssh_common_args=" ".join(ssh_options)),
+            NODE1: dict(over_ssh, ansible_host=SCENARIO.addresses[1])}}}))  # node1: its sshd's own port 22
         started = time.monotonic()
         cut = run([str(BIN / "ansible-playbook"), "site.yml", "-i", f"{scenario.env['MOLECULE_EPHEMERAL_DIRECTORY']}/inventory",
-                   "-i", str(inventory), "--tags", "firewall", "--limit", NODE0,
+                   "-i", str(inventory), "--tags", "firewall",
                    "-e", json.dumps({"firewall_rollback_seconds": 40})], env=scenario.env, timeout=600)
         failed_after = time.monotonic() - started
         said = " ".join(cut.stdout.split())
         assert cut.returncode != 0, tail(cut, 12000)
         assert "listening in the training range 32768-60999, closed to non-members from now on: 45022" in said, \
             tail(cut, 12000)
-        assert re.search(r"Load the ruleset file\] \*+ changed: \[" + re.escape(NODE0), said), tail(cut, 12000)
+        assert re.search(r"Load the ruleset file\] \*+ (changed: \[\S+\] )*changed: \[" + re.escape(NODE0) + r"\]", said), \
+            tail(cut, 12000)
         assert f"{NODE0}: no new SSH connection through the new firewall" in said, tail(cut, 12000)
         assert "restored by the rollback timer armed before the load, within firewall_rollback_seconds (40 s)" in said
+        # the canary failed: node1 was not touched (its table and file as before, no timer armed)
+        assert (loaded_digest(NODE1), docker_exec(NODE1, "cat /etc/ftbundle/firewall.nft").stdout) == node1
+        assert docker_exec(NODE1, "systemctl is-active ftbundle-firewall-rollback.timer").stdout.strip() == "inactive"
+        firewall_play = cut.stdout[cut.stdout.index("PLAY [Firewall - one host first"):cut.stdout.index("PLAY RECAP")]
+        assert f"[{NODE1}]" not in firewall_play, firewall_play[-3000:]
 
         # the timer fires 40 s after the load; watch node0 until it has (a table is there throughout)
         watch = docker_exec(NODE0, f"""for _ in $(seq 900); do
@@ -230,7 +244,8 @@ def test_a_firewall_change_that_cuts_ssh_is_rolled_back_by_the_timer(scenario, t
         assert again.returncode == 0, again
     finally:
         stop_listeners("ftb-test-forward")
-        docker_exec(NODE0, "sed -i '/ftb-test-rollback$/d' /root/.ssh/authorized_keys")
+        for host in HOSTS:
+            docker_exec(host, "sed -i '/ftb-test-rollback$/d' /root/.ssh/authorized_keys")
 
 
 @pytest.mark.cluster
