@@ -161,7 +161,9 @@ def connects(address: str, port: int, host: str | None = None) -> bool:
 def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
     """`docker run -p` DNATs around the input chain: by default (compose) the firewall adds no
     forward chain, so a non-member (the controller, the network's gateway) still reaches a port a
-    container publishes, as before site.yml; members too, and the host itself."""
+    container publishes, as before site.yml; members too, and the host itself. With
+    `firewall_mode: strict` on that host, its forward chain keeps the published port to the
+    members (and the host itself); back to compose, the controller reaches it again."""
     image = docker_exec(HOSTS[0], "cat /etc/ftbundle/image.ref").strip()
     docker_exec(HOSTS[0], f"docker rm -f published >/dev/null 2>&1; docker run -d --name published -p 18080:18080 "
                           f"--pull=never {image} python3 -m http.server 18080")
@@ -173,8 +175,18 @@ def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
         assert connects(address, 18080, host=HOSTS[1])  # a member: node1
         assert connects("127.0.0.1", 18080, host=HOSTS[0])  # the host itself (docker-proxy)
         assert connects(address, 18080)  # a non-member: the controller
+
+        strict = livedin("converge", "--", "--tags", "firewall", "--limit", HOSTS[0], "-e", "firewall_mode=strict")
+        assert strict.returncode == 0, tail(strict, 12000)
+        assert "chain forward" in docker_exec(HOSTS[0], "nft list table inet ftbundle")
+        assert not connects(address, 18080)  # DNATed around the input chain, dropped in the forward chain
+        assert connects(address, 18080, host=HOSTS[1])
+        assert connects("127.0.0.1", 18080, host=HOSTS[0])
     finally:
         docker_exec(HOSTS[0], "docker rm -f published >/dev/null 2>&1; true")
+        back = livedin("converge", "--", "--tags", "firewall", "--limit", HOSTS[0])
+        assert back.returncode == 0, tail(back, 12000)
+    assert "chain forward" not in docker_exec(HOSTS[0], "nft list table inet ftbundle")
 
 
 def loaded_digest(host: str) -> str:
