@@ -161,7 +161,8 @@ def connects(address: str, port: int, host: str | None = None) -> bool:
 def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
     """`docker run -p` DNATs around the input chain: by default (compose) the firewall adds no
     forward chain, so a non-member (the controller, the network's gateway) still reaches a port a
-    container publishes, as before site.yml; members too, and the host itself. With
+    container publishes, as before site.yml; members too, and the host itself; and a container
+    reaches its host on a port of the training range. With
     `firewall_mode: strict` on that host, its forward chain keeps the published port to the
     members (and the host itself); back to compose, the controller reaches it again."""
     image = docker_exec(HOSTS[0], "cat /etc/ftbundle/image.ref").strip()
@@ -175,6 +176,11 @@ def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
         assert connects(address, 18080, host=HOSTS[1])  # a member: node1
         assert connects("127.0.0.1", 18080, host=HOSTS[0])  # the host itself (docker-proxy)
         assert connects(address, 18080)  # a non-member: the controller
+        # a container reaches its own host, also on a port in the training range (closed to
+        # non-members, which the container's address is): its packets come in on docker0
+        gateway = docker_exec(HOSTS[0], "docker network inspect bridge -f '{{(index .IPAM.Config 0).Gateway}}'").strip()
+        probe = f"import socket; socket.create_connection(({gateway!r}, 40000), timeout=3); print('reached')"
+        assert docker_exec(HOSTS[0], f'docker run --rm --pull=never {image} python3 -c "{probe}"').strip() == "reached"
 
         strict = livedin("converge", "--", "--tags", "firewall", "--limit", HOSTS[0], "-e", "firewall_mode=strict")
         assert strict.returncode == 0, tail(strict, 12000)
