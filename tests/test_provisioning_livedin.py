@@ -166,6 +166,9 @@ def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
     `firewall_mode: strict` on that host, its forward chain keeps the published port to the
     members (and the host itself); back to compose, the controller reaches it again."""
     image = docker_exec(HOSTS[0], "cat /etc/ftbundle/image.ref").strip()
+    for port in (546, 547):  # UDP echo on node0 over IPv6 (for strict mode's DHCPv6 exception, below)
+        subprocess.run(["docker", "exec", "-d", HOSTS[0], "python3", "-c", UDP6_ECHO, str(port), "ftb-udp6-echo"],
+                       check=True, timeout=60)
     docker_exec(HOSTS[0], f"docker rm -f published >/dev/null 2>&1; docker run -d --name published -p 18080:18080 "
                           f"--pull=never {image} python3 -m http.server 18080")
     try:
@@ -188,11 +191,44 @@ def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
         assert not connects(address, 18080)  # DNATed around the input chain, dropped in the forward chain
         assert connects(address, 18080, host=HOSTS[1])
         assert connects("127.0.0.1", 18080, host=HOSTS[0])
+        # a DHCPv6 server's reply (UDP 546, from a link-local address: never a member's) passes
+        # strict mode's drop policy; the same datagram to 547 does not, a member's does
+        link_local = docker_exec(HOSTS[0], "ip -6 -o addr show dev eth0 scope link").split()[3].split("/")[0]
+        seen6 = {("link-local", 546): udp6_echo(link_local, 546), ("link-local", 547): udp6_echo(link_local, 547),
+                 ("member", 547): udp6_echo(SCENARIO.addresses6[0], 547)}
+        assert seen6 == {("link-local", 546): "open", ("link-local", 547): "closed", ("member", 547): "open"}
     finally:
+        subprocess.run(["docker", "exec", HOSTS[0], "pkill", "-f", "ftb-udp6-echo"], capture_output=True, timeout=60)
         docker_exec(HOSTS[0], "docker rm -f published >/dev/null 2>&1; true")
         back = livedin("converge", "--", "--tags", "firewall", "--limit", HOSTS[0])
         assert back.returncode == 0, tail(back, 12000)
     assert "chain forward" not in docker_exec(HOSTS[0], "nft list table inet ftbundle")
+
+
+UDP6_ECHO = ("import socket, sys\n"
+             "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+             "s.bind(('::', int(sys.argv[1])))\n"
+             "while True:\n"
+             "    data, peer = s.recvfrom(64)\n"
+             "    s.sendto(data, peer)\n")
+
+
+def udp6_echo(address: str, port: int) -> str:
+    """"open" or "closed": whether node0's UDP echo on address:port answers node1 (from node1's
+    link-local address when `address` is node0's, scoped to eth0)."""
+    code = ("import socket, sys\n"
+            "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+            "s.settimeout(3)\n"
+            "a = sys.argv[1]\n"
+            "s.sendto(b'dhcp6', (a, int(sys.argv[2]), 0, socket.if_nametoindex('eth0') if a.startswith('fe80') else 0))\n"
+            "try:\n"
+            "    print('open' if s.recv(64) == b'dhcp6' else 'closed')\n"
+            "except OSError:\n"
+            "    print('closed')\n")
+    out = subprocess.run(["docker", "exec", HOSTS[1], "python3", "-c", code, address, str(port)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
 
 
 def loaded_digest(host: str) -> str:
