@@ -46,6 +46,9 @@ docker run --name "$BUILDER" --entrypoint /bin/sh "$BASE" -c '
     systemctl mask systemd-udevd.service systemd-udevd-kernel.socket systemd-udevd-control.socket \
         getty.target console-getty.service systemd-logind.service sys-kernel-config.mount \
         sys-kernel-debug.mount sys-kernel-tracing.mount >/dev/null 2>&1 || true
+    # NFSv3 locking, no use without a kernel NFS client; under cgroup v1 its start can hang
+    # for 3 minutes ("New main PID does not belong to service"), and the boot with it
+    systemctl mask rpc-statd.service rpc-statd-notify.service >/dev/null 2>&1 || true
     systemctl enable ssh.service >/dev/null 2>&1 || true
     : > /etc/machine-id' >&2
 docker commit \

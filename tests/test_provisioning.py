@@ -379,6 +379,51 @@ def test_an_administrators_fstab_entry_is_refused_or_kept_and_verify_names_the_o
 
 @pytest.mark.cluster
 @pytest.mark.timeout(900)
+def test_ftbundles_own_fstab_line_follows_a_moved_nfs_server_and_a_share_mounted_from_the_old_one_is_named(molecule):
+    """The NFS server moves (nfs_client_server changes): ftbundle's own fstab line, recorded in
+    /etc/ftbundle/nfs_client.fstab when written, is replaced on every host, not kept as an
+    administrator's. A share still mounted from the former server is not unmounted under its
+    users: the run stops on that host, naming both sources and what to do."""
+    old_source = f"{ADDRESSES[0]}:/srv/ftbundle"
+    moved = SCENARIO.gateway.rsplit(".", 1)[0] + ".99"  # the new server's address (no host answers there)
+    options = "rw,hard,_netdev,nofail,vers=4.2"
+    for host in HOSTS:
+        assert docker_exec(host, "cat /etc/ftbundle/nfs_client.fstab").stdout == f"{old_source} /shared nfs {options}\n"
+    try:
+        proc = molecule("converge", "--", "--tags", "nfs", "-e", f"nfs_client_server={moved}")
+        assert proc.returncode == 0, tail(proc, 12000)
+        assert "keeping the administrator's fstab entry" not in proc.stdout, tail(proc, 12000)
+        for host in HOSTS:
+            assert f"{host}: ftbundle's fstab line for /shared named {old_source}; it now names {moved}:/srv/ftbundle" \
+                in proc.stdout, tail(proc, 12000)
+            lines = [line.split() for line in docker_exec(host, "cat /etc/fstab").stdout.splitlines()
+                     if not line.startswith("#") and line.split()[1:2] == ["/shared"]]
+            assert lines == [[f"{moved}:/srv/ftbundle", "/shared", "nfs", options, "0", "0"]], lines
+            assert docker_exec(host, "cat /etc/ftbundle/nfs_client.fstab").stdout.split()[0] == f"{moved}:/srv/ftbundle"
+
+        # node2 still has the share of the former server mounted (a tmpfs named like it: no NFS
+        # client in this kernel): the run with mounting on stops there and says why
+        docker_exec(HOSTS[2], f"mount -t tmpfs {old_source} /shared")
+        mounted = molecule("converge", "--", "--tags", "nfs", "--limit", HOSTS[2],
+                           "-e", json.dumps({"nfs_client_server": moved, "nfs_client_mount": True,
+                                             "nfs_client_wait_timeout": 5}))
+        assert mounted.returncode != 0, tail(mounted)
+        assert (f"{HOSTS[2]}: /shared is mounted from {old_source}; ftbundle's fstab line says {moved}:/srv/ftbundle. "
+                "When no job uses the share, run `umount /shared`") in mounted.stdout, tail(mounted, 12000)
+        assert "Wait for the server's NFS port" not in mounted.stdout.split("Refuse to switch")[-1], tail(mounted, 12000)
+        # still mounted (on top of the scenario's own bind mount of the shared directory)
+        assert docker_exec(HOSTS[2], "findmnt -n -o SOURCE --mountpoint /shared").stdout.split()[-1] == old_source
+    finally:
+        docker_exec(HOSTS[2], "umount /shared", check=False)
+        back = molecule("converge", "--", "--tags", "nfs")  # moved back: the recorded line is ours again
+        assert back.returncode == 0, tail(back, 12000)
+    for host in HOSTS:
+        assert f"{old_source} /shared nfs {options} 0 0" in docker_exec(host, "cat /etc/fstab").stdout
+        assert f"{moved}:" not in docker_exec(host, "cat /etc/fstab").stdout
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
 def test_verify_never_pulls_and_names_a_host_missing_the_recorded_image(molecule):
     # the recorded reference is the registry image again (the tarball test above records its own)
     pinned = molecule("converge", "--", "--tags", "image")
