@@ -152,7 +152,7 @@ def main() -> None:
                     ratio(med["ftbundle check off"], prev and prev["off"])])
                 detail.append([n] + [cost(results[t]) for t in ("ftbundle check off", "ftbundle check on", "pdsh",
                                                                 "clush")] +
-                              [f"{median([k for _, _, k in off] or [0]):.0f} / {median([k for _, _, k in on] or [0]):.0f}"])
+                              [" / ".join(f"{median([k for _, _, k in r]):.0f}" if r else "-" for r in (off, on))])
                 raw[n] = {"off": med["ftbundle check off"], "on": med["ftbundle check on"], "pdsh": med["pdsh"],
                           "best": best}
                 print(rows[-1], detail[-1], flush=True)

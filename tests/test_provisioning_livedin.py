@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.test_provisioning import BIN, TESTBED, recap, registry_alive, run, tail  # noqa: F401 (autouse)
+from tests.helpers import ASSETS
 from tests.testbed import ensure_registry
 
 # this checkout's names and addresses for the scenario (tests/testbed.py; slot 0: ftb-liv-node0..2,
@@ -166,9 +167,11 @@ def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
     `firewall_mode: strict` on that host, its forward chain keeps the published port to the
     members (and the host itself); back to compose, the controller reaches it again."""
     image = docker_exec(HOSTS[0], "cat /etc/ftbundle/image.ref").strip()
-    for port in (546, 547):  # UDP echo on node0 over IPv6 (for strict mode's DHCPv6 exception, below)
-        subprocess.run(["docker", "exec", "-d", HOSTS[0], "python3", "-c", UDP6_ECHO, str(port), "ftb-udp6-echo"],
-                       check=True, timeout=60)
+    # UDP echo on node0 over IPv6 (for strict mode's DHCPv6 exception, below)
+    subprocess.run(["docker", "cp", str(ASSETS / "ports.py"), f"{HOSTS[0]}:/usr/local/bin/ftb-test-ports.py"],
+                   check=True, capture_output=True, timeout=60)
+    subprocess.run(["docker", "exec", "-d", HOSTS[0], "python3", "/usr/local/bin/ftb-test-ports.py", "udp6:546",
+                    "udp6:547"], check=True, timeout=60)
     docker_exec(HOSTS[0], f"docker rm -f published >/dev/null 2>&1; docker run -d --name published -p 18080:18080 "
                           f"--pull=never {image} python3 -m http.server 18080")
     try:
@@ -198,37 +201,22 @@ def test_a_port_a_container_publishes_keeps_the_hosts_verdict(livedin):
                  ("member", 547): udp6_echo(SCENARIO.addresses6[0], 547)}
         assert seen6 == {("link-local", 546): "open", ("link-local", 547): "closed", ("member", 547): "open"}
     finally:
-        subprocess.run(["docker", "exec", HOSTS[0], "pkill", "-f", "ftb-udp6-echo"], capture_output=True, timeout=60)
+        subprocess.run(["docker", "exec", HOSTS[0], "pkill", "-f", "ftb-test-ports.py"], capture_output=True, timeout=60)
         docker_exec(HOSTS[0], "docker rm -f published >/dev/null 2>&1; true")
         back = livedin("converge", "--", "--tags", "firewall", "--limit", HOSTS[0])
         assert back.returncode == 0, tail(back, 12000)
     assert "chain forward" not in docker_exec(HOSTS[0], "nft list table inet ftbundle")
 
 
-UDP6_ECHO = ("import socket, sys\n"
-             "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
-             "s.bind(('::', int(sys.argv[1])))\n"
-             "while True:\n"
-             "    data, peer = s.recvfrom(64)\n"
-             "    s.sendto(data, peer)\n")
-
-
 def udp6_echo(address: str, port: int) -> str:
-    """"open" or "closed": whether node0's UDP echo on address:port answers node1 (from node1's
-    link-local address when `address` is node0's, scoped to eth0)."""
-    code = ("import socket, sys\n"
-            "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
-            "s.settimeout(3)\n"
-            "a = sys.argv[1]\n"
-            "s.sendto(b'dhcp6', (a, int(sys.argv[2]), 0, socket.if_nametoindex('eth0') if a.startswith('fe80') else 0))\n"
-            "try:\n"
-            "    print('open' if s.recv(64) == b'dhcp6' else 'closed')\n"
-            "except OSError:\n"
-            "    print('closed')\n")
-    out = subprocess.run(["docker", "exec", HOSTS[1], "python3", "-c", code, address, str(port)],
-                         capture_output=True, text=True, timeout=60)
+    """"open" or "closed": whether node0's UDP echo on address:port (tests/assets/ports.py udp6)
+    answers node1 (tests/assets/probe.py; from node1's link-local address when `address` is
+    node0's, scoped to eth0)."""
+    target = f"{address}%eth0" if address.startswith("fe80") else address
+    out = subprocess.run(["docker", "exec", "-i", HOSTS[1], "python3", "-", target, "udp", str(port)],
+                         input=(ASSETS / "probe.py").read_text(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+    return out.stdout.split()[0]
 
 
 def loaded_digest(host: str) -> str:

@@ -1,8 +1,8 @@
 """Listeners for the firewall tests, run on a test host: `ports.py tcp:9100 udp:9104 fwd:45022`.
 
-tcp:PORT accepts and closes; udp:PORT echoes each datagram back; fwd:PORT relays every
-connection to 127.0.0.1:22 (SSH reached through a port forwarder, a port sshd itself does
-not listen on: `ss` names the forwarder, not sshd).
+tcp:PORT accepts and closes; udp:PORT echoes each datagram back (udp6:PORT: over IPv6);
+fwd:PORT relays every connection to 127.0.0.1:22 (SSH reached through a port forwarder, a
+port sshd itself does not listen on: `ss` names the forwarder, not sshd).
 """
 
 import socket
@@ -20,6 +20,16 @@ def tcp(port: int) -> None:
 def udp(port: int) -> None:
     srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     srv.bind(("0.0.0.0", port))
+    while True:
+        data, peer = srv.recvfrom(512)
+        srv.sendto(data, peer)
+
+
+def udp6(port: int) -> None:
+    """udp:PORT over IPv6 (link-local peers too), alone on the port (IPV6_V6ONLY)."""
+    srv = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    srv.bind(("::", port))
     while True:
         data, peer = srv.recvfrom(512)
         srv.sendto(data, peer)
@@ -54,7 +64,7 @@ def fwd(port: int) -> None:
 
 
 if __name__ == "__main__":
-    kinds = {"tcp": tcp, "udp": udp, "fwd": fwd}
+    kinds = {"tcp": tcp, "udp": udp, "udp6": udp6, "fwd": fwd}
     threads = []
     for arg in sys.argv[1:]:
         kind, port = arg.split(":")

@@ -10,9 +10,11 @@ try:
     if proto == "tcp":
         socket.create_connection((address, port), timeout=3).close()
     else:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        # IPv4 or IPv6; a link-local address carries its interface: fe80::1%eth0
+        family, kind, _, _, peer = socket.getaddrinfo(address, port, type=socket.SOCK_DGRAM)[0]
+        sock = socket.socket(family, kind)
         sock.settimeout(3)
-        sock.sendto(b"ping", (address, port))
+        sock.sendto(b"ping", peer)
         sock.recvfrom(512)
     print("open")
 except OSError as exc:
