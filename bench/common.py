@@ -105,7 +105,7 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, {os.uname().sysname} {os.uname().release}"
 
 
-def write_section(name: str, markdown: str) -> Path:
+def write_section(name: str, markdown: str, rerun: str | None = None) -> Path:
     """One benchmark's section of docs/PERFORMANCE.md (bench/report.py puts them together)."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{name}.md"
@@ -113,7 +113,7 @@ def write_section(name: str, markdown: str) -> Path:
     # the machine is shared: how loaded it was tells how far the absolute figures can be trusted
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     path.write_text(markdown.rstrip() + f"\n\n_measured {stamp}, load average (1/5/15 min) at the end "
-                    f"{load}; rerun: `.venv/bin/python bench/{name}.py`_\n")
+                    f"{load}; rerun: `.venv/bin/python {rerun or f'bench/{name}.py'}`_\n")
     print(markdown)
     return path
 

@@ -251,7 +251,8 @@ def simulate(n: int, per_container: int = 32) -> None:
         f"## Start latency past the containers: {n} simulated hosts", "",
         f"{per_container} sshd instances per container on ports 2201-{2200 + per_container}, each a host to "
         "ftbundle (its own connection, known_hosts line and node); `ftbundle run --no-check`, one run per size.", "",
-        table(["hosts", "ran", "start s", "growth", "CPU s", "peak RSS MB", "peak threads", "peak fds"], rows)]))
+        table(["hosts", "ran", "start s", "growth", "CPU s", "peak RSS MB", "peak threads", "peak fds"], rows)]),
+        rerun=f"bench/launch.py --simulate {n}")
 
 
 def fixed_cost(raw: dict, runs: int = 7) -> str:

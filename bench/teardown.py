@@ -12,13 +12,22 @@ every host clean), Ctrl-C (every host clean within 3 s), a partitioned node (the
 stopped and ftbundle exited within 10 s).
 
     .venv/bin/python bench/teardown.py [--nodes 3] [--cap 60] [--trials 10]
+    .venv/bin/python bench/teardown.py --scale 128 [--trials 5]
 
 Prints tables and the ratio baseline/ftbundle measured in this one run.
+
+``--scale N`` (issue 23, item 2): the same killed-rank and Ctrl-C faults on N hosts, with a
+job that is not torch (N torch ranks do not fit in this machine's memory at 128): a per-node
+`command:` that marks its host as started and sleeps. The containers' processes are visible
+in this machine's /proc, so "nothing left on any host" is read there in one scan (every
+process whose environment carries the run's FTB_JOB marker), every 50 ms, not with N docker
+execs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -169,13 +178,106 @@ def trials(nodes: int, count: int) -> list[list]:
     return rows
 
 
+def job_pids(name: str) -> list[int]:
+    """Processes on this machine, the containers' included, whose environment holds
+    FTB_JOB=<a run of job ``name``> (every process ftbundle starts for a job carries it)."""
+    want = f"FTB_JOB={name}-".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if any(v.startswith(want) for v in f.read().split(b"\0")):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def scale_trial(cluster: Cluster, job: Path, name: str, shared: Path, fault: str, trial: int) -> dict:
+    """One fault on a running per-node job across the whole cluster: seconds from the fault
+    until ftbundle exited, and until no process of the job was left anywhere."""
+    import signal
+
+    up = shared / "up"
+    shutil.rmtree(up, ignore_errors=True)
+    up.mkdir()
+    argv = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+            "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(up.iterdir())) < len(cluster.hosts):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"trial {trial}: {len(list(up.iterdir()))} of {len(cluster.hosts)} hosts started "
+                                   f"(ftbundle rc {proc.poll()}): {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}")
+            time.sleep(0.1)
+        victim = cluster.hosts[-1]
+        start = time.monotonic()
+        if fault == "killed rank":
+            cluster.exec(victim, "pkill -KILL -x sleep")
+        else:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        exited = time.monotonic() - start
+        while job_pids(name) and time.monotonic() - start < 60:
+            time.sleep(0.05)
+        clean = time.monotonic() - start
+        err = proc.stderr.read()
+        return {"exited": exited, "clean": clean, "left": len(job_pids(name)), "rc": proc.returncode,
+                "named": victim.name in err if fault == "killed rank" else True}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def scale(nodes: int, count: int) -> None:
+    """Issue 23, item 2: teardown at ``nodes`` hosts, within the bounds it has at 2 or 3."""
+    shared = Path(tempfile.mkdtemp(prefix="ftb-bench-", dir="/tmp"))
+    name = f"teardown{nodes}"
+    rows = []
+    try:
+        with Cluster(nodes, shared_dir=shared) as cluster:
+            inventory = cluster.write_inventory(shared / "hosts.yml")
+            # a per-node command, not torch; `exec`: the sleep is the node's job process itself
+            job = write_job(shared / "job.yaml", base_job(name, shared, inventory, {
+                "command": f"touch {shared}/up/$(hostname) && exec sleep 86400"}))
+            for fault, target in (("killed rank", "median <= 3 s, worst <= 5 s"),
+                                  ("ctrl-c", "every host clean <= 3 s")):
+                results = [scale_trial(cluster, job, name, shared, fault, i) for i in range(count)]
+                print(fault, results, flush=True)
+                exited = [r["exited"] for r in results]
+                clean = [r["clean"] for r in results]
+                rows.append([fault, nodes, count, f"{median(exited):.2f}", f"{max(exited):.2f}",
+                             f"{median(clean):.2f}", f"{max(clean):.2f}", max(r["left"] for r in results),
+                             " ".join(str(r["rc"]) for r in results),
+                             "yes" if all(r["named"] for r in results) else "no", target])
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    write_section("teardown_scale", "\n".join([
+        f"## Teardown at {nodes} hosts (issue 23)", "",
+        f"{nodes} containerized hosts, each running a per-node `command:` (`sleep`, not torch: {nodes} torch "
+        "ranks do not fit in this machine's memory), started with `ftbundle run --no-check`; the fault on the "
+        "last host (its job process killed with SIGKILL, or Ctrl-C to ftbundle). Seconds from the fault until "
+        "ftbundle exited, and until no process carrying the run's FTB_JOB marker was left on any host (read "
+        "in this machine's /proc, which sees every container's processes, every 50 ms). `left`: such "
+        "processes still there at the end (the most of any trial). `named`: the failure summary named the "
+        "host whose rank was killed.", "",
+        table(["fault", "hosts", "trials", "exited median s", "worst s", "all clean median s", "worst s", "left",
+               "exit codes", "named", "target"], rows)]), rerun=f"bench/teardown.py --scale {nodes}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--cap", type=float, default=60.0)
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--scale", type=int, default=0, help="only the killed-rank and Ctrl-C trials on N hosts")
     args = parser.parse_args()
     ensure_image()
+    if args.scale:
+        return scale(args.scale, min(args.trials, 5))
     repeated = trials(args.nodes, args.trials)
     rows = []
     for fault in ("host dies", "network cut"):
