@@ -96,7 +96,8 @@ detect_python_packages() {
 mapfile -t DETECTED < <(detect_python_packages | sort -u)
 mapfile -t PACKAGES < <(printf '%s\n' "${BASE_PACKAGES[@]}" "${PYLIB_PACKAGES[@]}" ${DETECTED[@]+"${DETECTED[@]}"} | awk 'NF && !seen[$0]++')
 
-HASH=$({ cat "$SELF"; printf '%s\n' "${PACKAGES[@]}"; } | sha256sum | cut -c1-12)
+ZIPCACHE="$HERE/testhost/ftb_test_zipcache.py"
+HASH=$({ cat "$SELF" "$ZIPCACHE"; printf '%s\n' "${PACKAGES[@]}"; } | sha256sum | cut -c1-12)
 REF="$IMAGE_NAME:$HASH"
 
 # --- engine -------------------------------------------------------------------
@@ -214,6 +215,11 @@ ssh-keygen -A >/dev/null
 exec "$@"
 EOF
 chmod 0755 "$ROOTFS/usr/sbin/ftbundle-testhost-entrypoint"
+
+# Ansible's modules compiled once per host, not on every task (see the file; test hosts only).
+# In Debian's dist-packages, not /usr/local (which may be a bind-mounted Python prefix).
+install -m 0644 "$ZIPCACHE" "$ROOTFS/usr/lib/python3/dist-packages/ftb_test_zipcache.py"
+echo "import ftb_test_zipcache" >"$ROOTFS/usr/lib/python3/dist-packages/ftb-test-zipcache.pth"
 
 mkdir -p "$ROOTFS/root/.ssh"
 chmod 0700 "$ROOTFS/root" "$ROOTFS/root/.ssh"
