@@ -144,14 +144,17 @@ def test_second_converge_changes_nothing(molecule):
 @pytest.mark.timeout(900)
 def test_check_mode_reports_drift_and_changes_nothing(molecule):
     """--check on the converged cluster: nothing to do. After a file goes missing on one
-    host, --check names that host as changed and still leaves the file missing."""
+    host, --check names that host as changed and still leaves the file missing. (The drift
+    run is limited to the role that owns the file: the full --check run before it already
+    shows every other role reports nothing on an unchanged host; a second full run would
+    repeat that at the cost of a whole --check of site.yml.)"""
     clean = molecule("converge", "--", "--check")
     assert clean.returncode == 0, tail(clean, 12000)
     assert all(h["changed"] == 0 and h["failed"] == 0 for h in recap(clean.stdout).values()), clean.stdout[-3000:]
 
     docker_exec(HOSTS[1], "rm /etc/ftbundle/nccl.env")
     try:
-        drift = molecule("converge", "--", "--check")
+        drift = molecule("converge", "--", "--check", "--tags", "nccl")
         assert drift.returncode == 0, tail(drift, 12000)
         hosts = recap(drift.stdout)
         assert hosts[HOSTS[1]]["changed"] >= 1 and hosts[HOSTS[0]]["changed"] == hosts[HOSTS[2]]["changed"] == 0, \
