@@ -205,13 +205,20 @@ def scale_trial(cluster: Cluster, job: Path, name: str, shared: Path, fault: str
     up.mkdir()
     argv = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
             "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    # stderr to a file, not a pipe nobody reads while the run lasts (a full pipe would hold ftbundle)
+    err_file = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file, text=True, cwd=REPO)
+
+    def said() -> str:
+        err_file.seek(0)
+        return err_file.read()
+
     try:
         deadline = time.monotonic() + 300
         while len(list(up.iterdir())) < len(cluster.hosts):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"trial {trial}: {len(list(up.iterdir()))} of {len(cluster.hosts)} hosts started "
-                                   f"(ftbundle rc {proc.poll()}): {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}")
+                                   f"(ftbundle rc {proc.poll()}): {said()[-2000:]}")
             time.sleep(0.1)
         victim = cluster.hosts[-1]
         start = time.monotonic()
@@ -224,12 +231,13 @@ def scale_trial(cluster: Cluster, job: Path, name: str, shared: Path, fault: str
         while job_pids(name) and time.monotonic() - start < 60:
             time.sleep(0.05)
         clean = time.monotonic() - start
-        err = proc.stderr.read()
+        err = said()
         return {"exited": exited, "clean": clean, "left": len(job_pids(name)), "rc": proc.returncode,
                 "named": victim.name in err if fault == "killed rank" else True}
     finally:
         if proc.poll() is None:
             proc.kill()
+        err_file.close()
 
 
 def scale(nodes: int, count: int) -> None:
