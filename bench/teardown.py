@@ -231,9 +231,11 @@ def scale_trial(cluster: Cluster, job: Path, name: str, shared: Path, fault: str
         while job_pids(name) and time.monotonic() - start < 60:
             time.sleep(0.05)
         clean = time.monotonic() - start
-        err = said()
+        # the summary's first line names the node that failed first: it must be the victim's
+        first = next((line for line in said().splitlines() if "failed first" in line or "lost every node" in line),
+                     "")
         return {"exited": exited, "clean": clean, "left": len(job_pids(name)), "rc": proc.returncode,
-                "named": victim.name in err if fault == "killed rank" else True}
+                "named": f"node {victim.name} " in first if fault == "killed rank" else True, "first": first}
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -271,7 +273,7 @@ def scale(nodes: int, count: int) -> None:
         "ftbundle exited, and until no process carrying the run's FTB_JOB marker was left on any host (read "
         "in this machine's /proc, which sees every container's processes, every 50 ms). `left`: such "
         "processes still there at the end (the most of any trial). `named`: the failure summary named the "
-        "host whose rank was killed.", "",
+        "host whose rank was killed as the one that failed first, in every trial.", "",
         table(["fault", "hosts", "trials", "exited median s", "worst s", "all clean median s", "worst s", "left",
                "exit codes", "named", "target"], rows)]), rerun=f"bench/teardown.py --scale {nodes}")
 
