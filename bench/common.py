@@ -118,6 +118,13 @@ def write_section(name: str, markdown: str, rerun: str | None = None) -> Path:
     return path
 
 
+def first_failure(stderr: str) -> str:
+    """The line of ftbundle's failure summary that names the node that failed first (or says
+    every node was lost at once); "" when there is none."""
+    return next((line.strip() for line in stderr.splitlines()
+                 if "failed first" in line or "lost every node" in line), "")
+
+
 def table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from common import REPO, measure, median, table, write_section
+from common import REPO, first_failure, measure, median, table, write_section
 
 from tests.cluster import Cluster, ensure_image
 from tests.helpers import base_job, logins, write_job
@@ -238,10 +238,8 @@ def simulate(n: int, per_container: int = 32) -> None:
                 files = list((shared / "ts").glob(f"{tag}-*"))
                 if m.code != 0:  # a result: the summary's first line says which node failed first and why
                     said = m.stderr.decode(errors="replace")
-                    first = next((line for line in said.splitlines()
-                                  if "failed first" in line or "lost every node" in line), said[-300:])
                     print(said, flush=True)
-                    rows.append([size, len(files), f"failed (exit {m.code}): {first.strip()}", "-",
+                    rows.append([size, len(files), f"failed (exit {m.code}): {first_failure(said) or said[-300:]}", "-",
                                  f"{m.cpu_s:.1f}", f"{m.maxrss_mb:.0f}", m.threads, m.fds])
                     break  # larger sizes on the same machine only fail later
                 lat = max(float(f.read_text()) for f in files) - wall

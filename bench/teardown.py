@@ -39,10 +39,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster import Cluster, ensure_image  # noqa: E402
-from tests.helpers import ASSETS, base_job, job_processes, write_job  # noqa: E402
+from tests.helpers import ASSETS, base_job, job_processes, sigint_ready, write_job  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
-from common import median, table, write_section  # noqa: E402
+from common import first_failure, median, table, write_section  # noqa: E402
 
 
 def survivors_busy(cluster: Cluster, fault_host: str, pattern: str) -> bool:
@@ -134,8 +134,7 @@ def ftbundle_trial(cluster: Cluster, job: Path, fault: str) -> float:
     reachable host (for a partition: until ftbundle has exited)."""
     import signal
 
-    argv = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-            "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "ftbundle", "run", "-v", str(job), "--no-check"]
+    argv = sigint_ready([sys.executable, "-m", "ftbundle", "run", "-v", str(job), "--no-check"])
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
     try:
         wait_steps(proc.stdout, needle="step 2 allreduce ok")
@@ -203,8 +202,7 @@ def scale_trial(cluster: Cluster, job: Path, name: str, shared: Path, fault: str
     up = shared / "up"
     shutil.rmtree(up, ignore_errors=True)
     up.mkdir()
-    argv = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-            "os.execv(sys.argv[1], sys.argv[1:])", sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"]
+    argv = sigint_ready([sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"])
     # stderr to a file, not a pipe nobody reads while the run lasts (a full pipe would hold ftbundle)
     err_file = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file, text=True, cwd=REPO)
@@ -231,9 +229,7 @@ def scale_trial(cluster: Cluster, job: Path, name: str, shared: Path, fault: str
         while job_pids(name) and time.monotonic() - start < 60:
             time.sleep(0.05)
         clean = time.monotonic() - start
-        # the summary's first line names the node that failed first: it must be the victim's
-        first = next((line for line in said().splitlines() if "failed first" in line or "lost every node" in line),
-                     "")
+        first = first_failure(said())  # it must name the victim's node
         return {"exited": exited, "clean": clean, "left": len(job_pids(name)), "rc": proc.returncode,
                 "named": f"node {victim.name} " in first if fault == "killed rank" else True, "first": first}
     finally:
@@ -283,7 +279,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--cap", type=float, default=60.0)
     parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--scale", type=int, default=0, help="only the killed-rank and Ctrl-C trials on N hosts")
+    parser.add_argument("--scale", type=int, default=0, help="only the killed-rank and Ctrl-C trials on N hosts (--trials, at most 5, each)")
     args = parser.parse_args()
     ensure_image()
     if args.scale:
