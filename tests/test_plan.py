@@ -321,6 +321,79 @@ def test_node_program_without_the_whole_payload_runs_nothing(tmp_path):
     assert not (tmp_path / "ran").exists() and not (tmp_path / "run").exists()
 
 
+def _marked(marker: str) -> list[int]:
+    """This machine's processes that carry a job marker (what node.sh's ftb_pids finds)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if f"FTB_JOB={marker}".encode() in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+# a job whose main process ends at SIGTERM (or by itself) while a rank it started ignores SIGTERM
+STUBBORN_RANK = "(trap '' TERM; while :; do sleep 0.1; done) & "
+
+
+def test_node_program_exits_after_its_watchdog_killed_a_stubborn_rank(tmp_path):
+    """`stop` on the node channel: the watchdog SIGTERMs the job; its main process ends, a
+    rank that ignores SIGTERM lives on. The node program exits only after the watchdog's
+    SIGKILL (FTB_STOP_GRACE later), so its exit tells the launcher that nothing is left: the
+    teardown needs no second channel per host. (It used to exit with the main process.)"""
+    import subprocess
+    import time
+
+    from ftbundle.launch import node as N
+
+    env = _node_program_env(tmp_path)
+    proc = subprocess.Popen(N.node_argv("node", "bash", "-c", STUBBORN_RANK + "wait"), stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={"PATH": os.environ["PATH"]})
+    try:
+        proc.stdin.write(N.env_payload(env))
+        proc.stdin.flush()
+        deadline = time.monotonic() + 10
+        while len(_marked(env["FTB_MARKER"])) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_marked(env["FTB_MARKER"])) >= 2, "the job and its rank never ran"
+        stopped = time.monotonic()
+        proc.stdin.write(b"stop\n")
+        proc.stdin.close()
+        proc.wait(timeout=15)
+        took = time.monotonic() - stopped
+        left = _marked(env["FTB_MARKER"])
+        assert not left, f"the node program exited with the job's processes {left} still there"
+        assert took >= 0.9, f"exited {took:.1f}s after stop: before the 1 s grace was over"
+    finally:
+        for pid in _marked(env["FTB_MARKER"]):
+            os.kill(pid, 9)
+
+
+def test_node_program_takes_a_job_s_leftovers_with_it(tmp_path):
+    """The job's main process exits by itself (code 3) and leaves a rank that ignores
+    SIGTERM: the node program stops it before it exits, and reports the job's own code."""
+    import subprocess
+
+    from ftbundle.launch import node as N
+
+    env = _node_program_env(tmp_path)
+    proc = subprocess.Popen(N.node_argv("node", "bash", "-c", STUBBORN_RANK + "sleep 0.5; exit 3"),
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env={"PATH": os.environ["PATH"]})
+    try:
+        proc.stdin.write(N.env_payload(env))
+        proc.stdin.flush()
+        assert proc.wait(timeout=15) == 3
+        assert not _marked(env["FTB_MARKER"]), "a rank of the ended job was left running"
+        assert (tmp_path / "run" / "n.exit").read_text() == "3\n"
+    finally:
+        proc.stdin.close()
+        for pid in _marked(env["FTB_MARKER"]):
+            os.kill(pid, 9)
+
+
 def test_dry_run_prints_every_host(tmp_path, inventory, capsys):
     from ftbundle.cli import main
     path = job_file(tmp_path, COMMAND_JOB + f"inventory: {inventory}\nenv: {{HF_TOKEN: hunter2}}\n")

@@ -51,7 +51,8 @@ ftb_now_us() {  # microseconds (bash 5's EPOCHREALTIME; whole seconds on an olde
 ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
   local p end
   p=$(ftb_pids "$1")
-  [ -n "$p" ] && kill -TERM $p 2>/dev/null
+  # (CONT: a stopped process, under a debugger or SIGSTOP, gets its SIGTERM now, not at SIGKILL)
+  [ -n "$p" ] && { kill -TERM $p; kill -CONT $p; } 2>/dev/null
   [ -n "${2:-}" ] && docker rm -f "$2" >/dev/null 2>&1
   # the grace period is wall time: on a loaded host each look at /proc takes a while, and
   # counting looks instead would stretch the grace far past what the controller waits for
@@ -317,6 +318,12 @@ mode_node() {
   # The watchdog: `stop` from the launcher stops the job quietly; a closed stdin or no
   # ping for FTB_WATCHDOG seconds means the launcher is lost: that is written into the
   # job's log and beside its exit file (node-R.aN.stopped; `ftbundle runs` and `status`).
+  # It tells this program (USR1) before it stops the job: the job's main process may end at
+  # the SIGTERM while a rank that ignores it lives on, and this program then waits for the
+  # watchdog's SIGKILL instead of ending first. So when this program exits, nothing of the
+  # job is left on this host, and the launcher needs no second channel to make sure of it.
+  local stopping=0
+  trap 'stopping=1' USR1
   ( why= rc=0
     while :; do
       IFS= read -r -t "$FTB_WATCHDOG" line; rc=$?
@@ -324,6 +331,7 @@ mode_node() {
       if [ "$rc" -gt 128 ]; then why="no ping from the launcher for ${FTB_WATCHDOG}s"; else why="the launcher's connection closed"; fi
       break
     done
+    kill -USR1 $$ 2>/dev/null  # ($$: the node program, not this subshell)
     if [ -n "$why" ]; then
       echo "ftbundle: launcher lost ($why): stopping the job on $(hostname)" >>"$FTB_LOG"
       ftb_write "${FTB_EXIT%.exit}.stopped" "launcher lost: $why"
@@ -332,7 +340,17 @@ mode_node() {
   local wdpid=$!
   wait "$pid"
   local rc=$?
-  kill "$hbpid" "$wdpid" 2>/dev/null
+  # (a USR1 ends that wait with 138 while the job may still run: wait again; 127 from the
+  # second wait: the job itself had ended with 138)
+  if [ "$rc" = 138 ] && [ "$stopping" = 1 ]; then wait "$pid"; local again=$?; [ "$again" = 127 ] || rc=$again; fi
+  kill "$hbpid" 2>/dev/null
+  if [ "$stopping" = 1 ]; then
+    wait "$wdpid"  # its stop ends with a SIGKILL to whatever is left
+  else
+    kill "$wdpid" 2>/dev/null
+    # the job's main process ended by itself: a rank or helper it left behind goes with it
+    [ -z "$(ftb_pids "$FTB_MARKER")" ] || ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}"
+  fi
   if [ "$rc" != 0 ] && ftb_disk_full "$FTB_RUN_DIR"; then
     echo "ftbundle: no space left on the device under $FTB_RUN_DIR on $(hostname) (ENOSPC): the job's log and exit record may be cut" >&2
   fi
