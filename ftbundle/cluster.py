@@ -456,6 +456,30 @@ class Cluster:
     def alive(self, host: Host) -> bool:
         return host.local or self._transport(host) is not None
 
+    def answers(self, host: Host, timeout: float) -> bool:
+        """Whether the host's sshd replies within ``timeout``: a global request that wants a
+        reply (sshd answers one it does not know with a failure, which is an answer). A
+        transport stays "active" for minutes after its host died or its network was cut
+        (:meth:`alive` says yes); this asks the other end. The request waits on a thread of
+        its own, which ends with the transport when the host never answers."""
+        if host.local:
+            return True
+        transport = self._transport(host)
+        if transport is None:
+            return False
+        replied = threading.Event()
+
+        def ask() -> None:
+            try:
+                transport.global_request("keepalive@openssh.com", wait=True)
+                if transport.is_active():
+                    replied.set()
+            except Exception:
+                pass
+
+        threading.Thread(target=ask, daemon=True, name=f"answers-{host.name}").start()
+        return replied.wait(timeout)
+
     def drop(self, host: Host) -> None:
         """Forget a host's connection without waiting for it (a lost host's transport may
         hang on a dead network)."""

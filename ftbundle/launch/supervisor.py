@@ -22,6 +22,7 @@ so a stall of a second or two never trips it while a cut network is noticed in a
 from __future__ import annotations
 
 import enum
+import functools
 import io
 import os
 import posixpath
@@ -45,7 +46,10 @@ from .stall import STACKS_PROGRAM, STALLED_EXIT_CODE, StallClock, collector_sour
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", "5"))
 START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
 PING_INTERVAL_S = 1.0
-TEARDOWN_SILENT_S = 2 * HEARTBEAT_S + 0.5  # while stopping: silent this long = unreachable
+TEARDOWN_SILENT_S = 2 * HEARTBEAT_S + 0.5  # while stopping: silent this long, its host is asked
+PROBE_S = 1.5  # ... and must answer within this long, or the node is lost
+STOPPER_THREADS = 8  # the teardown's sends (a send can wait on one host's transport)
+SECOND_STOP_AFTER_S = 2.0  # while stopping: a node not confirmed stopped by then gets its `stop` mode too
 LOST_EXIT_CODE = 255  # like ssh, for a node whose connection or heartbeat was lost
 PAUSED_AFTER_S = 2.0  # the loop wakes every 0.2 s: a gap this long means ftbundle itself did not run
 TAIL_LINES = 20
@@ -121,6 +125,7 @@ class Supervisor:
                                    fence=self.fence) for n in plan.nodes]
         self.status = [NodeStatus() for _ in plan.nodes]
         self.failures: list[Failure] = []
+        self._orphaned: set[int] = set()  # ranks whose node program died under a running job
         self._stop_pinging = threading.Event()
         self._awake = time.monotonic()  # when the loop last looked at its events
         # progress from the heartbeats (:mod:`.stall`); LlamaFactory: from its first step on
@@ -304,6 +309,7 @@ class Supervisor:
             self._set(event.rank, State.EXITED, reason=event.text)
         elif event.kind == "killed":  # its node program died, its host answers: stopped like the others
             self._set(event.rank, State.EXITED, code=LOST_EXIT_CODE, reason=event.text)
+            self._orphaned.add(event.rank)  # (its job may still run: the teardown's second path)
             self._fail_node(event.rank, event.text, LOST_EXIT_CODE, event.at)
 
     def _lose(self, rank: int, reason: str, at: float) -> None:
@@ -409,36 +415,86 @@ class Supervisor:
     def _unreachable_note(self, lost: list[int]) -> str:
         from ..hostlist import fold
 
-        names = fold(self.plan.nodes[r].host.name for r in lost)
-        return (f"could not reach {names} (its own watchdog stops its job within {WATCHDOG_S}s of "
-                "losing the controller)")
+        unreachable = [r for r in lost if self.status[r].state is State.LOST]
+        slow = [r for r in lost if self.status[r].state is not State.LOST]
+        notes = []
+        if unreachable:
+            notes.append(f"could not reach {fold(self.plan.nodes[r].host.name for r in unreachable)} (its own "
+                         f"watchdog stops its job within {WATCHDOG_S}s of losing the controller)")
+        if slow:
+            notes.append(f"{fold(self.plan.nodes[r].host.name for r in slow)} did not confirm its stop in time "
+                         "(its host answers; its job's processes were sent a stop of their own; "
+                         "`ftbundle status` shows what is left)")
+        return "; ".join(notes)
 
     def _teardown(self) -> list[int]:
-        """Stop every node over the open connections; the ranks that could not be reached.
+        """Stop every node over the open connections; the ranks not confirmed stopped.
 
         The fence goes up first: a node whose channel opens from now on never starts its
-        job (:meth:`.node.NodeRunner.fenced`). Then, on a thread per node (a send can wait
-        on its host's transport), its stdin says stop and closes (its watchdog stops the
-        job) and a stop goes down a channel of its own."""
+        job (:meth:`.node.NodeRunner.fenced`). Then every node's stdin says stop and closes:
+        its watchdog stops the job (SIGTERM, SIGKILL after STOP_GRACE_S) and its node program
+        exits only after that, so its exit confirms that nothing of the job is left there. The
+        sends go through a few threads (a send can wait on its host's transport; a thread per
+        node costs more than it saves at 100+ hosts). A second path, the node program's
+        ``stop`` mode on a channel of its own, goes only to a node whose program died (its
+        watchdog with it) and to one that has not confirmed by SECOND_STOP_AFTER_S.
+
+        A node silent for TEARDOWN_SILENT_S meanwhile is asked whether its host answers
+        (:meth:`Cluster.answers`): only one that does not is lost, its failure dated by its
+        last heartbeat (a dead host found now may still be the root cause). A node that
+        answers is being stopped, just slowly (a loaded controller or host): waited for."""
         self.fence.set()
-        stoppers = []
-        for runner, st in zip(self.runners, self.status):
-            reachable = st.state is not State.LOST
-            t = threading.Thread(target=_stop_node, args=(runner, reachable), daemon=True, name=f"stop{runner.rank}")
-            t.start()
-            if reachable:
-                stoppers.append(t)
-        deadline = time.monotonic() + STOP_GRACE_S + 2
-        while time.monotonic() < deadline:
-            if all(st.state in (State.EXITED, State.LOST) for st in self.status):
+        stoppers = _Stoppers(min(STOPPER_THREADS, len(self.runners)))
+        for runner in self.runners:
+            stoppers.put(runner.close_stdin)
+        confirmed: dict[int, bool] = {}  # the second path's answers: True, nothing of the job is left
+
+        def second_path(rank: int) -> None:
+            confirmed[rank] = self.runners[rank].stop()
+
+        sent = set(self._orphaned)  # their node program died: nothing on its stdin listens
+        for rank in sorted(sent):
+            stoppers.put(functools.partial(second_path, rank))
+
+        def stopped(rank: int) -> bool:  # (a node program's exit confirms: it waits for its watchdog)
+            return confirmed.get(rank, False) or (self.status[rank].state is State.EXITED and rank not in sent)
+
+        began = time.monotonic()
+        deadline = began + STOP_GRACE_S + 2
+        probes: dict[int, _Probe] = {}
+        while (now := time.monotonic()) < deadline:
+            if all(stopped(r) or st.state is State.LOST for r, st in enumerate(self.status)):
                 break
             self._take_events(0.1)
-            # stopping anyway: a node silent for a few heartbeats is not waited for
-            self._check_silence(TEARDOWN_SILENT_S)
-        for t in stoppers:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            now = time.monotonic()
+            if now - began >= SECOND_STOP_AFTER_S:
+                late = [r for r, st in enumerate(self.status)
+                        if st.state in (State.STARTING, State.RUNNING) and r not in sent]
+                for rank in late:
+                    stoppers.put(functools.partial(second_path, rank))
+                    sent.add(rank)
+                if late:  # (its stop: SIGTERM, SIGKILL after the grace; waited for)
+                    deadline = max(deadline, now + STOP_GRACE_S + 1.5)
+            self._check_silence_stopping(probes, now)
+        stoppers.join(until=deadline)
         self._drain_rank0()
-        return [r for r, st in enumerate(self.status) if st.state is not State.EXITED]
+        return [r for r, st in enumerate(self.status) if not stopped(r)]
+
+    def _check_silence_stopping(self, probes: dict[int, _Probe], now: float) -> None:
+        """While stopping: a node silent for TEARDOWN_SILENT_S is lost only when its host
+        does not answer (a probe each, on its own thread, at most PROBE_S)."""
+        for rank, st in enumerate(self.status):
+            if st.state is State.STARTING and now - st.since > START_TIMEOUT_S:
+                self._lose(rank, f"its node program did not start within {START_TIMEOUT_S:.0f}s", now)
+                continue
+            if st.state is not State.RUNNING or now - st.last_heartbeat <= TEARDOWN_SILENT_S:
+                continue
+            probe = probes.get(rank)
+            if probe is None:
+                probes[rank] = _Probe(self.cluster, self.plan.nodes[rank].host)
+            elif probe.answered is False:
+                self._lose(rank, f"no heartbeat for {now - st.last_heartbeat:.0f}s and its host does not answer "
+                                 f"(host down or network cut?)", st.last_heartbeat)
 
     def _drain_rank0(self) -> None:
         """Rank 0's log to its end on the terminal before we return."""
@@ -463,10 +519,46 @@ class Supervisor:
             self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
 
 
-def _stop_node(runner: NodeRunner, reachable: bool) -> None:
-    runner.close_stdin()
-    if reachable:
-        runner.stop()
+class _Stoppers:
+    """A few threads that run the teardown's sends and stop channels, in the order given."""
+
+    def __init__(self, threads: int):
+        self.work: queue.Queue = queue.Queue()
+        self.threads = [threading.Thread(target=self._serve, daemon=True, name=f"stopper{i}")
+                        for i in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def put(self, job) -> None:
+        self.work.put(job)
+
+    def _serve(self) -> None:
+        while (job := self.work.get()) is not None:
+            try:
+                job()
+            except Exception:
+                pass  # (a node that cannot be told is judged by its silence)
+            finally:
+                self.work.task_done()
+
+    def join(self, until: float) -> None:
+        """Until every job given has run, or the deadline; the threads end after that."""
+        for _ in self.threads:
+            self.work.put(None)
+        for t in self.threads:
+            t.join(timeout=max(0.0, until - time.monotonic()))
+
+
+class _Probe:
+    """Whether a silent node's host answers (:meth:`Cluster.answers`), asked on a thread:
+    ``answered`` is None until it is known."""
+
+    def __init__(self, cluster: Cluster, host: Host):
+        self.answered: bool | None = None
+        threading.Thread(target=self._ask, args=(cluster, host), daemon=True, name=f"probe-{host.name}").start()
+
+    def _ask(self, cluster: Cluster, host: Host) -> None:
+        self.answered = cluster.answers(host, PROBE_S)
 
 
 def _exit_reason(code: int) -> str:
