@@ -321,7 +321,8 @@ class NodeRunner:
                 self.proc.close_stdin()
 
     def stop(self, timeout: float = STOP_GRACE_S + 3) -> bool:
-        """Stop the job through a channel of its own (belt and braces beside the watchdog);
+        """Stop the job through a channel of its own (the teardown's second path, for a node
+        whose watchdog did not confirm: its node program died, or it is slow);
         True when no process of it is left."""
         try:
             return self.cluster.run(self.node.host, stop_argv(self.files, self.node), timeout=timeout).ok

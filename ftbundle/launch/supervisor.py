@@ -4,11 +4,13 @@ Each node goes STARTING -> RUNNING (its first heartbeat) -> EXITED (an exit code
 (its connection dropped, or no heartbeat for ``LOST_AFTER_S``). Only the loop changes a
 state; the node runners (:mod:`.node`) and the pinger threads (one a node) only send or emit.
 
-The first node that exits non-zero or is lost stops the run at once: every node's stdin is
-closed (its watchdog stops the job), a stop also goes down a channel of its own on each
-reachable host, and the loop waits for the nodes to confirm. The root cause is decided
-after that: the earliest failure, where a silent node counts from its last heartbeat (a
-host that dies takes its peers down with "connection reset" a second or two later).
+The first node that exits non-zero or is lost stops the run at once: every node's stdin says
+stop and closes (its watchdog stops the job; its node program's exit confirms it), a stop on a
+channel of its own goes only to a node that has not confirmed within a moment, and the loop
+waits for the nodes to confirm (:meth:`Supervisor._teardown`). The root cause is decided after
+that: the earliest failure, where a lost node counts from its last heartbeat (a host that dies
+takes its peers down with "connection reset" a second or two later); a node is lost while
+stopping only when its host does not answer.
 
 Restarts (:func:`launch`) relaunch every node as a new attempt: new job marker, new pid,
 exit and log files, after the old attempt's processes were confirmed gone on every host
