@@ -49,7 +49,8 @@ LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", "5"))
 START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
 PING_INTERVAL_S = 1.0
 TEARDOWN_SILENT_S = 2 * HEARTBEAT_S + 0.5  # while stopping: silent this long, its host is asked
-PROBE_S = 1.5  # ... and must answer within this long, or the node is lost
+PROBE_S = 1.5  # a silent node's host must answer within this long, or the node is lost
+QUIET_MAX_FACTOR = 3  # a silent node whose host answers is lost after this many LOST_AFTER_S
 STOPPER_THREADS = 8  # the teardown's sends (a send can wait on one host's transport)
 SECOND_STOP_AFTER_S = 2.0  # while stopping: a node not confirmed stopped by then gets its `stop` mode too
 LOST_EXIT_CODE = 255  # like ssh, for a node whose connection or heartbeat was lost
@@ -128,6 +129,7 @@ class Supervisor:
         self.status = [NodeStatus() for _ in plan.nodes]
         self.failures: list[Failure] = []
         self._orphaned: set[int] = set()  # ranks whose node program died under a running job
+        self._probes: dict[int, _Probe] = {}  # silent nodes: does their host answer?
         self._stop_pinging = threading.Event()
         self._awake = time.monotonic()  # when the loop last looked at its events
         # progress from the heartbeats (:mod:`.stall`); LlamaFactory: from its first step on
@@ -256,7 +258,7 @@ class Supervisor:
     def _loop(self) -> Outcome:
         while True:
             self._take_events(0.2)
-            self._check_silence(self.lost_after)
+            self._check_silence(self.lost_after, quiet_max=QUIET_MAX_FACTOR * self.lost_after)
             if self.failures:
                 return self._fail()
             if self.stall.stalled(time.monotonic()) and (outcome := self._stalled()) is not None:
@@ -321,14 +323,39 @@ class Supervisor:
         self.runners[rank].drop()
         self._fail_node(rank, reason, LOST_EXIT_CODE, at)
 
-    def _check_silence(self, limit: float) -> None:
+    def _check_silence(self, limit: float, *, quiet_max: float | None = None, ask_before: float = PROBE_S) -> None:
+        """Give up on a node that has not started in START_TIMEOUT_S, or that has been silent
+        for ``limit`` while its host does not answer (:meth:`Cluster.answers`, asked
+        ``ask_before`` seconds before the limit, so that a cut network is still noticed at
+        the limit). A node whose host answers is alive but quiet (its node program starved
+        of CPU, or our own loop slow to hear it: at 512 hosts on 2 cores, healthy nodes went
+        silent for 5 s): it is given until ``quiet_max`` of silence, None for no limit (the
+        teardown, which has a deadline of its own). Its failure is dated by its last
+        heartbeat (a dead host found late may still be the root cause)."""
         now = time.monotonic()
         for rank, st in enumerate(self.status):
             if st.state is State.STARTING and now - st.since > START_TIMEOUT_S:
                 self._lose(rank, f"its node program did not start within {START_TIMEOUT_S:.0f}s", now)
-            elif st.state is State.RUNNING and now - st.last_heartbeat > limit:
-                self._lose(rank, f"no heartbeat for {now - st.last_heartbeat:.0f}s (host down or network cut?)",
-                           st.last_heartbeat)
+                continue
+            if st.state is not State.RUNNING:
+                continue
+            silent = now - st.last_heartbeat
+            if silent <= limit - ask_before:
+                continue
+            probe = self._probes.get(rank)
+            if probe is None or probe.since < st.last_heartbeat:  # (none yet for this silence)
+                probe = self._probes[rank] = _Probe(self.cluster, self.plan.nodes[rank].host, st.last_heartbeat)
+            if silent <= limit or probe.answered is None and silent <= limit + PROBE_S:
+                continue
+            if probe.answered is False:
+                self._lose(rank, f"no heartbeat for {silent:.0f}s and its host does not answer "
+                                 "(host down or network cut?)", st.last_heartbeat)
+            elif probe.answered is None:
+                self._lose(rank, f"no heartbeat for {silent:.0f}s and its host did not answer within {PROBE_S:g}s "
+                                 "(host down or network cut?)", st.last_heartbeat)
+            elif quiet_max is not None and silent > quiet_max:
+                self._lose(rank, f"no heartbeat for {silent:.0f}s although its host answers (its node program "
+                                 "frozen or starved of CPU?)", st.last_heartbeat)
 
     # -- failure and teardown ---------------------------------------------------------
     def _fail(self) -> Outcome:
@@ -439,7 +466,8 @@ class Supervisor:
         sends go through a few threads (a send can wait on its host's transport; a thread per
         node costs more than it saves at 100+ hosts). A second path, the node program's
         ``stop`` mode on a channel of its own, goes only to a node whose program died (its
-        watchdog with it) and to one that has not confirmed by SECOND_STOP_AFTER_S.
+        watchdog with it) or was given up on while its host answers, and to one that has not
+        confirmed by SECOND_STOP_AFTER_S.
 
         A node silent for TEARDOWN_SILENT_S meanwhile is asked whether its host answers
         (:meth:`Cluster.answers`): only one that does not is lost, its failure dated by its
@@ -447,14 +475,18 @@ class Supervisor:
         answers is being stopped, just slowly (a loaded controller or host): waited for."""
         self.fence.set()
         stoppers = _Stoppers(min(STOPPER_THREADS, len(self.runners)))
-        for runner in self.runners:
-            stoppers.put(runner.close_stdin)
+        for runner, st in zip(self.runners, self.status):
+            if st.state is not State.LOST:  # (a lost node's channels are closed already: _lose)
+                stoppers.put(runner.close_stdin)
         confirmed: dict[int, bool] = {}  # the second path's answers: True, nothing of the job is left
 
         def second_path(rank: int) -> None:
             confirmed[rank] = self.runners[rank].stop()
 
-        sent = set(self._orphaned)  # their node program died: nothing on its stdin listens
+        # their node program died, or was given up on while its host answers (frozen?): nothing
+        # on its stdin listens, but its host does
+        sent = set(self._orphaned) | {r for r, st in enumerate(self.status)
+                                      if st.state is State.LOST and getattr(self._probes.get(r), "answered", None)}
         for rank in sorted(sent):
             stoppers.put(functools.partial(second_path, rank))
 
@@ -463,9 +495,9 @@ class Supervisor:
 
         began = time.monotonic()
         deadline = began + STOP_GRACE_S + 2
-        probes: dict[int, _Probe] = {}
         while (now := time.monotonic()) < deadline:
-            if all(stopped(r) or st.state is State.LOST for r, st in enumerate(self.status)):
+            # (a lost node is not waited for, unless a second path went to its host, which answers)
+            if all(stopped(r) or (st.state is State.LOST and r not in sent) for r, st in enumerate(self.status)):
                 break
             self._take_events(0.1)
             now = time.monotonic()
@@ -477,26 +509,10 @@ class Supervisor:
                     sent.add(rank)
                 if late:  # (its stop: SIGTERM, SIGKILL after the grace; waited for)
                     deadline = max(deadline, now + STOP_GRACE_S + 1.5)
-            self._check_silence_stopping(probes, now)
-        stoppers.join(until=deadline)
+            self._check_silence(TEARDOWN_SILENT_S, ask_before=0)  # (waited for while its host answers)
+        stoppers.close()  # (not waited for: a send to a held transport may wait 15 s, for nothing)
         self._drain_rank0()
         return [r for r, st in enumerate(self.status) if not stopped(r)]
-
-    def _check_silence_stopping(self, probes: dict[int, _Probe], now: float) -> None:
-        """While stopping: a node silent for TEARDOWN_SILENT_S is lost only when its host
-        does not answer (a probe each, on its own thread, at most PROBE_S)."""
-        for rank, st in enumerate(self.status):
-            if st.state is State.STARTING and now - st.since > START_TIMEOUT_S:
-                self._lose(rank, f"its node program did not start within {START_TIMEOUT_S:.0f}s", now)
-                continue
-            if st.state is not State.RUNNING or now - st.last_heartbeat <= TEARDOWN_SILENT_S:
-                continue
-            probe = probes.get(rank)
-            if probe is None:
-                probes[rank] = _Probe(self.cluster, self.plan.nodes[rank].host)
-            elif probe.answered is False:
-                self._lose(rank, f"no heartbeat for {now - st.last_heartbeat:.0f}s and its host does not answer "
-                                 f"(host down or network cut?)", st.last_heartbeat)
 
     def _drain_rank0(self) -> None:
         """Rank 0's log to its end on the terminal before we return."""
@@ -540,23 +556,20 @@ class _Stoppers:
                 job()
             except Exception:
                 pass  # (a node that cannot be told is judged by its silence)
-            finally:
-                self.work.task_done()
 
-    def join(self, until: float) -> None:
-        """Until every job given has run, or the deadline; the threads end after that."""
+    def close(self) -> None:
+        """No more jobs: the threads end once the ones given have run."""
         for _ in self.threads:
             self.work.put(None)
-        for t in self.threads:
-            t.join(timeout=max(0.0, until - time.monotonic()))
 
 
 class _Probe:
     """Whether a silent node's host answers (:meth:`Cluster.answers`), asked on a thread:
     ``answered`` is None until it is known."""
 
-    def __init__(self, cluster: Cluster, host: Host):
+    def __init__(self, cluster: Cluster, host: Host, since: float):
         self.answered: bool | None = None
+        self.since = since  # the last heartbeat before the silence it asks about
         threading.Thread(target=self._ask, args=(cluster, host), daemon=True, name=f"probe-{host.name}").start()
 
     def _ask(self, cluster: Cluster, host: Host) -> None:
