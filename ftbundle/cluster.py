@@ -321,6 +321,7 @@ class Cluster:
         self._gateways: dict[tuple, object] = {}  # one shared connection per bastion
         self._gateway_locks: dict[tuple, threading.Lock] = {}
         self.errors: dict[str, str] = {}  # host name -> why it could not be connected
+        self._why: dict[str, str] = {}  # host name -> the reason alone (the summary groups by it)
         self._conns: dict[str, object] = {}
         self._lock = threading.Lock()
         self._opening: threading.Thread | None = None
@@ -350,6 +351,20 @@ class Cluster:
             parallel(self._connect, todo, workers)
         return self
 
+    def errors_said(self, each_up_to: int = 3) -> str:
+        """The connection errors in one line: each host's own for a few; past that, the hosts
+        folded by reason ("412 hosts: node[5-17]-p[2201-2232]: Authentication timeout."), so
+        that 1,000 hosts do not make a line no one can read."""
+        from .hostlist import fold
+
+        if len(self.errors) <= each_up_to:
+            return "; ".join(self.errors.values())
+        by_reason: dict[str, list[str]] = {}
+        for name in self.errors:
+            by_reason.setdefault(self._why.get(name, "no connection"), []).append(name)
+        groups = sorted(by_reason.items(), key=lambda item: -len(item[1]))
+        return f"{len(self.errors)} hosts: " + "; ".join(f"{fold(names)}: {reason}" for reason, names in groups)
+
     def wait_open(self) -> Cluster:
         """Wait (interruptibly) until a background :meth:`open` has tried every host."""
         opening, self._opening = self._opening, None
@@ -373,11 +388,14 @@ class Cluster:
                 if host.proxy_jump:
                     where += f" through {host.proxy_jump}"
                 tries = f" ({attempt + 1} tries)" if attempt else ""
+                reason = self._reason(exc)
                 with self._lock:
-                    self.errors[host.name] = f"cannot SSH to {where}: {self._reason(exc)}{tries}"
+                    self.errors[host.name] = f"cannot SSH to {where}: {reason}{tries}"
+                    self._why[host.name] = reason
                 return
             with self._lock:
                 self.errors.pop(host.name, None)
+                self._why.pop(host.name, None)
                 self._conns[host.name] = conn
             return
 

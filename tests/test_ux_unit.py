@@ -365,3 +365,25 @@ def test_the_stages_before_the_first_step_come_from_what_the_ranks_print():
     assert said[:3] == ["ftbundle: training: ranks starting", "ftbundle: training: waiting for ranks",
                         "ftbundle: training: loading tokenizer (2 ranks connected)"], said
     assert not any("llamafactory" in line or "INFO" in line for line in out.getvalue().splitlines())
+
+
+def test_many_unreachable_hosts_are_folded_by_reason():
+    """Past 3 hosts that cannot be connected, the error folds them by reason (1,024 hosts'
+    own lines made one line of 100 KB); up to 3, each host's own line with its address."""
+    import socket
+
+    from ftbundle.cluster import Cluster
+    from ftbundle.inventory import Host
+
+    with socket.socket() as s:  # a port nothing listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hosts = [Host(name=f"gpu-{i:03d}", address="127.0.0.1", port=port, user="root") for i in range(1, 7)]
+    cluster = Cluster(hosts, connect_tries=1)
+    cluster.open()
+    said = cluster.errors_said()
+    assert said.startswith("6 hosts: gpu-[001-006]: "), said
+    assert "refused" in said.lower() and said.count("127.0.0.1") == 0, said
+    few = Cluster(hosts[:2], connect_tries=1)
+    few.open()
+    assert few.errors_said().count(f"root@127.0.0.1:{port}") == 2, few.errors_said()

@@ -67,7 +67,7 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None) 
             _say(ui, f"warning: {warning}")
     else:
         if cluster.errors:
-            raise UserError("cannot reach every host, nothing was started: " + "; ".join(cluster.errors.values()),
+            raise UserError("cannot reach every host, nothing was started: " + cluster.errors_said(),
                             file=str(job.inventory or job.path), key="hosts")
         if needs_facts(layout):
             from ..check import probe_hosts
