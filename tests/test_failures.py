@@ -94,90 +94,75 @@ def test_cut_network_is_detected_by_heartbeat_within_15s(cluster3, tmp_path):
     assert job_processes(cluster3) == {}, "the partitioned node did not stop its own job"
 
 
-# node1's node program (its heartbeats, its watchdog) freezes a second before node2's job
-# fails: a node that is alive and being stopped, only slow (as every node is on a loaded
-# controller with 128 hosts), not a dead one. The frozen pids go to a file for the clean-up.
-FREEZE_THEN_FAIL = r"""
-case "$NODE_RANK" in
-1) sleep 3
-   node=$(ps -o ppid= -p "$PPID" | tr -d ' ')
-   frozen="$node $(pgrep -P "$node" | grep -vx "$PPID" | tr '\n' ' ')"
-   echo "$frozen" > "$FTB_RUN_DIR/frozen"
-   kill -STOP $frozen
-   sleep 300 ;;
-2) sleep 4; echo "rank 2 gives up"; exit 7 ;;
-*) sleep 300 ;;
-esac
-"""
-
-
-def test_a_slow_node_during_the_teardown_is_not_named_as_the_cause(cluster3, tmp_path):
-    """While stopping, a node silent for a few heartbeats is lost (and dated by its last
-    heartbeat, which can make it the root cause) only when its host does not answer. Here
-    node1's node program is frozen but its host answers: node2, whose job exited 7, is named,
-    exit 7; node1 is not called unreachable, and its job is stopped through a channel of its
-    own (its watchdog is frozen) before ftbundle exits. (With 128 hosts on 2 cores the
-    teardown named a healthy node this way in 5 of 5 trials.)"""
-    shared = cluster3.shared_dir
-    (shared / "freeze.sh").write_text(FREEZE_THEN_FAIL)
-    inventory = cluster3.write_inventory(tmp_path / "hosts.yml")
-    job = write_job(tmp_path / "job.yaml", base_job("slow-teardown", shared, inventory,
-                                                     {"command": f"bash {shared}/freeze.sh"}))
-    proc = start_ftbundle("run", "-v", "--no-check", str(job))
-    try:
-        proc.wait(timeout=60)
-        err = proc.stderr.read()
-    finally:
-        proc.kill()
-        for frozen in shared.glob("**/frozen"):
-            cluster3.exec("node1", f"kill -KILL {frozen.read_text().strip()}", check=False)
-    assert "node node2 (rank 2" in err and "failed first: exited with code 7" in err, err
-    assert proc.returncode == 7, err
-    assert "could not reach" not in err and "did not confirm" not in err, err
-    assert job_processes(cluster3) == {}
-
-
-# node1's node program is frozen for 7 s (past the 5 s give-up) and then runs again; node2's
-# stays frozen. Both hosts answer all along.
-FREEZE_A_WHILE = r"""
+# freeze: a node program (its heartbeats, its watchdog), not its job, stopped with SIGSTOP while
+# its host answers: a node that is alive but quiet, as every node is at 128+ hosts on 2 cores.
+# The frozen pids go to a file for the clean-up.
+FREEZE = r"""
 freeze() {
   node=$(ps -o ppid= -p "$PPID" | tr -d ' ')
   frozen="$node $(pgrep -P "$node" | grep -vx "$PPID" | tr '\n' ' ')"
   echo "$frozen" > "$FTB_RUN_DIR/frozen-$NODE_RANK"
   kill -STOP $frozen
 }
-case "$NODE_RANK" in
-1) sleep 2; freeze; sleep 7; kill -CONT $frozen; sleep 60 ;;
-2) sleep 3; freeze; sleep 60 ;;
-*) sleep 60 ;;
-esac
 """
+
+
+def run_freezing(cluster, tmp_path, name: str, cases: str, timeout: float) -> tuple[int, str]:
+    """A `command:` job of FREEZE and ``cases`` (a shell `case` on NODE_RANK) to its end:
+    (exit code, stderr); the frozen node programs killed afterwards."""
+    shared = cluster.shared_dir
+    (shared / f"{name}.sh").write_text(FREEZE + cases)
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = write_job(tmp_path / "job.yaml", base_job(name, shared, inventory,
+                                                     {"command": f"bash {shared}/{name}.sh"}))
+    proc = start_ftbundle("run", "-v", "--no-check", str(job))
+    try:
+        proc.wait(timeout=timeout)
+        return proc.returncode, proc.stderr.read()
+    finally:
+        proc.kill()
+        for frozen in (shared / "runs").glob(f"{name}-*/frozen-*"):
+            cluster.exec(f"node{frozen.name[-1]}", f"kill -KILL {frozen.read_text().strip()}", check=False)
+
+
+def test_a_slow_node_during_the_teardown_is_not_named_as_the_cause(cluster3, tmp_path):
+    """While stopping, a node silent for a few heartbeats is lost (and dated by its last
+    heartbeat, which can make it the root cause) only when its host does not answer. Here
+    node1's node program freezes a second before node2's job exits 7: node2 is named, exit 7;
+    node1 is not called unreachable, and its job is stopped through a channel of its own (its
+    watchdog is frozen) before ftbundle exits. (With 128 hosts on 2 cores the teardown named
+    a healthy node this way in 5 of 5 trials.)"""
+    code, err = run_freezing(cluster3, tmp_path, "slow-teardown", r"""
+case "$NODE_RANK" in
+1) sleep 3; freeze; sleep 300 ;;
+2) sleep 4; echo "rank 2 gives up"; exit 7 ;;
+*) sleep 300 ;;
+esac
+""", timeout=60)
+    assert "node node2 (rank 2" in err and "failed first: exited with code 7" in err, err
+    assert code == 7, err
+    assert "could not reach" not in err and "did not confirm" not in err, err
+    assert job_processes(cluster3) == {}
 
 
 def test_a_quiet_node_whose_host_answers_is_given_time(cluster3, tmp_path):
     """A running node silent for the give-up (5 s) is lost only when its host does not answer
     either: one that answers is alive but quiet (its node program starved of CPU, as on a
     2-core machine running 512 sshd), and is given until 3 x the give-up. node1, frozen for
-    7 s, does not fail the run; node2, frozen for good, is named after about 15 s, with
-    why (the old give-up named node1 at 5 s)."""
-    shared = cluster3.shared_dir
-    (shared / "freeze.sh").write_text(FREEZE_A_WHILE)
-    inventory = cluster3.write_inventory(tmp_path / "hosts.yml")
-    job = write_job(tmp_path / "job.yaml", base_job("quiet-node", shared, inventory,
-                                                     {"command": f"bash {shared}/freeze.sh"}))
-    proc = start_ftbundle("run", "-v", "--no-check", str(job))
-    try:
-        proc.wait(timeout=90)
-        err = proc.stderr.read()
-    finally:
-        proc.kill()
-        for frozen in shared.glob("**/frozen-*"):
-            cluster3.exec(f"node{frozen.name[-1]}", f"kill -KILL {frozen.read_text().strip()}", check=False)
+    7 s and then running again, does not fail the run; node2, frozen for good, is named after
+    about 15 s, with why (the old give-up named node1 at 5 s)."""
+    code, err = run_freezing(cluster3, tmp_path, "quiet-node", r"""
+case "$NODE_RANK" in
+1) sleep 2; freeze; sleep 7; kill -CONT $frozen; sleep 60 ;;
+2) sleep 3; freeze; sleep 60 ;;
+*) sleep 60 ;;
+esac
+""", timeout=90)
     first = next((line for line in err.splitlines() if "failed first" in line), "")
     assert "node node2 (rank 2" in first and "although its host answers" in first, err
     silent = int(first.split("no heartbeat for ")[1].split("s")[0])
     assert 15 <= silent <= 18, first
-    assert proc.returncode == 255, err
+    assert code == 255, err
     assert job_processes(cluster3) == {}
 
 
