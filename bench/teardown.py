@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster import Cluster, ensure_image  # noqa: E402
-from tests.helpers import ASSETS, base_job, job_processes, sigint_ready, write_job  # noqa: E402
+from tests.helpers import ASSETS, base_job, job_processes, marked_pids, sigint_ready, write_job  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from common import first_failure, median, table, write_section  # noqa: E402
@@ -178,20 +178,9 @@ def trials(nodes: int, count: int) -> list[list]:
 
 
 def job_pids(name: str) -> list[int]:
-    """Processes on this machine, the containers' included, whose environment holds
-    FTB_JOB=<a run of job ``name``> (every process ftbundle starts for a job carries it)."""
-    want = f"FTB_JOB={name}-".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if any(v.startswith(want) for v in f.read().split(b"\0")):
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    """Processes on this machine, the containers' included, of any run of job ``name``
+    (every process ftbundle starts for a job carries FTB_JOB=<run>...)."""
+    return marked_pids(f"{name}-", prefix=True)
 
 
 def scale_trial(cluster: Cluster, job: Path, name: str, shared: Path, fault: str, trial: int) -> dict:

@@ -150,3 +150,22 @@ def logins_per_host(cluster) -> dict[str, int]:
 
 def logins(cluster) -> int:
     return sum(logins_per_host(cluster).values())
+
+
+def marked_pids(marker: str, *, prefix: bool = False) -> list[int]:
+    """Processes on this machine, the containers' included (this /proc sees them), whose
+    environment holds FTB_JOB=``marker`` (or, with ``prefix``, a value starting with it):
+    what node.sh's ftb_pids finds on one host, in one scan."""
+    want = f"FTB_JOB={marker}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                values = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(want) for v in values) if prefix else want in values:
+            found.append(int(entry.name))
+    return found

@@ -11,6 +11,7 @@ import yaml
 from ftbundle.errors import UserError
 from ftbundle.inventory import Host, load_hosts, localhost_only
 from ftbundle.job import load_job
+from tests.helpers import marked_pids
 from tests.helpers import plan_of as make_plan
 
 INVENTORY = """
@@ -321,20 +322,6 @@ def test_node_program_without_the_whole_payload_runs_nothing(tmp_path):
     assert not (tmp_path / "ran").exists() and not (tmp_path / "run").exists()
 
 
-def _marked(marker: str) -> list[int]:
-    """This machine's processes that carry a job marker (what node.sh's ftb_pids finds)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if f"FTB_JOB={marker}".encode() in f.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
 # a job whose main process ends at SIGTERM (or by itself) while a rank it started ignores SIGTERM
 STUBBORN_RANK = "(trap '' TERM; while :; do sleep 0.1; done) & "
 
@@ -356,19 +343,19 @@ def test_node_program_exits_after_its_watchdog_killed_a_stubborn_rank(tmp_path):
         proc.stdin.write(N.env_payload(env))
         proc.stdin.flush()
         deadline = time.monotonic() + 10
-        while len(_marked(env["FTB_MARKER"])) < 2 and time.monotonic() < deadline:
+        while len(marked_pids(env["FTB_MARKER"])) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(_marked(env["FTB_MARKER"])) >= 2, "the job and its rank never ran"
+        assert len(marked_pids(env["FTB_MARKER"])) >= 2, "the job and its rank never ran"
         stopped = time.monotonic()
         proc.stdin.write(b"stop\n")
         proc.stdin.close()
         proc.wait(timeout=15)
         took = time.monotonic() - stopped
-        left = _marked(env["FTB_MARKER"])
+        left = marked_pids(env["FTB_MARKER"])
         assert not left, f"the node program exited with the job's processes {left} still there"
         assert took >= 0.9, f"exited {took:.1f}s after stop: before the 1 s grace was over"
     finally:
-        for pid in _marked(env["FTB_MARKER"]):
+        for pid in marked_pids(env["FTB_MARKER"]):
             os.kill(pid, 9)
 
 
@@ -386,11 +373,11 @@ def test_node_program_takes_a_job_s_leftovers_with_it(tmp_path):
         proc.stdin.write(N.env_payload(env))
         proc.stdin.flush()
         assert proc.wait(timeout=15) == 3
-        assert not _marked(env["FTB_MARKER"]), "a rank of the ended job was left running"
+        assert not marked_pids(env["FTB_MARKER"]), "a rank of the ended job was left running"
         assert (tmp_path / "run" / "n.exit").read_text() == "3\n"
     finally:
         proc.stdin.close()
-        for pid in _marked(env["FTB_MARKER"]):
+        for pid in marked_pids(env["FTB_MARKER"]):
             os.kill(pid, 9)
 
 

@@ -495,7 +495,7 @@ class Supervisor:
 
         began = time.monotonic()
         deadline = began + STOP_GRACE_S + 2
-        while (now := time.monotonic()) < deadline:
+        while time.monotonic() < deadline:
             # (a lost node is not waited for, unless a second path went to its host, which answers)
             if all(stopped(r) or (st.state is State.LOST and r not in sent) for r, st in enumerate(self.status)):
                 break
