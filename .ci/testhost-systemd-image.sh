@@ -6,9 +6,14 @@
 #
 # Tagged ftbundle-testhost-systemd:<hash>, <hash> = first 12 hex chars of
 # sha256(this script + the base image's reference); an existing one is reused. The
-# reference is the last line on stdout. Run it as shared/ENVIRONMENT.md says
-# ("Hosts with systemd as PID 1"): --cgroupns=private, --tmpfs /run, /run/lock,
-# /sys/fs/cgroup bind-mounted rw, SYS_ADMIN, apparmor and seccomp unconfined.
+# reference is the last line on stdout. Run it with --cgroupns=private, --tmpfs /run,
+# /run/lock, SYS_ADMIN, apparmor and seccomp unconfined, and NOT /sys/fs/cgroup bind-mounted
+# from the host (as shared/ENVIRONMENT.md's "Hosts with systemd as PID 1" has it): under
+# cgroup v1 every such container's systemd then writes the host's one /system.slice, so two
+# hosts' units share cgroups, and one host stopping a unit empties the cgroup of the other's
+# ("Failed to attach to cgroup /system.slice/ftbundle-firewall.service", status=219/CGROUP,
+# seen in make test). The entrypoint instead makes the container's own cgroup mounts
+# (rooted at its private namespace: the host's docker/<id>) writable, then starts systemd.
 set -euo pipefail
 
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
@@ -50,9 +55,20 @@ docker run --name "$BUILDER" --entrypoint /bin/sh "$BASE" -c '
     # for 3 minutes ("New main PID does not belong to service"), and the boot with it
     systemctl mask rpc-statd.service rpc-statd-notify.service >/dev/null 2>&1 || true
     systemctl enable ssh.service >/dev/null 2>&1 || true
-    : > /etc/machine-id' >&2
+    : > /etc/machine-id
+    cat >/usr/sbin/ftbundle-systemd-entrypoint <<"EOF"
+#!/bin/sh
+# ftbundle test host with systemd: its own cgroups writable (see .ci/testhost-systemd-image.sh)
+set -e
+mount -o remount,rw /sys/fs/cgroup
+for hierarchy in /sys/fs/cgroup/*; do
+    if mountpoint -q "$hierarchy"; then mount -o remount,rw,bind "$hierarchy"; fi
+done
+exec /usr/sbin/ftbundle-testhost-entrypoint "$@"
+EOF
+    chmod 0755 /usr/sbin/ftbundle-systemd-entrypoint' >&2
 docker commit \
-    --change 'ENTRYPOINT ["/usr/sbin/ftbundle-testhost-entrypoint"]' \
+    --change 'ENTRYPOINT ["/usr/sbin/ftbundle-systemd-entrypoint"]' \
     --change 'CMD ["/lib/systemd/systemd"]' \
     --change "LABEL org.ftbundle.testhost-systemd.recipe=$HASH" \
     "$BUILDER" "$REF" >&2

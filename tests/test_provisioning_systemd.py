@@ -78,11 +78,43 @@ def state(host: str) -> str:
     return proc.stdout
 
 
+def cgroups_outside_the_container(host: str) -> list[str]:
+    """The host's processes whose cgroup, seen from this machine, is not under the container's
+    own: with the machine's /sys/fs/cgroup bind-mounted (cgroup v1), every host's systemd put
+    its units in the machine's one /system.slice, and one host stopping a unit emptied the
+    other's cgroup (status=219/CGROUP in verify.yml; .ci/testhost-systemd-image.sh)."""
+    cid, init = subprocess.run(["docker", "inspect", "-f", "{{.Id}} {{.State.Pid}}", host], capture_output=True,
+                               text=True, check=True).stdout.split()
+    # the container's processes: its init and every descendant (not `docker top`, which lists
+    # only what is left in the container's own cgroup)
+    children: dict[str, list[str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = stat.read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(stat.parent.name)
+    pids, todo = [], [init]
+    while todo:
+        pids.append(todo.pop())
+        todo += children.get(pids[-1], [])
+    assert len(pids) > 3, f"{host}: only {pids} under its init {init}"
+    outside = []
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:  # ended since
+            continue
+        outside += [f"{pid} {line}" for line in lines if cid not in line and line.split(":", 2)[2] != "/"]
+    return outside
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(1800)
 def test_check_converge_idempotence_verify_on_hosts_with_systemd(scenario):
     for host in HOSTS:
         assert docker_exec(host, "cat /proc/1/comm").stdout.strip() == "systemd"
+        assert cgroups_outside_the_container(host) == []
     before = {host: state(host) for host in HOSTS}
     started = time.monotonic()
     check = scenario("converge", "--", "--check", "--diff", *SKIP)
