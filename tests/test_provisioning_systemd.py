@@ -148,7 +148,7 @@ ADDRESS0 = SCENARIO.addresses[0]
 
 
 def firewall_run(scenario, variables: dict, host: str = NODE0) -> subprocess.CompletedProcess:
-    """The firewall role alone on one host (through Molecule's docker connection), with these variables."""
+    """The firewall role alone on one host (over SSH, as Molecule's inventory has it), with these variables."""
     return scenario("converge", "--", "--tags", "firewall", "--limit", host, "-e", json.dumps(variables))
 
 
