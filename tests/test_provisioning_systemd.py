@@ -105,7 +105,7 @@ def cgroups_outside_the_container(host: str) -> list[str]:
             lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
         except OSError:  # ended since
             continue
-        outside += [f"{pid} {line}" for line in lines if cid not in line and line.split(":", 2)[2] != "/"]
+        outside += [f"{pid} {line}" for line in lines if cid not in line]
     return outside
 
 
