@@ -272,7 +272,10 @@ def test_dockerd_flags_and_iptables_drop_policies_are_refused_by_name_before_any
         docker_exec(HOSTS[2], f"rm -f {dropin}")
 
     rules = docker_exec(HOSTS[2], "cat /etc/ftbundle/firewall.nft")
-    docker_exec(HOSTS[2], "iptables -P INPUT DROP")
+    # as an administrator sets a drop policy: after rules that keep SSH and answers coming in
+    # (Ansible reaches the host over SSH; without them the policy would cut it off too)
+    keep = ["INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT", "INPUT -p tcp --dport 22 -j ACCEPT"]
+    docker_exec(HOSTS[2], "".join(f"iptables -I {rule}; " for rule in keep) + "iptables -P INPUT DROP")
     try:
         proc = livedin("converge", "--", "--tags", "firewall", "--limit", HOSTS[2],
                        "-e", '{"firewall_extra_cluster_addresses": ["198.51.100.8"]}')
@@ -281,7 +284,7 @@ def test_dockerd_flags_and_iptables_drop_policies_are_refused_by_name_before_any
         assert "nftables table ip filter, chain INPUT: input policy drop (iptables -P INPUT DROP)" in out, tail(proc, 12000)
         assert docker_exec(HOSTS[2], "cat /etc/ftbundle/firewall.nft") == rules
     finally:
-        docker_exec(HOSTS[2], "iptables -P INPUT ACCEPT")
+        docker_exec(HOSTS[2], "iptables -P INPUT ACCEPT; " + "".join(f"iptables -D {rule}; " for rule in keep))
 
 
 # ---------------------------------------------------------------------------------------
