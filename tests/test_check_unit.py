@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -88,6 +89,25 @@ def test_parse_nvidia_smi_h100_box():
     assert gpus[3].index == "3" and gpus[3].uuid.startswith("GPU-5c1e8a23") and gpus[0].memory_used_mib == 1
     assert bf16_capable(gpus) is True
     assert describe_gpus(gpus) == "8x NVIDIA H100 80GB HBM3 (81559 MiB, compute 9.0, driver 550.54.15)"
+
+
+def test_recorded_h100_output_reads_as_the_hand_made_h100_sample():
+    """A real nvidia-smi's output for the probe's queries (recorded on a lent H100 machine by
+    tests/test_gpu.py, driver 580): read by the same parsers, and in the same format as the
+    hand-made h100-x8 sample the other tests use (the same name and fields, the same layout)."""
+    real = smi("recorded/nvidia-h100-80gb-hbm3-x1.csv")
+    assert len(real) == 1 and real[0].uuid == "GPU-26e1fd83-ae97-4776-3917-dfa324281244"
+    assert real[0].kind == ("NVIDIA H100 80GB HBM3", "580.159.04", 81559, "9.0")
+    assert real[0].index == "0" and real[0].memory_used_mib == 0
+    assert bf16_capable(real) is True
+    assert describe_gpus(real) == "1x NVIDIA H100 80GB HBM3 (81559 MiB, compute 9.0, driver 580.159.04)"
+    made = smi("h100-x8.csv")
+    assert (made[0].name, made[0].memory_mib, made[0].compute_cap) == (real[0].name, real[0].memory_mib, real[0].compute_cap)
+    shape = lambda text: [re.sub(r"[^, \n]+", "x", line) for line in text.splitlines()][:1]  # noqa: E731
+    for suffix in (".csv", ".ids.csv"):
+        recorded = (SMI / "recorded" / f"nvidia-h100-80gb-hbm3-x1{suffix}").read_text()
+        assert shape(recorded) == shape((SMI / f"h100-x8{suffix}").read_text()), suffix
+    assert parse_compute_apps((SMI / "recorded" / "nvidia-h100-80gb-hbm3-x1.apps.csv").read_text()) == []  # idle: empty
 
 
 def test_parse_nvidia_smi_v100_box_is_not_bf16_capable():
