@@ -67,16 +67,15 @@ def livedin(testhost_image):
                FTB_LIVEDIN_WORKDIR=str(workdir), PATH=f"{BIN}:{os.environ['PATH']}",
                ANSIBLE_FORCE_COLOR="0", PY_COLORS="0", **TESTBED.molecule_env(SCENARIO, workdir / "state"))
     scenario = Scenario(env)
-    remove_debris()  # first, with the hosts' volumes: molecule's destroy keeps them
-    scenario("destroy", timeout=300)
+    # the containers and network by name, with the hosts' volumes (molecule's destroy keeps
+    # them): all that `molecule destroy` would remove, as this run's Molecule state is its own
+    remove_debris()
     try:
-        for step in ("create", "prepare"):
-            proc = scenario(step)
-            assert proc.returncode == 0, tail(proc, 12000)
+        proc = scenario("create")  # Molecule's create runs prepare.yml too
+        assert proc.returncode == 0, tail(proc, 12000)
         yield scenario
     finally:
         remove_debris()
-        scenario("destroy", timeout=300)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
