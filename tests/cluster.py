@@ -48,6 +48,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGE_SCRIPT = REPO_ROOT / ".ci" / "testhost-image.sh"
 ENGINE_SCRIPT = REPO_ROOT / ".ci" / "docker-engine.sh"
 
+# The test image's host keys, made at each container's start (.ci/testhost-image.sh: no RSA key).
+HOST_KEYS = ("/etc/ssh/ssh_host_ed25519_key.pub", "/etc/ssh/ssh_host_ecdsa_key.pub")
+
 # Labels on everything a cluster creates (containers, network).
 LABEL_CLUSTER = "org.ftbundle.testcluster"
 LABEL_OWNER_PID = "org.ftbundle.testcluster.pid"
@@ -503,8 +506,7 @@ class Cluster:
                     h.container,
                     "sh",
                     "-c",
-                    # the test image's host keys (.ci/testhost-image.sh: no RSA key)
-                    "cat /etc/ssh/ssh_host_ed25519_key.pub /etc/ssh/ssh_host_ecdsa_key.pub",
+                    "cat " + " ".join(HOST_KEYS),
                     check=False,
                     timeout=30,
                 )
@@ -513,7 +515,7 @@ class Cluster:
                     for ln in p.stdout.splitlines()
                     if len(ln.split()) >= 2
                 ]
-                if p.returncode == 0 and len(keys) == 2:
+                if p.returncode == 0 and len(keys) == len(HOST_KEYS):
                     break
                 if time.monotonic() > deadline:
                     raise ClusterError(

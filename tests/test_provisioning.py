@@ -94,11 +94,8 @@ def molecule(testhost_image) -> Molecule:
                ANSIBLE_FORCE_COLOR="0", PY_COLORS="0", **TESTBED.molecule_env(SCENARIO, workdir / "state"))
     mol = Molecule(env, workdir, image)
     # debris of an earlier, interrupted session of this checkout (names are per checkout:
-    # tests/testbed.py); the containers go first, with their volumes (molecule's destroy keeps each
-    # host's /var/lib/docker volume: 1.3 GB a host, a full disk after a dozen runs)
-    # (no `molecule destroy` besides: with this run's own state directory it has nothing more to
-    # remove, and it cost 7.8 s of CPU each time)
-    remove_scenario_debris()
+    # tests/testbed.py)
+    SCENARIO.remove()
     try:
         created = mol("create")
         assert created.returncode == 0, tail(created)
@@ -113,7 +110,7 @@ def molecule(testhost_image) -> Molecule:
         print(f"converge of site.yml on 3 fresh hosts: {took:.0f}s")
         yield mol
     finally:
-        remove_scenario_debris()  # with the volumes (see above)
+        SCENARIO.remove()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -122,12 +119,6 @@ def registry_alive() -> None:
     """Each test finds the controller's registry answering (started again if it died since
     the module's converge: a pull by digest would otherwise fail for a reason no role has)."""
     ensure_registry(TESTBED.registry_port, **TESTBED.script_env())
-
-
-def remove_scenario_debris() -> None:
-    """The scenario's containers and network have fixed names (molecule.yml)."""
-    subprocess.run(["docker", "rm", "-f", "-v", *HOSTS], capture_output=True, timeout=300)
-    subprocess.run(["docker", "network", "rm", SCENARIO.network], capture_output=True, timeout=120)
 
 
 @pytest.mark.cluster

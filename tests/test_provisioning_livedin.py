@@ -32,7 +32,6 @@ from tests.testbed import ensure_registry
 SCENARIO = TESTBED.livedin
 HOSTS = SCENARIO.hosts
 REGISTRY = f"{SCENARIO.gateway}:{TESTBED.registry_port}"  # the controller's registry, as these hosts reach it
-NETWORK = SCENARIO.network
 
 
 def docker_exec(host: str, command: str) -> str:
@@ -50,11 +49,6 @@ class Scenario:
         return run([str(BIN / "molecule"), command, "-s", "lived-in", *args], env=self.env, timeout=timeout)
 
 
-def remove_debris() -> None:
-    subprocess.run(["docker", "rm", "-f", "-v", *HOSTS], capture_output=True, timeout=300)
-    subprocess.run(["docker", "network", "rm", NETWORK], capture_output=True, timeout=120)
-
-
 @pytest.fixture(scope="module")
 def livedin(testhost_image):
     """The lived-in hosts, created and prepared (not yet converged); destroyed afterwards."""
@@ -67,15 +61,13 @@ def livedin(testhost_image):
                FTB_LIVEDIN_WORKDIR=str(workdir), PATH=f"{BIN}:{os.environ['PATH']}",
                ANSIBLE_FORCE_COLOR="0", PY_COLORS="0", **TESTBED.molecule_env(SCENARIO, workdir / "state"))
     scenario = Scenario(env)
-    # the containers and network by name, with the hosts' volumes (molecule's destroy keeps
-    # them): all that `molecule destroy` would remove, as this run's Molecule state is its own
-    remove_debris()
+    SCENARIO.remove()  # debris of an interrupted session (tests/testbed.py)
     try:
         proc = scenario("create")  # Molecule's create runs prepare.yml too
         assert proc.returncode == 0, tail(proc, 12000)
         yield scenario
     finally:
-        remove_debris()
+        SCENARIO.remove()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
