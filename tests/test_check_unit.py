@@ -774,7 +774,9 @@ def test_versions_without_site_agree_with_the_full_interpreter(tmp_path):
         out = {}
         probe.versions({"python": str(python), "packages": packages}, out)
         full = subprocess.run([str(python), "-c", probe.VERSIONS_PY, *packages], capture_output=True, text=True)
-        return out.get("versions"), json.loads(full.stdout)
+        answer = json.loads(full.stdout)
+        assert answer.pop("_basis") and "_basis" not in out.get("versions", {})
+        return out.get("versions"), answer
 
     fast, full = ask(sys.executable, ["torch", "transformers", "llamafactory", "pyyaml"])
     assert fast == full and "absent" not in fast.values()
@@ -803,6 +805,60 @@ def test_versions_without_site_agree_with_the_full_interpreter(tmp_path):
     assert no_site(python, "onlyviapth") == "absent"  # -S alone misses it ...
     fast, full = ask(python, ["onlyviapth", "inthevenv"])
     assert fast == full and fast["onlyviapth"] == "1.2.3"  # ... the probe does not
+
+
+def test_versions_are_kept_on_the_host_until_a_package_changes(tmp_path, monkeypatch):
+    """The probe keeps what the job's interpreter said (its start is most of a probe's CPU)
+    and asks it again only when something it was based on changed: a package installed,
+    upgraded or removed. Not in a cache directory that others can write."""
+    import subprocess
+    import time
+
+    from ftbundle.remote import probe
+
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setattr(probe, "CACHE_ROOT", str(root))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site_packages = next(venv.glob("lib/python3*/site-packages"))
+
+    def dist(name: str, version: str) -> Path:
+        meta = site_packages / f"{name}-{version}.dist-info"
+        meta.mkdir()
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        return meta
+
+    starts = tmp_path / "starts"
+    python = tmp_path / "python"  # the job's interpreter, counting its starts
+    python.write_text(f'#!/bin/sh\necho >> {starts}\nexec {venv}/bin/python "$@"\n')
+    python.chmod(0o755)
+
+    def ask() -> tuple[dict, int]:
+        out = {}
+        probe.versions({"python": str(python), "packages": ["pkga", "pkgb"]}, out)
+        return out["versions"], len(starts.read_text().splitlines()) if starts.exists() else 0
+
+    old = dist("pkga", "1.0")
+    time.sleep(1.1)  # (a change less than 1 s old is not trusted to a stamp: coarse timestamps)
+    first, n = ask()
+    assert first["pkga"] == "1.0" and first["pkgb"] == "absent" and n >= 1
+    assert ask() == (first, n)  # kept: the interpreter was not started again
+    assert [p.name for p in (root / f"ftbundle-{os.getuid()}").iterdir()] != []
+
+    old.rename(site_packages / "pkga-1.1.dist-info")  # upgraded
+    (site_packages / "pkga-1.1.dist-info" / "METADATA").write_text("Name: pkga\nVersion: 1.1\n")
+    got, m = ask()
+    assert got["pkga"] == "1.1" and m > n
+    dist("pkgb", "2.0")  # installed
+    got, n = ask()
+    assert got == {**first, "pkga": "1.1", "pkgb": "2.0"}
+    time.sleep(1.1)
+    assert ask()[0] == got and ask()[1] == n + 1  # the first asks, the second is kept
+
+    (root / f"ftbundle-{os.getuid()}").chmod(0o777)  # open to others: not trusted
+    (_, a), (_, b) = ask(), ask()
+    assert b == a + 1 == n + 3
 
 
 @pytest.mark.parametrize("n", [2, 40])

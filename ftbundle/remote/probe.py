@@ -40,14 +40,18 @@ import time
 # directories are then found as site.py finds them (a venv's pyvenv.cfg, its system site
 # packages, the user site). Only if a package is absent that way does the plain run (with
 # every .pth file) decide: a directory only a .pth file adds is still seen.
+# Its answer also names its basis ("_basis"): every directory it listed, every .pth file in
+# them and every file it read, which the probe's cache (:func:`versions`) stamps.
 VERSIONS_PY = r"""
 import json, os, re, sys
+basis = []
 if sys.argv[1:2] == ["--no-site"]:
     del sys.argv[1]
     import site
     exe_dir = os.path.dirname(os.path.abspath(sys.executable))
     cfg = next((c for c in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(os.path.dirname(exe_dir), "pyvenv.cfg"))
                 if os.path.isfile(c)), None)
+    basis.append(cfg or os.path.join(os.path.dirname(exe_dir), "pyvenv.cfg"))
     dirs, system_site = [], True
     if cfg:
         with open(cfg, errors="replace") as f:
@@ -59,19 +63,27 @@ if sys.argv[1:2] == ["--no-site"]:
             dirs.append(site.getusersitepackages())
         dirs += site.getsitepackages()
     sys.path += [d for d in dirs if d not in sys.path]
+try:  # (absent now, it would be on sys.path the moment it exists)
+    import site
+    basis.append(site.getusersitepackages())
+except Exception:
+    pass
 norm = lambda n: re.sub(r"[-_.]+", "_", n).lower()
 want = {norm(n): n for n in sys.argv[1:]}
 found = {}
 for entry in sys.path:
+    basis.append(os.path.abspath(entry or "."))
     try:
         names = os.listdir(entry or ".")
     except OSError:
         continue
+    basis += [os.path.join(entry, d) for d in names if d.endswith(".pth")]
     for d in names:
         key = norm(d[:-10].rsplit("-", 1)[0]) if d.endswith(".dist-info") else None
         if key not in want or want[key] in found:
             continue
         name = want[key]
+        basis += [os.path.join(entry, d, "METADATA"), os.path.join(entry, name, "version.py")]
         try:
             with open(os.path.join(entry, d, "METADATA"), errors="replace") as f:
                 for line in f:
@@ -82,7 +94,8 @@ for entry in sys.path:
                 found[name] = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", f.read(), re.M).group(1)
         except (OSError, AttributeError):
             pass
-print(json.dumps({"python": sys.version.split()[0], **{n: found.get(n, "absent") for n in sys.argv[1:]}}))
+print(json.dumps({"python": sys.version.split()[0], **{n: found.get(n, "absent") for n in sys.argv[1:]},
+                  "_basis": basis}))
 """
 
 # the variables whose values the job will see, read after the env file is sourced
@@ -90,8 +103,20 @@ ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for v; do printf "%s=%s\\0" "$v" "${!v-}"; done'
 # How often a host looks again for what its peers' probes do at the same moment (their
 # sentinels, rank 0's master port): the probes start within milliseconds of each other, and
-# every look that comes too early costs the whole round this long.
+# every look that comes too early costs the whole round this long. Each later look waits
+# 1.25x longer, up to POLL_MAX_S: on a large cluster the probes start over seconds, and n hosts
+# each looking for n sentinels every 10 ms would be O(n^2) opens per second (256 hosts: about
+# 3 million a second, on storage that every host shares).
 POLL_S = 0.01
+POLL_MAX_S = 0.25
+
+
+def pauses():
+    """The waits between one host's looks at the same thing: 10 ms, then 1.25x each, to 0.25 s."""
+    wait = POLL_S
+    while True:
+        yield wait
+        wait = min(POLL_MAX_S, wait * 1.25)
 GPU_QUERY = "name,driver_version,memory.total"
 GPU_IDS_QUERY = "index,uuid,memory.used"
 APPS_QUERY = "pid,process_name,gpu_uuid,used_memory"
@@ -157,7 +182,21 @@ def system(spec, out):
 
 
 def versions(spec, out):
+    """The job interpreter's version and its packages'. Starting that interpreter is most of
+    a probe's CPU (20-30 ms of its 50 in a large venv): what it said last time is kept (in a
+    private directory, :func:`cache_dir`) with a stamp of every file and directory it was
+    based on, and reused while none of them has changed. Installing, removing or upgrading a
+    package adds, removes or renames entries of its site-packages directory, which changes
+    that directory's stamp."""
     python, packages = spec["python"], spec.get("packages", [])
+    exe = python if os.sep in python else which(python) or python
+    key = {"python": python, "exe": exe, "packages": packages,
+           "env": sorted((k, v) for k, v in os.environ.items() if k.startswith("PYTHON") or k == "HOME")}
+    cached = cache_read("versions", key)
+    if cached is not None:
+        out["versions"] = cached
+        return
+    began = time.time_ns()
 
     def answer(code, text):  # VERSIONS_PY's JSON line, or None
         try:
@@ -170,7 +209,10 @@ def versions(spec, out):
         code, text, err, timed_out = run([python, "-c", VERSIONS_PY, *packages], 60)
         found = answer(code, text)
     if found is not None:
+        basis = found.pop("_basis", None)
         out["versions"] = found
+        if isinstance(basis, list):
+            cache_write("versions", key, found, [exe] + basis, since=began)
     elif timed_out:
         out["runtime_error"] = f"{python} did not answer within 60s"
     elif code is None:
@@ -265,8 +307,9 @@ def storage(spec, out, started):
                     res["create_error"] = exc.strerror
         else:  # another host may be creating it right now (rank 0, a fresh shared_dir)
             deadline = started + (wait_s if item.get("wait") else 0)
+            waits = pauses()
             while not os.path.isdir(path) and time.monotonic() < deadline:
-                time.sleep(POLL_S)
+                time.sleep(min(next(waits), max(0.0, deadline - time.monotonic())))
         res["exists"] = os.path.isdir(path)
         parent = os.path.dirname(path.rstrip("/")) or "/"
         res["parent_exists"] = os.path.isdir(parent)
@@ -286,12 +329,12 @@ def storage(spec, out, started):
             res["write_error"] = exc.strerror
     deadline = time.monotonic() + wait_s
     for res, sdir in pending:
-        unseen = list(expect)
+        unseen, waits = list(expect), pauses()
         while True:  # (only the sentinels not seen yet are looked for again)
             unseen = [r for r in unseen if not sees(os.path.join(sdir, f"rank-{r}"))]
             if not unseen or time.monotonic() >= deadline:
                 break
-            time.sleep(POLL_S)
+            time.sleep(min(next(waits), max(0.0, deadline - time.monotonic())))
         res["seen"] = [r for r in expect if r not in unseen]
     out["storage"] = results
 
@@ -349,7 +392,7 @@ def listen(port_number, want, wait):
 
 
 def connect(addr, port_number, wait):
-    end, last = time.monotonic() + wait, "no answer"
+    end, last, waits = time.monotonic() + wait, "no answer", pauses()
     while True:
         try:
             with socket.create_connection((addr, port_number), timeout=2):
@@ -358,7 +401,7 @@ def connect(addr, port_number, wait):
             last = "timed out" if isinstance(exc, socket.timeout) else exc.strerror or str(exc)
         if time.monotonic() >= end:  # the last try's error, and how long it kept trying
             return {"role": "connect", "reachable": False, "error": f"{last}; kept trying for {wait:g} s"}
-        time.sleep(POLL_S)  # (refused: rank 0's probe has not bound the port yet)
+        time.sleep(min(next(waits), max(0.0, end - time.monotonic())))  # (refused: rank 0 has not bound it yet)
 
 
 def datasets(spec, out):
@@ -445,7 +488,89 @@ def cleanup(spec, out):
 # -- check --net: iperf3 between rank 0 and one other host ------------------------------
 
 def have(program):
-    return any(os.access(os.path.join(d, program), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d)
+    return which(program) is not None
+
+
+def which(program):
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        if d and os.access(os.path.join(d, program), os.X_OK):
+            return os.path.join(d, program)
+    return None
+
+
+# -- what a probe keeps on its host between checks ---------------------------------------
+
+CACHE_ROOT = "/tmp"
+
+
+def cache_dir():
+    """/tmp/ftbundle-UID, made by and readable only by this user; None (no cache) when it is
+    anything else: another user's, open to others, a symlink."""
+    import stat
+    path = os.path.join(CACHE_ROOT, f"ftbundle-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def stamp(path):
+    """What changes when a file or directory is written, replaced, or gains or loses an entry."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def cache_file(name, key):
+    import zlib
+    where = cache_dir()
+    text = json.dumps(key, sort_keys=True)
+    return where and os.path.join(where, f"{name}-{zlib.crc32(text.encode()):08x}.json"), text
+
+
+def cache_read(name, key):
+    """The value kept under ``key`` while every path it was based on has its stamp still."""
+    path, text = cache_file(name, key)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+        if kept["key"] != text or any(stamp(p) != s for p, s in kept["stamps"]):
+            return None
+        return kept["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def cache_write(name, key, value, basis, since):
+    """Keep ``value`` under ``key`` with the stamps of its ``basis``; not when any of them
+    changed after ``since`` (ns, taken before the value was read, less the 1 s some
+    filesystems' timestamps are coarse to): the value may predate that change."""
+    path, text = cache_file(name, key)
+    if not path:
+        return
+    stamps = [[p, stamp(p)] for p in dict.fromkeys(basis)]
+    if any(s is not None and s[4] >= since - 10**9 for _, s in stamps):
+        return
+    try:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"key": text, "stamps": stamps, "value": value}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def iperf_server(spec, out):
