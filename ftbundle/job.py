@@ -24,7 +24,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 # Shorter values are not masked in output: "1" or "abc" would blank out unrelated text.
 MIN_SECRET_LEN = 4
-MIN_STALL_TIMEOUT_S = 5  # progress is sampled every second; a shorter limit would mistake a pause for a stall
+MIN_STALL_TIMEOUT_S = 5  # progress is sampled every second below 60 s; a shorter limit would mistake a pause for a stall
 DEFAULT_NCCL_ENV_FILE = "/etc/ftbundle/nccl.env"
 # repo@sha256:<digest> (pulled from a registry), or an image ID (loaded from a tarball):
 # either names exactly one image's bytes, whatever a tag points to today.

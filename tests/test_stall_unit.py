@@ -161,7 +161,7 @@ def test_node_program_reports_progress_and_trainer_steps(tmp_path):
     (tmp_path / "a.log").write_text("x" * 10)
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "b.log").write_text("y" * 5)
-    script = program().split("\nftb_env() {")[0] + "\nftb_progress\n"
+    script = program().split("\nftb_env() {")[0] + '\nftb_progress; [ -z "$FTB_P" ] || echo "$FTB_P"\n'
     env = {"PATH": "/usr/bin:/bin", "FTB_PROGRESS_FILES": f"{tmp_path}/*.log {tmp_path}/r/*.log"}
     run = lambda **extra: subprocess.run(["bash", "-c", script], env={**env, **extra}, capture_output=True,  # noqa: E731
                                          text=True).stdout
@@ -170,3 +170,46 @@ def test_node_program_reports_progress_and_trainer_steps(tmp_path):
     (tmp_path / "trainer_log.jsonl").write_text("{}\n")
     assert run(FTB_PROGRESS_STEPS=str(tmp_path / "trainer_log.jsonl")) == " 15 3\n"
     assert run(FTB_PROGRESS_FILES="") == ""
+
+
+def test_node_program_beats_without_a_process_and_reads_progress_every_nth_beat(tmp_path):
+    """The real node program (mode `node`, as the controller starts it, with the env on stdin
+    and pings after it): a heartbeat every FTB_HEARTBEAT seconds, the progress only on every
+    FTB_PROGRESS_EVERY-th, and between readings no process is started (no `sleep`, no `stat`:
+    the beat loop's children are counted in /proc)."""
+    import time
+
+    from ftbundle.launch.node import env_payload, progress_every, program
+
+    assert [progress_every(t) for t in (5, 10, 59, 60, 300, 600, 3600, 0)] == [1, 1, 1, 2, 10, 10, 10, 1]
+    (tmp_path / "rank.log").write_text("x" * 7)
+    env = {"FTB_RUN_DIR": str(tmp_path), "FTB_WORKDIR": str(tmp_path), "FTB_LOG": str(tmp_path / "job.log"),
+           "FTB_EXIT": str(tmp_path / "node.exit"), "FTB_PIDFILE": str(tmp_path / "node.pid"),
+           "FTB_HBFILE": str(tmp_path / "node.hb"), "FTB_MARKER": "ftb-test-beats", "FTB_ATTEMPT": "1",
+           "FTB_WATCHDOG": "10", "FTB_HEARTBEAT": "0.2", "FTB_STOP_GRACE": "1", "FTB_DETACH": "0",
+           "FTB_PROGRESS_FILES": f"{tmp_path}/*.log", "FTB_PROGRESS_EVERY": "4"}
+    proc = subprocess.Popen(["bash", "-c", program(), "ftb", "node", "sleep", "4"], stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    proc.stdin.write(env_payload(env))
+    proc.stdin.flush()
+    time.sleep(1.2)
+    children = [c.split() for c in subprocess.run(["ps", "-o", "pid=,sid=,comm=", "--ppid", str(proc.pid)],
+                                                  capture_output=True, text=True).stdout.splitlines()]
+    # the beat loop and the watchdog: subshells (the job runs in a session of its own)
+    beaters = [pid for pid, sid, comm in children if comm == "bash" and pid != sid]
+    seen = set()
+    for _ in range(20):  # a second of the beat loop's children: none ever
+        for pid in beaters:
+            seen.update(subprocess.run(["ps", "-o", "comm=", "--ppid", pid], capture_output=True,
+                                       text=True).stdout.split())
+        time.sleep(0.05)
+    code = proc.wait(timeout=20)  # (stdin stays open, as the controller's does, until the job ends)
+    out = proc.stderr.read().decode().splitlines()
+    proc.stdin.close()
+    assert code == 0, out
+    beats = [line for line in out if line.startswith("ftb-hb")]
+    assert out[0].startswith("ftb-pid ") and beats[0] == "ftb-hb 7", out  # the baseline, before the job
+    loop = beats[1:]
+    assert len(loop) >= 16, out  # 4 s at 0.2 s
+    assert all(b == ("ftb-hb 7" if i % 4 == 0 else "ftb-hb") for i, b in enumerate(loop)), loop
+    assert len(beaters) >= 2 and not seen, (beaters, seen)

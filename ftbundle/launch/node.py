@@ -84,8 +84,17 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STALL_TIMEOUT": str(plan.stall_timeout),
         "FTB_PER_NODE": "1" if node.per_node else "0",  # a `command:` job (no torchrun; .stall, stacks.py)
         "FTB_PROGRESS_STEPS": steps_file(plan, node) if plan.stall_timeout else "",
+        "FTB_PROGRESS_EVERY": str(progress_every(plan.stall_timeout)),
     }
     return {**control, **node.env}
+
+
+def progress_every(stall_timeout: int) -> int:
+    """How many heartbeats apart a node reads its ranks' progress (a `stat`: the one process a
+    heartbeat would start): stall_timeout / 30, at least every beat, at most every 10 s. A
+    stall is then named at most that much later than stall_timeout (10 s of the default 600 s),
+    never earlier: the clock is reset only by progress seen."""
+    return max(1, min(10, stall_timeout // (30 * HEARTBEAT_S)))
 
 
 def env_payload(env: dict[str, str]) -> bytes:

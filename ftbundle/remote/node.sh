@@ -36,7 +36,8 @@
 #   FTB_RUN_DIR FTB_WORKDIR FTB_LOG FTB_EXIT FTB_PIDFILE FTB_HBFILE FTB_MARKER FTB_ATTEMPT
 #   FTB_ENV_FILE FTB_PATH_PREPEND FTB_CONTAINER FTB_SECRET_NAMES FTB_MIN_SECRET_LEN
 #   FTB_WATCHDOG FTB_HEARTBEAT FTB_STOP_GRACE FTB_DETACH FTB_STALE FTB_STOP_REQUEST
-#   FTB_PROGRESS_FILES (space-separated paths and globs: the heartbeat carries their total size)
+#   FTB_PROGRESS_FILES (space-separated paths and globs: the heartbeat carries their total size,
+#   every FTB_PROGRESS_EVERY beats)
 #   FTB_STALL_TIMEOUT (detached runs: the stall watchdog's limit; 0 or empty: off)
 #   FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job: trainer_log.jsonl, the first step starts the stall clock)
 set -u
@@ -68,8 +69,10 @@ ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
   [ -z "$(ftb_pids "$1")" ]
 }
 
-ftb_progress() {  # " BYTES": the size of everything the job's ranks wrote (stall watchdog, ftbundle/launch/stall.py)
-  # One stat for every rank of the node; nothing when FTB_PROGRESS_FILES is unset (watchdog off).
+ftb_progress() {  # FTB_P=" BYTES": the size of everything the job's ranks wrote (stall watchdog, ftbundle/launch/stall.py)
+  # One stat for every rank of the node; empty when FTB_PROGRESS_FILES is unset (watchdog off).
+  # Into a variable, not on stdout: a caller's $(...) would be one more process per reading.
+  FTB_P=""
   [ -n "${FTB_PROGRESS_FILES:-}" ] || return 0
   local n sum=0 steps=""
   # (unquoted on purpose: the list holds globs, one for every local rank's output files)
@@ -77,7 +80,7 @@ ftb_progress() {  # " BYTES": the size of everything the job's ranks wrote (stal
   # FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job): the trainer's log, whose first line is
   # the first step: the stall clock starts there, not at the model loading's output
   [ -n "${FTB_PROGRESS_STEPS:-}" ] && { steps=$(stat -c %s -- "$FTB_PROGRESS_STEPS" 2>/dev/null) || steps=0; }
-  echo " $sum${steps:+ $steps}"
+  FTB_P=" $sum${steps:+ $steps}"
 }
 
 ftb_env() {  # read the environment from stdin (up to the empty pair) and export it
@@ -237,7 +240,7 @@ mode_stall_watch() {  # PID BASE: every node writes its ranks' progress to node-
   local progress="${FTB_HBFILE%.hb}.progress" request="$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
   local out="$FTB_RUN_DIR/stacks/a$FTB_ATTEMPT-stall-detached"
   while kill -0 "$pid" 2>/dev/null; do
-    v=$(ftb_progress)
+    ftb_progress; v=$FTB_P
     case $v in *" "*" "0|*" "*" ") continue_wait=1 ;; *) continue_wait=0 ;; esac  # (no trainer step yet)
     mark=""
     if [ "$v" != "$base" ] && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then mark=" moved"; fi
@@ -297,7 +300,7 @@ mode_node() {
   cd -- "$FTB_WORKDIR" || { echo "ftbundle: workdir $FTB_WORKDIR missing on $(hostname)" >&2; exit 96; }
   [ ! -e "$FTB_EXIT" ] || rm -f -- "$FTB_EXIT"  # (rm is a process: only when there is one)
   # the stall watchdog's baseline, read before the job can write anything (empty when it is off)
-  local base=""; [ -z "${FTB_PROGRESS_FILES:-}" ] || base=$(ftb_progress)
+  local base=""; [ -z "${FTB_PROGRESS_FILES:-}" ] || { ftb_progress; base=$FTB_P; }
   FTB_JOB=$FTB_MARKER setsid bash -c "$BASH_EXECUTION_STRING" ftb job "$@" </dev/null >/dev/null 2>&1 &
   local pid=$!
   echo "$pid $FTB_MARKER $(hostname)" >"$FTB_PIDFILE"
@@ -311,8 +314,21 @@ mode_node() {
   fi
   # the first heartbeat is the baseline (the launcher's stall clock starts at the first change)
   [ -z "$base" ] || echo "ftb-hb$base" >&2
-  # (sleep gets none of our streams: a killed loop must not leave one holding the channel open)
-  ( while kill -0 "$pid" 2>/dev/null; do echo "ftb-hb$(ftb_progress)" >&2; sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; done ) &
+  # A beat costs no process: `read -t` on a pipe that nothing writes is the wait (where bash
+  # cannot make one, `sleep`, which gets none of our streams: a killed loop must not leave one
+  # holding the channel open), and the progress (a `stat`) is read every FTB_PROGRESS_EVERY
+  # beats (stall_timeout / 30, at most 10 s, at least every beat), not on every one: three
+  # processes a second on every node were nearly all of an idle node's CPU (3 ms a second).
+  local beat_fd=""
+  { exec {beat_fd}<> <(:); } 2>/dev/null || beat_fd=""
+  ( beats=0
+    while kill -0 "$pid" 2>/dev/null; do
+      FTB_P=""
+      [ $((beats % ${FTB_PROGRESS_EVERY:-1})) != 0 ] || ftb_progress
+      echo "ftb-hb$FTB_P" >&2
+      beats=$((beats + 1))
+      if [ -n "$beat_fd" ]; then read -r -t "$FTB_HEARTBEAT" -u "$beat_fd" _; else sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; fi
+    done ) &
   local hbpid=$!
   # (a background job reads /dev/null unless told otherwise: hand it our stdin explicitly)
   # The watchdog: `stop` from the launcher stops the job quietly; a closed stdin or no
