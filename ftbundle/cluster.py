@@ -96,6 +96,11 @@ class Proc:
         """Drop the command: close the channel, or kill the local process group."""
         raise NotImplementedError
 
+    def unread(self) -> bool:
+        """Whether the command said something (output, its end) that no reader has taken
+        yet: a backlog on our side, not silence on the host's."""
+        return False
+
     def communicate(self, data: bytes = b"", timeout: float | None = None) -> Result:
         """Send ``data``, close stdin, collect all output and the exit code."""
         out: list[bytes] = []
@@ -223,6 +228,10 @@ class ChannelProc(Proc):
 
     def read_err(self) -> bytes:
         return self.chan.recv_stderr(READ_CHUNK)
+
+    def unread(self) -> bool:
+        chan = self.chan
+        return chan.recv_stderr_ready() or chan.recv_ready() or chan.exit_status_ready()
 
     def wait(self, timeout: float | None = None) -> int | None:
         if not self.chan.status_event.wait(timeout):

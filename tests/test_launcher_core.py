@@ -334,6 +334,31 @@ def test_heartbeat_clock_starts_when_the_program_runs(cluster2, tmp_path):
     assert "env loaded" in result.stdout and "heartbeat" not in result.stderr
 
 
+def test_a_node_heard_late_by_a_busy_launcher_is_not_lost(cluster2, tmp_path):
+    """The launcher's own thread for node1 falls 18 s behind (held in its line handler, as
+    3,000 threads waiting for 2 cores and the GIL held them at 1,024 simulated hosts) while
+    node1 beats on: past 3 x the give-up its channel holds heartbeats no one has read yet, so
+    the silence is ours, not the node's, and the run goes through (it used to end in "no
+    heartbeat for 15s although its host answers", exit 255)."""
+    job = command_job(cluster2, tmp_path, "unheard", "sleep 24")
+    driver = ("import sys, time\n"
+              "from ftbundle.launch import node as N\n"
+              "original, held = N.NodeRunner._on_line, []\n"
+              "def late(self, line):\n"
+              "    if self.rank == 1 and line.startswith(b'ftb-hb') and not held:\n"
+              "        held.append(time.monotonic()); time.sleep(18)\n"
+              "    return original(self, line)\n"
+              "N.NodeRunner._on_line = late\n"
+              "from ftbundle.cli import main\n"
+              "code = main(['run', '-v', sys.argv[1], '--no-check'])\n"
+              "print('held', len(held), file=sys.stderr)\n"
+              "sys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", driver, str(job)], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert "held 1" in result.stderr, result.stderr
+    assert result.returncode == 0 and "no heartbeat" not in result.stderr, result.stderr[-3000:]
+
+
 def test_restart_is_a_new_attempt_that_never_replays_the_old_one(cluster2, tmp_path):
     """Attempt 1 fails on rank 1; attempt 2 runs with its own marker, pid, exit and log files,
     after the old processes were confirmed gone; the terminal shows each attempt once."""

@@ -219,6 +219,7 @@ class NodeRunner:
         # up once the run's teardown began: a channel that opens later starts nothing
         self.fence = fence or threading.Event()
         self._start_lock = threading.Lock()  # sending the environment vs. the stop at teardown
+        self._thread: threading.Thread | None = None
 
     @property
     def rank(self) -> int:
@@ -230,7 +231,8 @@ class NodeRunner:
     def start(self, gate: Gate | None = None) -> None:
         """Run the node program. With a ``gate``, its channel opens now and the program
         starts only once the gate opens (see :class:`Gate`)."""
-        threading.Thread(target=self._control, args=(gate,), daemon=True, name=f"node{self.rank}").start()
+        self._thread = threading.Thread(target=self._control, args=(gate,), daemon=True, name=f"node{self.rank}")
+        self._thread.start()
 
     def _control(self, gate: Gate | None) -> None:
         env = node_env(self.node, self.plan, self.files, self.attempt, detach=self.detach)
@@ -316,6 +318,14 @@ class NodeRunner:
         return not self._log_thread.is_alive()
 
     # -- from the supervisor ----------------------------------------------------------
+    def unheard(self) -> bool:
+        """The node spoke and we have not read it yet (this runner's thread is alive and
+        behind: a controller whose threads wait for CPU or the GIL, at 1,024 hosts on 2
+        cores): its silence is ours, not the node's."""
+        proc = self.proc
+        return (proc is not None and proc.unread() and self._thread is not None
+                and self._thread.is_alive())
+
     def ping(self) -> None:
         if self._started:  # (never before the environment: it must be the first line)
             self.proc.send(b"\n")

@@ -330,8 +330,10 @@ class Supervisor:
         the limit). A node whose host answers is alive but quiet (its node program starved
         of CPU, or our own loop slow to hear it: at 512 hosts on 2 cores, healthy nodes went
         silent for 5 s): it is given until ``quiet_max`` of silence, None for no limit (the
-        teardown, which has a deadline of its own). Its failure is dated by its last
-        heartbeat (a dead host found late may still be the root cause)."""
+        teardown, which has a deadline of its own), and never while its channel holds what
+        it said that our thread for it has not read yet (:meth:`NodeRunner.unheard`: the
+        silence is then ours). Its failure is dated by its last heartbeat (a dead host found
+        late may still be the root cause)."""
         now = time.monotonic()
         for rank, st in enumerate(self.status):
             if st.state is State.STARTING and now - st.since > START_TIMEOUT_S:
@@ -353,7 +355,7 @@ class Supervisor:
             elif probe.answered is None:
                 self._lose(rank, f"no heartbeat for {silent:.0f}s and its host did not answer within {PROBE_S:g}s "
                                  "(host down or network cut?)", st.last_heartbeat)
-            elif quiet_max is not None and silent > quiet_max:
+            elif quiet_max is not None and silent > quiet_max and not self.runners[rank].unheard():
                 self._lose(rank, f"no heartbeat for {silent:.0f}s although its host answers (its node program "
                                  "frozen or starved of CPU?)", st.last_heartbeat)
 
