@@ -103,20 +103,25 @@ ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for v; do printf "%s=%s\\0" "$v" "${!v-}"; done'
 # How often a host looks again for what its peers' probes do at the same moment (their
 # sentinels, rank 0's master port): the probes start within milliseconds of each other, and
-# every look that comes too early costs the whole round this long. Each later look waits
-# 1.25x longer, up to POLL_MAX_S: on a large cluster the probes start over seconds, and n hosts
-# each looking for n sentinels every 10 ms would be O(n^2) opens per second (256 hosts: about
-# 3 million a second, on storage that every host shares).
+# every look that comes too early costs the whole round this long. After POLL_FAST looks
+# (0.1 s: a small cluster's probes have all started by then) each look waits 1.25x longer, up
+# to POLL_MAX_S: on a large cluster the probes start over seconds, and n hosts each looking for
+# n sentinels every 10 ms would be O(n^2) opens per second (256 hosts: about 3 million a
+# second, on storage that every host shares).
 POLL_S = 0.01
+POLL_FAST = 10
 POLL_MAX_S = 0.25
 
 
 def pauses():
-    """The waits between one host's looks at the same thing: 10 ms, then 1.25x each, to 0.25 s."""
+    """The waits between one host's looks at the same thing: 10 ms ten times, then 1.25x
+    longer each time, to 0.25 s."""
+    for _ in range(POLL_FAST):
+        yield POLL_S
     wait = POLL_S
     while True:
-        yield wait
         wait = min(POLL_MAX_S, wait * 1.25)
+        yield wait
 GPU_QUERY = "name,driver_version,memory.total"
 GPU_IDS_QUERY = "index,uuid,memory.used"
 APPS_QUERY = "pid,process_name,gpu_uuid,used_memory"
