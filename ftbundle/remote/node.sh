@@ -321,12 +321,8 @@ mode_node() {
   # processes a second on every node were nearly all of an idle node's CPU (3 ms a second).
   local beat_fd=""
   { exec {beat_fd}<> <(:); } 2>/dev/null || beat_fd=""
-  # It beats as long as this program lives ($$), not just the job: the clean-up after the job
-  # (its leftovers looked for, a stop's grace) is this node being alive too, and on a host
-  # starved of CPU it was long enough for the launcher to call a healthy node lost. Killed
-  # just before the exit; a killed node program is noticed at the next beat.
   ( beats=0
-    while kill -0 $$ 2>/dev/null; do
+    while kill -0 "$pid" 2>/dev/null; do
       FTB_P=""
       [ $((beats % ${FTB_PROGRESS_EVERY:-1})) != 0 ] || ftb_progress
       echo "ftb-hb$FTB_P" >&2
@@ -363,6 +359,7 @@ mode_node() {
   # (a USR1 ends that wait with 138 while the job may still run: wait again; 127 from the
   # second wait: the job itself had ended with 138)
   if [ "$rc" = 138 ] && [ "$stopping" = 1 ]; then wait "$pid"; local again=$?; [ "$again" = 127 ] || rc=$again; fi
+  kill "$hbpid" 2>/dev/null
   if [ "$stopping" = 1 ]; then
     wait "$wdpid"  # its stop ends with a SIGKILL to whatever is left
   else
@@ -373,7 +370,6 @@ mode_node() {
   if [ "$rc" != 0 ] && ftb_disk_full "$FTB_RUN_DIR"; then
     echo "ftbundle: no space left on the device under $FTB_RUN_DIR on $(hostname) (ENOSPC): the job's log and exit record may be cut" >&2
   fi
-  kill "$hbpid" 2>/dev/null
   exit "$rc"
 }
 
