@@ -122,6 +122,8 @@ def pauses():
     while True:
         wait = min(POLL_MAX_S, wait * 1.25)
         yield wait
+
+
 GPU_QUERY = "name,driver_version,memory.total"
 GPU_IDS_QUERY = "index,uuid,memory.used"
 APPS_QUERY = "pid,process_name,gpu_uuid,used_memory"
