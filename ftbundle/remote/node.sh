@@ -49,6 +49,15 @@ ftb_now_us() {  # microseconds (bash 5's EPOCHREALTIME; whole seconds on an olde
   if [ -n "$t" ]; then echo "${t/[.,]/}"; else echo $(( SECONDS * 1000000 )); fi
 }
 
+ftb_sleep() {  # SECONDS: a wait that starts no process, for the loops that run every second
+  # `read -t` on a pipe that nothing writes (opened once per shell); `sleep` where bash cannot
+  # make one, with none of our streams: a killed loop must not leave one holding a channel open
+  [ -n "${FTB_SLEEP_FD:-}" ] || { exec {FTB_SLEEP_FD}<> <(:); } 2>/dev/null || FTB_SLEEP_FD=none
+  if [ "$FTB_SLEEP_FD" != none ]; then read -r -t "$1" -u "$FTB_SLEEP_FD" _
+  else sleep "$1" </dev/null >/dev/null 2>&1; fi
+  return 0
+}
+
 ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
   local p end
   p=$(ftb_pids "$1")
@@ -172,7 +181,7 @@ mode_watch() {
           break
         fi
       fi
-      sleep "$FTB_HEARTBEAT"
+      ftb_sleep "$FTB_HEARTBEAT"
     done
   fi
   kill -0 "$pid" 2>/dev/null && ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}"
@@ -210,7 +219,7 @@ ftb_referee() {  # PID VERDICT: rank 0's watcher (see mode_watch)
       echo "ftbundle: ${state#stop }; stopping every node" >>"$FTB_LOG"
       break
     fi
-    sleep "$FTB_HEARTBEAT"
+    ftb_sleep "$FTB_HEARTBEAT"
   done
   if [ "$state" = ok ]; then  # our own job ended: a failure stops the others, a success frees them
     v=""; { read -r v <"$FTB_EXIT"; } 2>/dev/null
@@ -276,7 +285,7 @@ mode_stall_watch() {  # PID BASE: every node writes its ranks' progress to node-
         break
       fi
     fi
-    sleep 2
+    ftb_sleep 2
   done
   exit 0
 }
@@ -314,20 +323,17 @@ mode_node() {
   fi
   # the first heartbeat is the baseline (the launcher's stall clock starts at the first change)
   [ -z "$base" ] || echo "ftb-hb$base" >&2
-  # A beat costs no process: `read -t` on a pipe that nothing writes is the wait (where bash
-  # cannot make one, `sleep`, which gets none of our streams: a killed loop must not leave one
-  # holding the channel open), and the progress (a `stat`) is read every FTB_PROGRESS_EVERY
-  # beats (stall_timeout / 30, at most 10 s, at least every beat), not on every one: three
-  # processes a second on every node were nearly all of an idle node's CPU (3 ms a second).
-  local beat_fd=""
-  { exec {beat_fd}<> <(:); } 2>/dev/null || beat_fd=""
+  # A beat costs no process: the wait is ftb_sleep's, and the progress (a `stat`) is read every
+  # FTB_PROGRESS_EVERY beats (stall_timeout / 30, at most 10 s, at least every beat), not on
+  # every one: three processes a second on every node were nearly all of an idle node's CPU
+  # (3 ms a second).
   ( beats=0
     while kill -0 "$pid" 2>/dev/null; do
       FTB_P=""
       [ $((beats % ${FTB_PROGRESS_EVERY:-1})) != 0 ] || ftb_progress
       echo "ftb-hb$FTB_P" >&2
       beats=$((beats + 1))
-      if [ -n "$beat_fd" ]; then read -r -t "$FTB_HEARTBEAT" -u "$beat_fd" _; else sleep "$FTB_HEARTBEAT" </dev/null >/dev/null 2>&1; fi
+      ftb_sleep "$FTB_HEARTBEAT"
     done ) &
   local hbpid=$!
   # (a background job reads /dev/null unless told otherwise: hand it our stdin explicitly)
