@@ -100,7 +100,7 @@ def wait_clean(cluster, limit: float) -> float | None:
 
 
 def running(proc, cluster) -> None:
-    """ftbundle's rank 0 said "started" (-v) and both containers run."""
+    """ftbundle's rank 0 said "started" (-v) and the job's process runs in both containers."""
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -111,7 +111,10 @@ def running(proc, cluster) -> None:
     else:
         raise AssertionError("the job never started")
     while time.monotonic() < deadline:
-        if all(MARK in cluster.exec(h, f"pgrep -af '{MARK}'", check=False).stdout for h in cluster.hosts):
+        # The job's own process, not the `docker run ... 'echo started; sleep 173'` client that
+        # names it too and exists before its container does (the CI failure of stop 35: pkill
+        # then found nothing on node1).
+        if all(cluster.exec(h, f"pgrep -f '^{MARK}'", check=False).returncode == 0 for h in cluster.hosts):
             return
         time.sleep(0.3)
     raise AssertionError(f"containers not running: {leftovers(cluster)}")
