@@ -6,12 +6,12 @@ Pure functions from settings to argv lists; nothing here runs anything.
 from __future__ import annotations
 
 import posixpath
-from importlib import resources
+from . import shipped
 
 
 def llamafactory_entry_source() -> str:
     """The entry script torchrun runs for LlamaFactory jobs (see shims/llamafactory_entry.py)."""
-    return resources.files("ftbundle.shims").joinpath("llamafactory_entry.py").read_text()
+    return shipped.read_text("shims", "llamafactory_entry.py")
 
 LLAMAFACTORY_CONFIG = "llamafactory.yaml"  # staged into the run directory
 LLAMAFACTORY_ENTRY = "ftb_llamafactory.py"  # ftbundle/shims/llamafactory_entry.py, staged beside it

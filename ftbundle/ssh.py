@@ -15,11 +15,13 @@ Fabric's gateway: the connection to the host is tunnelled through one to the bas
 from __future__ import annotations
 
 import binascii
+import contextlib
 import hmac
 import os
 import socket
 import sys
 import threading
+import types
 
 from .inventory import Host
 
@@ -61,11 +63,116 @@ _import_lock = threading.Lock()
 def load_fabric():
     """Import Fabric (and paramiko) once, under a lock: the first connections import it on
     their own threads (so that the TCP connections are made meanwhile), and paramiko
-    imported by two threads at once fails with a circular import."""
+    imported by two threads at once fails with a circular import. Two standard modules they
+    import but no connection uses are stood in for meanwhile (:func:`_standing_in`)."""
     with _import_lock:
+        if "fabric" not in sys.modules:
+            with _standing_in():
+                import fabric
         import fabric
         import paramiko.ssh_exception  # noqa: F401
     return fabric
+
+
+# Importing Fabric is most of what ftbundle pays before its first SSH byte, and 40 ms of
+# its ~135 (measured here, 10 starts each) go to two standard modules that no connection
+# uses: Invoke's `invoke.context` imports unittest.mock (with asyncio and ssl under it: 27
+# ms) for MockContext, a helper for tests; paramiko's `__init__` calls
+# importlib.metadata.version("paramiko") (with email, zipfile, csv: 13 ms) for its
+# __version__. While Fabric is imported, each is a stand-in that answers that one name
+# cheaply (Mock: unittest.mock's own on first use; version: the Version line of the
+# package's .dist-info on sys.path, importlib.metadata's own answer when there is none);
+# any other name imports the real module and answers from it. A module already imported
+# (a test runner's unittest.mock) is left alone, and afterwards the stand-ins leave
+# sys.modules: a later import gets the real modules.
+_standin_lock = threading.RLock()
+
+
+class _StandIn(types.ModuleType):
+    def __init__(self, name: str, **names):
+        super().__init__(name)
+        self.__dict__.update(names)
+
+    def __getattr__(self, attr: str):  # (only for names not set above)
+        if attr.startswith("__"):  # the import system's own questions (__path__, ...)
+            raise AttributeError(attr)
+        return getattr(_real_module(self.__name__), attr)
+
+
+def _real_module(name: str) -> types.ModuleType:
+    """The real module ``name``, imported now if a stand-in was in its place."""
+    import importlib
+
+    with _standin_lock:
+        if isinstance(sys.modules.get(name), _StandIn):
+            del sys.modules[name]
+            parent, _, child = name.rpartition(".")
+            if parent in sys.modules and isinstance(getattr(sys.modules[parent], child, None), _StandIn):
+                delattr(sys.modules[parent], child)
+        return importlib.import_module(name)
+
+
+class _Mock:
+    """invoke.context's `Mock` (used by its MockContext only): unittest.mock's on first use."""
+
+    def __new__(cls, *args, **kwargs):
+        return _real_module("unittest.mock").Mock(*args, **kwargs)
+
+
+def _version(name: str) -> str:
+    """importlib.metadata.version(name): the Version of the first ``name-*.dist-info`` on
+    sys.path (the one importlib.metadata finds first), else importlib.metadata's answer."""
+    prefix = "_".join(name.replace(".", "_").replace("-", "_").split("_")).lower() + "-"
+    for entry in sys.path:
+        try:
+            found = sorted(d for d in os.listdir(entry or ".")
+                           if d.lower().startswith(prefix) and d.endswith(".dist-info"))
+        except OSError:
+            continue
+        for d in found:
+            try:
+                with open(os.path.join(entry or ".", d, "METADATA"), encoding="utf-8") as f:
+                    for line in f:
+                        if line.startswith("Version:"):
+                            return line.split(":", 1)[1].strip()
+                        if not line.strip():  # (the end of the headers)
+                            break
+            except OSError:
+                continue
+    return _real_module("importlib.metadata").version(name)
+
+
+def _pyyaml():
+    """PyYAML, which ftbundle reads its files with, if it is installed."""
+    try:
+        import yaml
+    except ImportError:
+        return None
+    return yaml
+
+
+@contextlib.contextmanager
+def _standing_in():
+    import importlib
+
+    standins = {"unittest.mock": _StandIn("unittest.mock", Mock=_Mock),
+                "importlib.metadata": _StandIn("importlib.metadata", version=_version)}
+    with _standin_lock:
+        placed = {name: mod for name, mod in standins.items() if name not in sys.modules}
+        if "invoke.vendor.yaml" not in sys.modules and _pyyaml() is not None:
+            placed["invoke.vendor.yaml"] = _pyyaml()
+        sys.modules.update(placed)
+        if "importlib.metadata" in placed:
+            importlib.metadata = placed["importlib.metadata"]  # (`from importlib import metadata`)
+    try:
+        yield
+    finally:
+        with _standin_lock:
+            for name, mod in placed.items():
+                if isinstance(mod, _StandIn) and sys.modules.get(name) is mod:
+                    del sys.modules[name]
+            if getattr(importlib, "metadata", None) is placed.get("importlib.metadata"):
+                del importlib.metadata
 
 
 class LowLatencySocket(socket.socket):

@@ -70,7 +70,7 @@ def base_job(name: str, shared: Path, inventory: Path, train: dict, **extra) -> 
         "master_port": 29500,
         "shared_dir": str(shared),
         "env": {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-        "runtime": {"kind": "host", "python": sys.executable},
+        "runtime": {"kind": "host", "python": os.path.normpath(sys.executable)},
         "train": train,
     }
     job.update(extra)

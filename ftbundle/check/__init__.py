@@ -25,8 +25,8 @@ import threading
 import time
 from collections.abc import Callable
 from functools import cache
-from importlib import resources
 
+from .. import shipped
 from ..cluster import Cluster, first_line, parallel
 from ..inventory import Host
 from ..plan import IMAGE_REF_FILE, Layout
@@ -55,7 +55,7 @@ NVIDIA_SMI_TIMEOUT_S = 10
 @cache
 def probe_source() -> bytes:
     """The probe program's text (ftbundle/remote/probe.py, shipped in the package)."""
-    return resources.files("ftbundle.remote").joinpath("probe.py").read_bytes()
+    return shipped.read_bytes("remote", "probe.py")
 
 
 def probe_argv(host: Host, spec: str) -> list[str]:

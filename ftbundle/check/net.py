@@ -24,9 +24,9 @@ import posixpath
 import sys
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import TextIO
 
+from .. import shipped
 from ..cluster import Cluster, Result, first_line
 from ..plan import Plan
 from . import probe_argv, probe_source
@@ -89,7 +89,7 @@ def slow_warnings(throughput: dict[str, float], rank0: str, busbw: float | None,
 
 
 def bench_source() -> str:
-    return resources.files("ftbundle.shims").joinpath("allreduce_bench.py").read_text()
+    return shipped.read_text("shims", "allreduce_bench.py")
 
 
 def bench_plan(plan: Plan, *, size_mib: float = BENCH_SIZE_MIB, iters: int = BENCH_ITERS) -> Plan:

@@ -22,8 +22,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 
+from .. import shipped
 from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
 from ..job import MIN_SECRET_LEN, is_secret
 from ..plan import NodeFiles, NodePlan, Plan
@@ -46,7 +46,7 @@ PID = b"ftb-pid "
 @functools.cache
 def program() -> str:
     """The text of the node program (ftbundle/remote/node.sh, shipped in the package)."""
-    return resources.files("ftbundle.remote").joinpath("node.sh").read_text()
+    return shipped.read_text("remote", "node.sh")
 
 
 def node_argv(mode: str, *args: str) -> list[str]:

@@ -21,8 +21,8 @@ import posixpath
 import time
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 
+from .. import shipped
 from ..cluster import Cluster, HostUnreachable, first_line, parallel
 from ..inventory import Host
 from ..plan import NodePlan, Plan, node_log_name
@@ -126,7 +126,7 @@ class RankStack:
 
 @cache
 def collector_source() -> bytes:
-    return resources.files("ftbundle.remote").joinpath("stacks.py").read_bytes()
+    return shipped.read_bytes("remote", "stacks.py")
 
 
 def collect(cluster: Cluster, targets: list[Target], out_dir: str, *,
