@@ -15,10 +15,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
 
 NOT_ON_THE_LAUNCH_PATH = ["unittest", "unittest.mock", "asyncio", "ssl", "importlib.metadata", "email",
-                          "zipfile", "invoke.vendor.yaml.reader", "importlib.resources"]
+                          "zipfile", "invoke.vendor.yaml.reader", "importlib.resources",
+                          "ftbundle.export", "ftbundle.commands.export", "ftbundle.commands.init"]
 
 
 def fresh(code: str) -> dict:
@@ -98,3 +101,22 @@ def test_a_module_already_imported_is_left_alone_and_any_other_name_is_the_real_
         "                  'entry_points': entry_points is after.entry_points,\n"
         "                  'after': type(after).__name__}))\n")
     assert seen == {"mock": True, "standin": "_StandIn", "entry_points": True, "after": "module"}
+
+
+def test_every_subcommand_resolves_to_its_function():
+    """The CLI imports a subcommand's module only when it runs: each name it holds must be
+    a function of that module (a typo would otherwise surface only when a user runs it)."""
+    import argparse
+
+    from ftbundle import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])  # (builds the parser, kept in cli._PARSER for completion)
+    captured = {"parser": cli._PARSER}
+    subparsers = next(a for a in captured["parser"]._actions if isinstance(a, argparse._SubParsersAction))
+    funcs = {name: p.get_default("func") for name, p in subparsers.choices.items()}
+    assert set(funcs) >= {"run", "check", "status", "logs", "stop", "stacks", "export", "runs", "plot", "init"}
+    for name, func in funcs.items():
+        resolved = cli._command(func)
+        assert callable(resolved), name
+        assert resolved.__name__ == (func.partition(":")[2] if isinstance(func, str) else func.__name__), name
