@@ -121,12 +121,18 @@ class _Mock:
 
 def _version(name: str) -> str:
     """importlib.metadata.version(name): the Version of the first ``name-*.dist-info`` on
-    sys.path (the one importlib.metadata finds first), else importlib.metadata's answer."""
-    prefix = "_".join(name.replace(".", "_").replace("-", "_").split("_")).lower() + "-"
+    sys.path (the one importlib.metadata finds first; names compared as it compares them,
+    runs of -_. as one _, any case), else importlib.metadata's answer."""
+    import re
+
+    def normal(project: str) -> str:
+        return re.sub(r"[-_.]+", "_", project).lower()
+
+    wanted = normal(name)
     for entry in sys.path:
         try:
             found = sorted(d for d in os.listdir(entry or ".")
-                           if d.lower().startswith(prefix) and d.endswith(".dist-info"))
+                           if d.endswith(".dist-info") and normal(d.split("-", 1)[0]) == wanted)
         except OSError:
             continue
         for d in found:

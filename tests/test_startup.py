@@ -65,7 +65,8 @@ def test_what_used_the_stand_ins_answers_as_before(tmp_path):
         "mock_run = invoke.MockContext(run={'hostname': invoke.Result('node0')}).run\n"
         "said = mock_run('hostname').stdout\n"
         "import unittest.mock, importlib.metadata as md\n"
-        "names = ['paramiko', 'invoke', 'fabric', 'PyYAML', 'pyyaml', 'cryptography', 'PyNaCl', 'bcrypt']\n"
+        "names = ['paramiko', 'invoke', 'fabric', 'PyYAML', 'pyyaml', 'cryptography', 'PyNaCl', 'bcrypt',\n"
+        "         'typing_extensions', 'typing-extensions', 'Typing.Extensions']  # (spelt as users spell them)\n"
         "try:\n"
         "    _version('no-such-package-ftb')\n"
         "    missing = 'found'\n"
@@ -76,7 +77,8 @@ def test_what_used_the_stand_ins_answers_as_before(tmp_path):
         "                  'theirs': {n: md.version(n) for n in names}, 'missing': missing,\n"
         "                  'yaml': invoke.util.yaml is yaml, 'echo': config.run.echo, 'warn': config.run.warn,\n"
         "                  'said': said, 'mock': type(mock_run).__module__,\n"
-        "                  'real_mock': hasattr(unittest.mock, 'patch') and type(unittest.mock).__name__ == 'module'}))\n")
+        "                  'real_mock': hasattr(unittest.mock, 'patch')\n"
+        "                               and type(unittest.mock).__name__ == 'module'}))\n")
     assert seen["gone"]
     assert seen["paramiko"] == seen["real"]
     assert seen["ours"] == seen["theirs"]
