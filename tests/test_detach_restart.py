@@ -152,3 +152,97 @@ def test_detached_nodes_stop_when_a_node_or_the_referee_goes_silent(make_cluster
     cluster.kill("node0")
     assert stopped_within({"node2"}, limit), job_processes(cluster)
     assert "rank 0's watcher silent" in (run / "node-1-node2.a1.log").read_text()
+
+
+class Reads:
+    """Who reads which file of one directory, counted by the kernel (fanotify: every read of a
+    file there by any process, the containers' through their bind mount too, with the reader's
+    pid). inotify would not do: it merges a read into an identical last event, so nodes reading
+    one file in the same instant count once."""
+
+    FAN_ACCESS, FAN_EVENT_ON_CHILD, FAN_CLOEXEC, FAN_NONBLOCK, FAN_MARK_ADD = 0x1, 0x08000000, 0x1, 0x2, 0x1
+
+    def __init__(self, directory: Path):
+        import ctypes
+        import os
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
+        self.fd = libc.fanotify_init(self.FAN_CLOEXEC | self.FAN_NONBLOCK, os.O_RDONLY | os.O_LARGEFILE)
+        assert self.fd >= 0, f"fanotify_init: {os.strerror(ctypes.get_errno())} (needs root)"
+        mask = self.FAN_ACCESS | self.FAN_EVENT_ON_CHILD
+        assert libc.fanotify_mark(self.fd, self.FAN_MARK_ADD, mask, -100, str(directory).encode()) == 0, \
+            os.strerror(ctypes.get_errno())
+        self.readers: dict[str, list[int]] = {}  # file name -> the pid of each read
+
+    def drain(self) -> None:
+        import os
+        import struct
+
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            at = 0
+            while at < len(data):  # struct fanotify_event_metadata
+                size, _vers, _res, _mlen, mask, fd, pid = struct.unpack_from("IBBHQii", data, at)
+                if fd >= 0:
+                    name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).removesuffix(" (deleted)")
+                    os.close(fd)
+                    if mask & self.FAN_ACCESS:
+                        self.readers.setdefault(name, []).append(pid)
+                at += size
+
+    def during(self, seconds: float) -> dict[str, list[int]]:
+        self.drain()
+        self.readers = {}
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            self.drain()
+        return self.readers
+
+    def close(self) -> None:
+        import os
+
+        os.close(self.fd)
+
+
+def test_detached_watching_reads_each_heartbeat_once_a_second_not_once_per_peer(make_cluster, tmp_path):
+    """Issue 23, item 3: across the cluster a detached run reads O(n) files a second (the referee
+    reads the n-1 other heartbeats, the n-1 others read its one verdict), not O(n^2) (every node
+    every peer's heartbeat: n(n-1)). Counted by the kernel (fanotify) on the shared run directory
+    while 6 nodes run, with who read each (the lower bounds show it sees the containers' reads)."""
+    n, window = 6, 8.0
+    cluster = make_cluster(n)
+    shared = cluster.shared_dir
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = write_job(tmp_path / "job.yaml", base_job("watched", shared, inventory, {"command": "sleep 300"}))
+    started = ftbundle("run", str(job), "--detach", timeout=90)
+    assert started.returncode == 0, started.stderr
+    run = shared / "runs" / re.search(r"run (\S+) started on all", started.stderr).group(1)
+    assert set(job_processes(cluster)) == {f"node{i}" for i in range(n)}
+    reads = Reads(run)
+    try:
+        time.sleep(2)  # every watcher past its first beat
+        readers = reads.during(window)
+    finally:
+        reads.close()
+        assert ftbundle("stop", str(job), timeout=60).returncode == 0
+    per_s = {name: len(pids) / window for name, pids in readers.items()}
+    heartbeats = {name: pids for name, pids in readers.items() if name.endswith(".hb")}
+    # one process (rank 0's watcher) reads each other node's heartbeat, about once a beat (a beat
+    # is a second plus its own work: a loaded machine makes it slower, never faster) ...
+    assert sorted(heartbeats) == [f"node-{r}.a1.hb" for r in range(1, n)], readers.keys()
+    assert len({pid for pids in heartbeats.values() for pid in pids}) == 1, heartbeats
+    assert all(0.4 * window <= len(pids) <= 1.25 * window for pids in heartbeats.values()), heartbeats
+    # ... and each of the others reads its one verdict about once a beat
+    verdict = readers.get("watch.a1", [])
+    assert len(set(verdict)) == n - 1, verdict
+    assert 0.4 * (n - 1) * window <= len(verdict) <= 1.25 * (n - 1) * window, verdict
+    assert sum(per_s.values()) <= 3 * n < n * (n - 1), per_s  # nothing else read every beat either
+    deadline = time.monotonic() + 30
+    while job_processes(cluster) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert job_processes(cluster) == {}
