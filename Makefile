@@ -38,9 +38,9 @@ image: engine  ## the images the tests use (test hosts, with systemd too, Slurm 
 model: venv
 	HF_HUB_OFFLINE=1 $(PY) -m ftbundle.tinymodel --data $(QUICKSTART)/data/support.json --out $(QUICKSTART)/.shared/tiny-llama
 
-bench: venv engine image model  ## the benchmarks under bench/; writes docs/PERFORMANCE.md (about 40 min)
+bench: venv engine image model  ## the benchmarks under bench/; writes docs/PERFORMANCE.md (about 50 min)
 	@. .ci/apt.sh && ftb_need pdsh:pdsh
-	cd bench && $(CURDIR)/$(PY) launch.py && $(CURDIR)/$(PY) launch.py --simulate 1024 && $(CURDIR)/$(PY) chatty.py && $(CURDIR)/$(PY) teardown.py && $(CURDIR)/$(PY) teardown.py --scale 128 && $(CURDIR)/$(PY) stall.py && $(CURDIR)/$(PY) overhead.py --unbuffered && $(CURDIR)/$(PY) provision.py
+	cd bench && $(CURDIR)/$(PY) launch.py && $(CURDIR)/$(PY) launch.py --simulate 1024 && $(CURDIR)/$(PY) check.py && $(CURDIR)/$(PY) chatty.py && $(CURDIR)/$(PY) teardown.py && $(CURDIR)/$(PY) teardown.py --scale 128 && $(CURDIR)/$(PY) stall.py && $(CURDIR)/$(PY) overhead.py --unbuffered && $(CURDIR)/$(PY) provision.py
 	cd bench && $(CURDIR)/$(PY) report.py
 
 clean:

@@ -1,6 +1,6 @@
 """`ftbundle check` at the largest host count CI holds cheaply (24 containerized hosts): it
 passes on healthy hosts under this machine's load, and still finds the faults planted on
-two of them, each reported once with the host folded in (the 256-host case is in bench/)."""
+two of them, each reported once with the host folded in (the 256-host case: bench/check.py)."""
 
 from __future__ import annotations
 
