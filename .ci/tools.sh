@@ -4,9 +4,9 @@
 # registry's liveness, .ci/registry.sh), ssh and ssh-keygen (the containerized hosts'
 # keys and logins, tests/cluster.py), and what the tests' own scripts would otherwise
 # install from parallel workers: docker-registry (.ci/registry*.sh) and shellcheck
-# (.ci/shellcheck.sh).
+# (.ci/shellcheck.sh), and pdsh, which tests/test_bench_quick.py runs beside ftbundle.
 set -euo pipefail
 # shellcheck source=.ci/apt.sh
 . "${BASH_SOURCE[0]%/*}/apt.sh"
 ftb_need tmux:tmux curl:curl ssh:openssh-client ssh-keygen:openssh-client docker-registry:docker-registry \
-    shellcheck:shellcheck
+    shellcheck:shellcheck pdsh:pdsh
