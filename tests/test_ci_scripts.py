@@ -99,17 +99,17 @@ def test_two_installs_at_once_run_one_after_the_other(tmp_path):
     assert events == ["start", "end"] * 3, log.read_text()  # never two apt-gets at once
 
 
-def test_tools_script_installs_tmux_curl_and_openssh_client_when_missing(tmp_path):
+def test_tools_script_installs_what_the_tests_drive_when_missing(tmp_path):
     bin_dir, log = fake_apt(tmp_path)
     p = subprocess.run(["/bin/bash", str(REPO / ".ci" / "tools.sh")], capture_output=True, text=True, timeout=60,
                        env={"PATH": str(bin_dir), "FTB_APT_LOCK": str(tmp_path / "apt.lock")})
     assert p.returncode == 0, p.stderr
     installed = apt_words(log)
     assert installed[:3] == ["install", "-y", "-q"], installed
-    assert set(installed[3:]) == {"tmux", "curl", "openssh-client", "docker-registry", "shellcheck"}, installed
+    assert set(installed[3:]) == {"tmux", "curl", "openssh-client", "docker-registry", "shellcheck", "pdsh"}, installed
     # where they are present, nothing is installed
     log.unlink()
-    for cmd in ("tmux", "curl", "ssh", "ssh-keygen", "docker-registry", "shellcheck"):
+    for cmd in ("tmux", "curl", "ssh", "ssh-keygen", "docker-registry", "shellcheck", "pdsh"):
         (bin_dir / cmd).write_text("#!/bin/sh\n")
         (bin_dir / cmd).chmod(0o755)
     p = subprocess.run(["/bin/bash", str(REPO / ".ci" / "tools.sh")], capture_output=True, text=True, timeout=60,
