@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--large-runs", type=int, default=1, help="runs at 64 hosts and more")
     parser.add_argument("--simulate", type=int, default=0, help="N 'hosts': sshd instances on distinct ports")
     parser.add_argument("--lost-after", type=float, default=SIM_LOST_AFTER_S,
-                        help="the simulation's give-up (FTB_LOST_AFTER) in seconds; 0: ftbundle's default (5)")
+                        help="the simulation's give-up (FTB_LOST_AFTER) in seconds; 0: ftbundle's default")
     args = parser.parse_args()
     if args.simulate:
         return simulate(args.simulate, lost_after=args.lost_after)
@@ -213,12 +213,14 @@ def simulate(n: int, per_container: int = 32, lost_after: float = SIM_LOST_AFTER
     the give-up (FTB_LOST_AFTER), 0 for ftbundle's default."""
     import yaml
 
+    from ftbundle.launch.supervisor import LOST_AFTER_DEFAULT_S, QUIET_MAX_FACTOR
+
     env = dict(os.environ)
     if lost_after:
         env["FTB_LOST_AFTER"] = f"{lost_after:g}"
     else:
         env.pop("FTB_LOST_AFTER", None)
-    give_up = f"{lost_after:g} s" if lost_after else "5 s (ftbundle's default)"
+    give_up = f"{lost_after:g} s" if lost_after else f"{LOST_AFTER_DEFAULT_S:g} s (ftbundle's default)"
 
     ensure_image()
     containers = max(1, n // per_container)
@@ -275,7 +277,7 @@ def simulate(n: int, per_container: int = 32, lost_after: float = SIM_LOST_AFTER
         f"## Start latency past the containers: {n} simulated hosts", "",
         f"{per_container} sshd instances per container on ports 2201-{2200 + per_container}, each a host to "
         "ftbundle (its own connection, known_hosts line and node); `ftbundle run --no-check`, one run per size; "
-        f"the give-up for a silent node (FTB_LOST_AFTER) {give_up} (3x that while its host answers: the "
+        f"the give-up for a silent node (FTB_LOST_AFTER) {give_up} ({QUIET_MAX_FACTOR}x that while its host answers: the "
         "simulated nodes share this machine's cores, see SIM_LOST_AFTER_S in bench/launch.py).", "",
         table(["hosts", "ran", "start s", "growth", "CPU s", "peak RSS MB", "peak threads", "peak fds"], rows)]),
         rerun=f"bench/launch.py --simulate {n}" + (f" --lost-after {lost_after:g}" if lost_after != SIM_LOST_AFTER_S else ""))

@@ -45,7 +45,8 @@ from .failure import rank_failure
 from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
 from .stall import STACKS_PROGRAM, STALLED_EXIT_CODE, StallClock, collector_source, ending, stall_report
 
-LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", "5"))
+LOST_AFTER_DEFAULT_S = 5.0
+LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", LOST_AFTER_DEFAULT_S))
 START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
 PING_INTERVAL_S = 1.0
 TEARDOWN_SILENT_S = 2 * HEARTBEAT_S + 0.5  # while stopping: silent this long, its host is asked
