@@ -82,6 +82,7 @@ class Job:
     restarts: int = 0
     check: bool = True
     stall_timeout: int = 600  # seconds without progress before a run is diagnosed and stopped; 0: never
+    health: str = "refuse"  # GPU health in the check: refuse (a sick GPU stops the run) | warn | off
 
     @property
     def base_dir(self) -> Path:
@@ -93,8 +94,9 @@ class Job:
 
 _TOP_KEYS = {
     "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
-    "env", "runtime", "train", "restarts", "check", "stall_timeout",
+    "env", "runtime", "train", "restarts", "check", "stall_timeout", "health",
 }
+HEALTH_MODES = ("refuse", "warn", "off")
 _RUNTIME_KEYS = {"kind", "python", "image", "gpus", "docker_args", "env_file"}
 _TRAIN_KEYS = {"llamafactory", "script", "args", "command", "deepspeed"}
 
@@ -215,6 +217,12 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
     if 0 < stall_timeout < MIN_STALL_TIMEOUT_S:
         raise r.error("stall_timeout", f"must be 0 (off) or at least {MIN_STALL_TIMEOUT_S} seconds, got {stall_timeout}")
 
+    health = data.get("health", "refuse")
+    health = "off" if health is False else health  # YAML 1.1 reads a bare `off` as false
+    if health not in HEALTH_MODES:
+        raise r.error("health", f"must be one of {', '.join(HEALTH_MODES)}"
+                      f"{did_you_mean(str(health), HEALTH_MODES)}, got {health!r}")
+
     shared_dir = r.string(data, "shared_dir", "shared_dir")
     workdir = r.string(data, "workdir", "workdir")
 
@@ -250,6 +258,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         restarts=restarts,
         check=check,
         stall_timeout=stall_timeout,
+        health=health,
     )
 
 

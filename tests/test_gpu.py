@@ -93,3 +93,41 @@ def test_the_recorder_writes_what_nvidia_smi_prints(tmp_path):
     for suffix in QUERIES:
         assert (tmp_path / "out" / f"{sample}{suffix}").read_bytes() == (SMI / f"a100-x4{suffix}").read_bytes()
     assert "`nvidia-a100-sxm4-80gb-x4.*`: recorded" in (tmp_path / "out" / "SOURCES.md").read_text()
+
+
+@pytest.mark.gpu
+def test_real_gpu_health_is_read_in_every_field(tmp_path):
+    """The check's GPU health questions (issue 37) asked by the probe itself on this machine's
+    GPUs: every field of the query parses to a value (what a GPU of its kind cannot say aside:
+    retired pages on GPUs that remap rows), the temperature threshold is found, the kernel log
+    is read (as root), and the outputs are recorded beside the others."""
+    from ftbundle.check import health as H
+    from ftbundle.check import rules as R
+
+    spec = local_spec(tmp_path, health={"fields": list(H.HEALTH_FIELDS), "aliases": H.FIELD_ALIASES,
+                                        "window_s": H.XID_WINDOW_S})
+    data = run_probe(spec)
+    f = parse_facts("here", 0, data)
+    raw = data.get("health") or {}
+    assert f.health_error is None and f.gpu_health, raw
+    assert [g.uuid for g in f.gpu_health] == [g.uuid for g in f.gpus]
+    for g in f.gpu_health:
+        known = {k: getattr(g, k) for k in ("uuid", "bus_id", "ecc_mode", "remap_pending", "remap_failure",
+                                            "clock_events", "sm_clock_mhz", "sm_clock_max_mhz", "temperature_c",
+                                            "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max")}
+        assert None not in known.values(), (known, raw.get("query"))
+        assert g.ecc_mode != "Enabled" or g.ecc_uncorrected is not None, raw.get("query")
+        assert g.slowdown_c is not None or (g.tlimit_c is not None and g.slowdown_tlimit_c is not None), g
+    if os.geteuid() == 0:
+        assert f.kernel_log_error is None, raw.get("kernel_log")
+    check = R.check_health([f], "refuse")
+    assert check.ok, check.details  # a lent machine's GPU is expected healthy; if not, this says why
+    sample = f"{slug(f.gpus[0].name)}-x{len(f.gpus)}"
+    RECORDED.mkdir(parents=True, exist_ok=True)
+    (RECORDED / f"{sample}.health.csv").write_text(raw["query"])
+    (RECORDED / f"{sample}.temperature.txt").write_text(raw.get("temperature") or "")
+    with open(RECORDED / "SOURCES.md", "a") as sources:
+        sources.write(f"- `{sample}.health.csv`, `{sample}.temperature.txt`: the probe's health query and "
+                      f"`nvidia-smi -q -d TEMPERATURE`, recorded {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
+                      f"UTC on {socket.gethostname()} by tests/test_gpu.py; findings: "
+                      f"{'; '.join(check.warnings) or 'none'}\n")

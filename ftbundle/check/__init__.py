@@ -31,6 +31,7 @@ from ..cluster import Cluster, first_line, parallel
 from ..inventory import Host
 from ..plan import IMAGE_REF_FILE, Layout
 from .facts import ClusterFacts, HostFacts, parse_facts
+from .health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
 from .report import CheckReport, format_report, print_report
 from .rules import Check, evaluate
 
@@ -108,6 +109,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
                         if rank == 0 else
                         {"role": "connect", "addr": layout.master_addr, "port": layout.master_port,
                          "connect_s": CONNECT_S + extra})
+    if create and job.health != "off":  # (not in a read-only probe: nothing is checked there)
+        spec["health"] = {"fields": list(HEALTH_FIELDS), "aliases": FIELD_ALIASES, "window_s": XID_WINDOW_S}
     if layout.dataset_dir:
         spec["datasets"] = {"dir": layout.dataset_dir, "names": list(layout.datasets)}
     return spec

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .health import GpuHealth, Xid, parse_health
+
 BF16_MIN_COMPUTE_CAP = (8, 0)  # Ampere and later
 
 
@@ -167,6 +169,11 @@ class HostFacts:
     gpu_error: str | None = None
     gpu_hung: bool = False
     compute_apps: list[ComputeApp] = field(default_factory=list)
+    health_asked: bool = False  # the job's `health` is not off (see .health)
+    gpu_health: list[GpuHealth] = field(default_factory=list)
+    xids: list[Xid] = field(default_factory=list)  # the kernel log's NVRM Xid lines
+    health_error: str | None = None  # why the GPUs' health readings are missing
+    kernel_log_error: str | None = None  # why the kernel log could not be read
     infiniband: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # the job's view after the env file
     workdir_ok: bool = True
@@ -208,6 +215,9 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
         f.compute_apps = parse_compute_apps(data.get("compute_apps") or "")
     except ValueError:
         pass
+    if "health" in data:
+        f.health_asked = True
+        f.gpu_health, f.xids, f.health_error, f.kernel_log_error = parse_health(data["health"] or {})
     f.infiniband = tuple(data.get("infiniband") or ())
     f.env = dict(data.get("env") or {})
     f.workdir_ok = bool(data.get("workdir_ok", True))

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from ..hostlist import fold, fold_numbers
 from ..plan import Layout
+from . import health as H
 from .facts import ClusterFacts, HostFacts, describe_gpus
+from .health import XID_WINDOW_S
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -188,6 +190,45 @@ def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | Non
                              if (g.memory_used_mib or 0) > 1024)
             check.warnings.append(f"{f.host}: GPU memory already in use ({used}) by no process nvidia-smi can "
                                   "see (another container?)")
+    return check
+
+
+def check_health(facts: list[HostFacts], mode: str, window_s: float = XID_WINDOW_S) -> Check | None:
+    """GPU health: hosts grouped by what is wrong with their GPUs (the findings: .health). ``mode``
+    is the job's ``health``: refuse (fatal findings fail the check), warn (everything is a
+    warning), off (None: not asked). Hosts whose health could not be read are warned about;
+    a kernel log that could not be read is a note (the rest of the check still stands)."""
+    asked = [f for f in facts if f.health_asked]
+    if mode == "off" or not asked:
+        return None
+    per_host = {f.host: H.findings(f.host, f.gpu_health, f.xids, window_s) for f in asked}
+    values = {}
+    for f in asked:
+        found = per_host[f.host]
+        if found:
+            values[f.host] = ("unfit: " if any(x.fatal for x in found) and mode == "refuse" else "") + ", ".join(
+                dict.fromkeys(x.kind for x in found))
+        elif f.health_error:
+            values[f.host] = "unknown"
+        elif f.gpu_health:
+            values[f.host] = f"{len(f.gpu_health)} GPU(s) healthy"
+        else:
+            values[f.host] = "no GPUs"
+    check = Check("gpu_health", group_by_value(values), label="gpu health")
+    everything = [x for f in asked for x in per_host[f.host]]
+    fatal = [x for x in everything if x.fatal]
+    if mode == "refuse" and fatal:
+        check.failure = "GPUs unfit to run (health: refuse)"
+        check.details = H.fold_findings(fatal)
+        if any(x.kind.startswith("Xid") for x in fatal):
+            check.notes.append("after a GPU reset or repair, a past Xid still counts for "
+                               f"{window_s / 3600:g} h: `health: warn` lets a run start")
+        everything = [x for x in everything if not x.fatal]
+    check.warnings += H.fold_findings(everything)
+    check.warnings += per_hosts([(f.host, f.health_error, lambda hosts, e=f.health_error: (
+        f"GPU health not read on {hosts}: {e}")) for f in asked if f.health_error])
+    check.notes += per_hosts([(f.host, f.kernel_log_error, lambda hosts, e=f.kernel_log_error: (
+        f"Xid events not read on {hosts}: {e}")) for f in asked if f.kernel_log_error])
     return check
 
 
@@ -394,6 +435,7 @@ def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) ->
     checks.append(check_system(reached))
     checks.append(check_runtime(reached, docker=layout.docker))
     checks.append(check_gpus(reached, layout, nproc_per_node))
+    checks += [c for c in [check_health(reached, layout.job.health)] if c is not None]
     checks.append(check_dirs(reached, layout))
     optional = [check_datasets(reached)]
     if remote:

@@ -14,6 +14,9 @@ question, not their sum:
   image named in the spec, else the one site.yml recorded in /etc/ftbundle/image.ref);
 - GPUs: nvidia-smi's GPU list, their indices/UUIDs/memory in use and compute processes,
   each under a timeout (a hung driver is a fact, not a lost host); /dev/infiniband;
+- GPU health (unless the job says `health: off`): one nvidia-smi query of every health field,
+  `nvidia-smi -q -d TEMPERATURE` (the slowdown threshold), and the kernel log's NVRM Xid
+  lines (dmesg, else `journalctl -k`), raw: ftbundle/check/health.py reads them;
 - the environment the job will see (the host's NCCL env file sourced as the node
   program sources it): CUDA_VISIBLE_DEVICES, NCCL/GLOO socket interfaces;
 - directories, and storage: for each path the spec names (shared_dir, output_dir), a
@@ -165,6 +168,7 @@ def system(spec, out):
     except OSError:
         out["links"] = []
     out["infiniband"] = sorted(os.listdir("/dev/infiniband")) if os.path.isdir("/dev/infiniband") else []
+    out["cpus"] = len(os.sched_getaffinity(0))  # the cores this login may use (a cgroup's cpuset included)
     addr = spec.get("master_addr")
     if not addr:
         return
@@ -247,10 +251,52 @@ def image(spec, out):
     code, text, err, timed_out = run(["docker", "image", "inspect", "-f", "{{.Id}}", ref], 30)
     if code == 0 and text.strip().startswith("sha256:"):
         out["image_id"] = text.strip().splitlines()[0]
+        image_versions(spec, out)
     elif timed_out:
         out["runtime_error"] = "docker did not answer within 30s"
     else:
         out["runtime_error"] = f"image {ref} not on host ({last_line(err or text, 'docker failed')})"
+
+
+def image_versions(spec, out):
+    """The packages' versions inside the image, as the ranks' interpreter there sees them. An
+    image ID names fixed bytes: the answer is kept for good (no stamps), so only the first
+    check of a new image starts a container for it (about a second)."""
+    python, packages = spec.get("image_python") or "python3", spec.get("packages", [])
+    key = {"image_id": out["image_id"], "python": python, "packages": packages}
+    cached = cache_read("image-versions", key)
+    if cached is not None:
+        out["versions"] = cached
+        return
+    argv = ["docker", "run", "--rm", "--pull=never", "--network", "none", "--entrypoint", python,
+            out["image_id"], "-c", VERSIONS_PY, *packages]
+    code, text, err, timed_out = run(argv, 60)
+    try:
+        found = json.loads(text.strip().splitlines()[-1]) if code == 0 else None
+    except (ValueError, IndexError):
+        found = None
+    if isinstance(found, dict):
+        found.pop("_basis", None)
+        out["versions"] = found
+        cache_write("image-versions", key, found, [], since=time.time_ns())
+    elif timed_out:
+        out["runtime_error"] = f"{python} in image {out['image']} did not answer within 60s"
+    else:
+        out["runtime_error"] = (f"{python} in image {out['image']}: "
+                                f"{last_line(err or text, f'exit {code}')}")
+
+
+def paths(spec, out):
+    """Files the job names on the hosts (its script, a model given as a path): there or not."""
+    found = {}
+    for name, path in (spec.get("paths") or {}).items():
+        try:
+            os.stat(path)
+            found[name] = None
+        except OSError as exc:
+            found[name] = exc.strerror or "missing"
+    if found:
+        out["paths"] = found
 
 
 def gpus(spec, out):
@@ -276,6 +322,72 @@ def gpus(spec, out):
     code, text, _, timed_out = run(base + [f"--query-compute-apps={APPS_QUERY}"], limit)
     if code == 0:
         out["compute_apps"] = text
+
+
+def health(spec, out):
+    """GPU health, raw: the query of every field in the spec (a field this driver does not know
+    is asked under its newer name, else left out), the temperature thresholds, and the kernel
+    log's Xid lines with the uptime they are stamped against. Read first, the kernel log: a
+    wedged driver that hangs nvidia-smi has usually said why there."""
+    import re
+
+    h = spec.get("health")
+    if not h or not have("nvidia-smi"):
+        return
+    limit = spec.get("nvidia_smi_timeout_s", 10)
+    result = {"kernel_log": kernel_log(h.get("window_s", 86400), limit)}
+    fields, aliases = list(h["fields"]), h.get("aliases", {})
+    for _ in range(len(fields)):
+        code, text, err, timed_out = run(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,nounits"],
+                                         limit)
+        bad = re.search(r'Field "([^"]+)" is not a valid field', (text or "") + (err or ""))
+        if code in (0, None) or not bad or bad.group(1) not in fields or bad.group(1) == "index":
+            break
+        name = bad.group(1)
+        if aliases.get(name) and aliases[name] not in fields:
+            fields[fields.index(name)] = aliases[name]
+        else:
+            fields.remove(name)
+    if timed_out:
+        result["error"] = f"nvidia-smi did not answer within {limit}s (hung driver or GPU?)"
+    elif code != 0:
+        result["error"] = last_line(text or err, f"nvidia-smi exit {code}")
+    if text and "index" in text.split("\n", 1)[0]:  # (a GPU lost mid-list still leaves the others' rows)
+        result["query"] = text
+    if not timed_out:
+        code, text, _, _ = run(["nvidia-smi", "-q", "-d", "TEMPERATURE"], limit)
+        if code == 0:
+            result["temperature"] = text
+    out["health"] = result
+
+
+def kernel_log(window_s, limit):
+    """The NVRM Xid lines of the kernel log (the last 200), and /proc/uptime, which their
+    stamps count from. dmesg is refused to users where kernel.dmesg_restrict is 1 (and in
+    containers without CAP_SYSLOG): then the journal's kernel messages of the window."""
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        uptime = None
+    code, text, err, timed_out = run(["dmesg"], limit)
+    why = []
+    if code != 0:
+        said = "timed out" if timed_out else last_line(err or text, f"exit {code}")
+        why.append(said if said.startswith("dmesg:") else f"dmesg: {said}")
+        if not have("journalctl"):
+            why.append("journalctl: not installed")
+        else:
+            code, text, err, timed_out = run(["journalctl", "-k", "-o", "short-monotonic", "--no-pager",
+                                              f"--since=-{int(window_s)}s"], limit)
+            unseen = "insufficient permissions" in (err or "") or "not seeing messages" in (err or "")
+            if code != 0 or unseen:
+                why.append(f"journalctl -k: {'timed out' if timed_out else last_line(err or text, f'exit {code}')}")
+                code = code or 1
+    if code != 0:
+        return {"error": "; ".join(why), "uptime_s": uptime}
+    lines = [line for line in text.splitlines() if "NVRM: Xid" in line]
+    return {"lines": lines[-200:], "uptime_s": uptime, "source": "journalctl -k" if why else "dmesg"}
 
 
 def env_view(spec, out):
@@ -617,7 +729,7 @@ def main():
         print(json.dumps(out))
         return
     # the slowest first (it starts the job's interpreter): its head start is the round's
-    tasks = ([versions] if spec.get("python") else []) + [system, dirs, env_view, port, datasets, gpus, image]
+    tasks = ([versions] if spec.get("python") else []) + [system, dirs, env_view, port, datasets, paths, gpus, health, image]
     threads = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
                for t in tasks]
     threads.append(threading.Thread(target=guarded, args=(storage, spec, out, started), daemon=True,
