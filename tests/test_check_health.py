@@ -219,20 +219,20 @@ def test_an_xid_79_in_the_kernel_log_refuses_naming_the_gpu_by_its_pci_address(t
              host("node1", 1, two_gpus(real), xid_lines=(f"[  970.000000] {XID79.replace('00:06', '00:07')}",))]
     check = R.check_health(fleet, "refuse")
     assert check.failure == "GPUs unfit to run (health: refuse)"
-    assert check.details == ["node1: GPU 1 (GPU-1e7e2459-5537-7ce0-d915-6c9a8d0e0338): Xid 79 30 s ago: "
-                             "pid=2816, name=python3, GPU has fallen off the bus.: GPU has fallen off the bus"]
+    assert check.details == ["node1: GPU 1 (GPU-1e7e2459-5537-7ce0-d915-6c9a8d0e0338): Xid 79 30 s ago "
+                             "(pid=2816, name=python3, GPU has fallen off the bus.): GPU has fallen off the bus"]
     assert check.groups == [("2 GPU(s) healthy", ["node0"]), ("unfit: Xid 79", ["node1"])]
     # outside the window: not counted; an application's Xid (13): a warning
     old = host("node1", 1, real, xid_lines=(f"[  1.0] {XID79}",), uptime=H.XID_WINDOW_S + 100.0)
     assert R.check_health([old], "refuse").ok and R.check_health([old], "refuse").warnings == []
     app = host("node1", 1, real, xid_lines=("[  990.0] NVRM: Xid (PCI:0000:00:06): 13, Graphics Exception",))
     check = R.check_health([app], "refuse")
-    assert check.ok and check.warnings == [f"node1: GPU 0 ({UUID}): Xid 13 10 s ago: Graphics Exception: "
+    assert check.ok and check.warnings == [f"node1: GPU 0 ({UUID}): Xid 13 10 s ago (Graphics Exception): "
                                            "graphics engine exception (usually the application's)"]
     # a GPU nvidia-smi no longer lists: named by its address
     lost = host("node2", 2, real, xid_lines=("[  990.0] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",))
     assert R.check_health([lost], "refuse").details == [
-        "node2: PCI 0000:3b:00: Xid 79 10 s ago: GPU has fallen off the bus.: GPU has fallen off the bus"]
+        "node2: PCI 0000:3b:00: Xid 79 10 s ago (GPU has fallen off the bus.): GPU has fallen off the bus"]
 
 
 def test_every_fatal_xid_of_the_issue_is_in_the_documented_table():

@@ -339,7 +339,7 @@ def xid_findings(host: str, gpus: list[GpuHealth], xids: list[Xid], window_s: fl
         g = by_bus.get(pci_key(x.pci))
         when = f"{_ago(x.age_s)} ago" if x.age_s is not None else "since boot"
         meaning = FATAL_XIDS.get(x.code) or OTHER_XIDS.get(x.code) or "see NVIDIA's Xid catalog"
-        said = f": {x.text}" if x.text else ""
+        said = f" ({x.text})" if x.text else ""
         out.append(Finding(host, _gpu_name(g) if g else f"PCI {x.pci}", g.index if g else None, f"Xid {x.code}",
                            f"Xid {x.code} {when}{said}"[:240], meaning, x.code in FATAL_XIDS))
     return out

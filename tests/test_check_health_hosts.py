@@ -1,0 +1,75 @@
+"""GPU health in the check on containerized hosts (issue 37, item 1): the nvidia-smi and dmesg
+stand-ins on every host replay the real readings of an H100 (tests/data/nvidia-smi/README.md,
+sample h100-health); a clean fleet passes, then two faults made from them by the documented
+edits, on two hosts, are each named on their host and GPU, and the run is refused (exit 2,
+nothing started), or only warned about with `health: warn`."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ASSETS, base_job, ftbundle, job_processes, write_job
+
+pytestmark = pytest.mark.cluster
+
+SMI = Path(__file__).resolve().parent / "data" / "nvidia-smi"
+SAMPLE = "h100-health"
+UUID0 = "GPU-0e7e2459-5537-7ce0-d915-6c9a8d0e0338"  # the recorded H100's
+UUID1 = "GPU-1e7e2459-5537-7ce0-d915-6c9a8d0e0338"  # node1's: the same reading, another UUID
+
+
+def install(cluster, host, uuid: str) -> None:
+    """The stand-ins and the real readings on ``host``, its GPU's UUID set to ``uuid``."""
+    box = cluster.host(host).container
+    cluster.exec(host, "mkdir -p /etc/ftb-smi")
+    for f in SMI.glob(f"{SAMPLE}.*"):
+        subprocess.run(["docker", "cp", str(f), f"{box}:/etc/ftb-smi/{f.name}"], check=True)
+    subprocess.run(["docker", "cp", str(ASSETS / "nvidia-smi-replay"), f"{box}:/usr/bin/nvidia-smi"], check=True)
+    subprocess.run(["docker", "cp", str(ASSETS / "dmesg-replay"), f"{box}:/usr/local/bin/dmesg"], check=True)
+    cluster.exec(host, f"echo {SAMPLE} > /etc/ftb-smi/sample && sed -i s/{UUID0}/{uuid}/ /etc/ftb-smi/{SAMPLE}.*")
+
+
+def test_two_planted_faults_are_named_on_their_hosts_and_gpus(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    install(cluster, "node0", UUID0)
+    install(cluster, "node1", UUID1)
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = write_job(tmp_path / "job.yaml", base_job("health", cluster.shared_dir, inventory,
+                                                    {"command": "echo started > $FTB_RUN_DIR/started-$NODE_RANK"}))
+
+    clean = ftbundle("check", str(job), timeout=120)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "1 GPU(s) healthy: node[0-1]" in clean.stdout
+    assert "WARN" not in clean.stdout and "Xid events not read" not in clean.stdout
+
+    # node0: a pending remap (refuses); node1: HW slowdown (warns) and an Xid 79 (refuses)
+    cluster.exec("node0", f"sed -i '2s/, No, No, 0x/, Yes, No, 0x/' /etc/ftb-smi/{SAMPLE}.health.csv")
+    cluster.exec("node1", f"sed -i '2s/0x0000000000000001/0x0000000000000008/' /etc/ftb-smi/{SAMPLE}.health.csv")
+    cluster.exec("node1", "awk '{printf \"[%12.6f] NVRM: Xid (PCI:0000:00:06): 79, pid=2816, name=python3, "
+                          "GPU has fallen off the bus.\\n\", $1 - 20}' /proc/uptime >> "
+                          f"/etc/ftb-smi/{SAMPLE}.dmesg.txt")
+    sick = ftbundle("check", str(job), timeout=120)
+    assert sick.returncode == 2, sick.stdout + sick.stderr
+    out = sick.stdout
+    assert "FAIL GPUs unfit to run (health: refuse):" in out
+    assert (f"- node0: GPU 0 ({UUID0}): row remapping pending: a bad memory row is remapped only at the next "
+            "GPU reset: reset it") in out
+    assert f"- node1: GPU 0 ({UUID1}): Xid 79 " in out and "GPU has fallen off the bus" in out
+    assert (f"WARN node1: GPU 0 ({UUID1}): clock event reasons 0x8 (HW slowdown), SM 345 of 1980 MHz: "
+            "the clocks are cut") in out
+    assert "node0: GPU 0" not in out.split("WARN", 1)[-1]  # node0's only finding is its failure
+
+    refused = ftbundle("run", str(job), timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert list(cluster.shared_dir.rglob("started-*")) == [] and job_processes(cluster) == {}
+
+    warned = write_job(tmp_path / "warn.yaml", {**base_job("health", cluster.shared_dir, inventory,
+                                                           {"command": "echo started > $FTB_RUN_DIR/started-$NODE_RANK"}),
+                                                "health": "warn"})
+    ran = ftbundle("run", str(warned), timeout=180)
+    assert ran.returncode == 0, ran.stderr
+    assert "row remapping pending" in ran.stderr + ran.stdout
+    assert len(list(cluster.shared_dir.rglob("started-*"))) == 2
