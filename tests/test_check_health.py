@@ -349,6 +349,9 @@ def test_the_probe_falls_back_to_the_journal_when_dmesg_is_refused(tmp_path):
     assert f.xids == [] and f.kernel_log_error == ("dmesg: read kernel buffer failed: Operation not permitted; "
                                                    "journalctl -k: No journal files were opened due to insufficient "
                                                    "permissions.")
+    journal.write_text("#!/bin/sh\necho '-- No entries --'\necho 'No journal files were found.' >&2\n")  # journalctl 252
+    f = parse_facts("h", 0, run_probe(health_spec(tmp_path), env=env))
+    assert f.kernel_log_error.endswith("; journalctl -k: No journal files were found.")
 
 
 def test_a_driver_that_does_not_know_a_field_is_asked_without_it(tmp_path):
