@@ -83,6 +83,9 @@ def test_the_real_h100_readings_parse_into_every_field():
     assert (g.pcie_gen, g.pcie_width, g.pcie_width_max) == (5, 16, 16)
     assert g.pcie_gen_max is None and g.bus_id is None  # not in that recording's query
     assert H.gpu_findings("h", g) == []  # an idle, healthy H100
+    # without pci.bus_id in the query, the -q blocks (in nvidia-smi's GPU order) give it
+    (g,) = H.with_temperatures([g], (REAL / "nvidia-smi-q-d-health.txt").read_text())
+    assert (g.bus_id, g.tlimit_c, g.slowdown_tlimit_c) == ("00000000:00:06.0", 43, -2)
 
 
 def test_the_replayed_sample_is_the_real_reading_plus_two_columns_from_its_q_output():
@@ -229,6 +232,12 @@ def test_an_xid_79_in_the_kernel_log_refuses_naming_the_gpu_by_its_pci_address(t
     check = R.check_health([app], "refuse")
     assert check.ok and check.warnings == [f"node1: GPU 0 ({UUID}): Xid 13 10 s ago (Graphics Exception): "
                                            "graphics engine exception (usually the application's)"]
+    # a storm of the same Xid is one finding, with its count and the latest line's words
+    storm = host("node1", 1, real, xid_lines=tuple(f"[  {900 + i}.0] {XID79.replace('2816', str(2816 + i))}"
+                                                   for i in range(5)))
+    assert R.check_health([storm], "refuse").details == [
+        f"node1: GPU 0 ({UUID}): Xid 79 (5 times, the last 96 s ago) (pid=2820, name=python3, GPU has fallen off "
+        "the bus.): GPU has fallen off the bus"]
     # a GPU nvidia-smi no longer lists: named by its address
     lost = host("node2", 2, real, xid_lines=("[  990.0] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",))
     assert R.check_health([lost], "refuse").details == [

@@ -330,18 +330,25 @@ def gpu_findings(host: str, g: GpuHealth) -> list[Finding]:
 
 
 def xid_findings(host: str, gpus: list[GpuHealth], xids: list[Xid], window_s: float = XID_WINDOW_S) -> list[Finding]:
-    """Xids within the window, on the GPU their PCI address names."""
+    """Xids within the window, on the GPU their PCI address names: one finding per GPU and
+    code (a failing GPU repeats its Xid, often once per process), the latest line's words
+    and how many there were."""
     by_bus = {pci_key(g.bus_id): g for g in gpus if g.bus_id}
-    out = []
+    latest: dict[tuple, tuple[Xid, int]] = {}
     for x in xids:
         if x.age_s is not None and x.age_s > window_s:
             continue
+        key = (pci_key(x.pci) or x.pci, x.code)
+        latest[key] = (x, latest.get(key, (x, 0))[1] + 1)  # (the log is in time order)
+    out = []
+    for x, count in latest.values():
         g = by_bus.get(pci_key(x.pci))
         when = f"{_ago(x.age_s)} ago" if x.age_s is not None else "since boot"
+        times = f" ({count} times, the last {when})" if count > 1 else f" {when}"
         meaning = FATAL_XIDS.get(x.code) or OTHER_XIDS.get(x.code) or "see NVIDIA's Xid catalog"
         said = f" ({x.text})" if x.text else ""
         out.append(Finding(host, _gpu_name(g) if g else f"PCI {x.pci}", g.index if g else None, f"Xid {x.code}",
-                           f"Xid {x.code} {when}{said}"[:240], meaning, x.code in FATAL_XIDS))
+                           f"Xid {x.code}{times}{said}"[:240], meaning, x.code in FATAL_XIDS))
     return out
 
 
