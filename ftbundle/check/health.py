@@ -302,9 +302,11 @@ def gpu_findings(host: str, g: GpuHealth) -> list[Finding]:
     if g.remap_failure:
         add("remap failure", "row remapping failure", "a memory row could not be remapped: the GPU needs service", True)
     if g.remap_pending:
-        add("remap pending", "row remapping pending", "a bad memory row is remapped only at the next GPU reset: reset it", True)
+        add("remap pending", "row remapping pending",
+            "a bad memory row is remapped only at the next GPU reset: reset it", True)
     if g.retired_pages_pending:
-        add("retirement pending", "page retirement pending", "bad memory pages are retired only at the next GPU reset: reset it", True)
+        add("retirement pending", "page retirement pending",
+            "bad memory pages are retired only at the next GPU reset: reset it", True)
     reasons = g.clock_events or 0
     cut = [name for bit, name in SLOWDOWN_REASONS.items() if reasons & bit]
     if cut:
