@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import userfiles
 from .errors import UserError
 
 _COMMON: dict[str, Any] = {
@@ -77,9 +78,9 @@ def load(value: str, base: Path, error) -> str:
     if value in PRESETS:
         return preset_json(value)
     path = (base / value).resolve()
-    if not path.is_file():
+    if not path.exists():
         raise error(f"must be one of {', '.join(PRESETS)} or a DeepSpeed JSON file; {path} does not exist")
-    text = path.read_text()
+    text = userfiles.read_text(path, "DeepSpeed config", "deepspeed")
     try:
         data = json.loads(text)
     except ValueError as exc:

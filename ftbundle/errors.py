@@ -8,9 +8,22 @@ keeps its traceback.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+import reprlib
+from typing import Any, Iterable
 
 EXIT_USAGE = 2
+# No message is longer than a screen: a value is shown cut (see show()), and a message
+# that is still longer is cut at this many characters.
+MAX_MESSAGE = 2000
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxtuple, _SHORT.maxset = 2, 4, 4, 4, 4
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 120, 120, 40
+
+
+def show(value: Any) -> str:
+    """``repr(value)`` cut to a line: a YAML alias can make a value of a billion items whose
+    whole repr would fill the terminal (or the memory) for one message."""
+    return _SHORT.repr(value)
 
 
 class UserError(Exception):
@@ -32,7 +45,10 @@ class UserError(Exception):
         if self.key:
             where.append(f"key '{self.key}'")
         prefix = ": ".join(where)
-        return f"{prefix}: {self.message}" if prefix else self.message
+        text = f"{prefix}: {self.message}" if prefix else self.message
+        if len(text) > MAX_MESSAGE:
+            text = f"{text[:MAX_MESSAGE]} ... ({len(text) - MAX_MESSAGE:,} more characters cut)"
+        return text
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

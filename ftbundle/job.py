@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError, did_you_mean
+from . import userfiles
+from .errors import UserError, did_you_mean, show
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -113,7 +114,7 @@ def _line_map(text: str) -> dict[str, int]:
                 walk(value_node, path)
 
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
         return lines
     if root is not None:
@@ -150,13 +151,13 @@ class _Reader:
             return default
         value = data[key]
         if not isinstance(value, str) or not value.strip():
-            raise self.error(full, f"must be a non-empty string, got {value!r}")
+            raise self.error(full, f"must be a non-empty string, got {show(value)}")
         return value
 
     def integer(self, data: dict, key: str, full: str, default: int, lo: int, hi: int) -> int:
         value = data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(full, f"must be an integer between {lo} and {hi}, got {value!r}")
+            raise self.error(full, f"must be an integer between {lo} and {hi}, got {show(value)}")
         if not lo <= value <= hi:
             raise self.error(full, f"must be between {lo} and {hi}, got {value}")
         return value
@@ -164,26 +165,21 @@ class _Reader:
     def boolean(self, data: dict, key: str, full: str, default: bool) -> bool:
         value = data.get(key, default)
         if not isinstance(value, bool):
-            raise self.error(full, f"must be true or false, got {value!r}")
+            raise self.error(full, f"must be true or false, got {show(value)}")
         return value
+
+
+def _where(r: "_Reader", key: str) -> str:
+    """file:line of a key of the job file, for messages about what the key names."""
+    line = r.lines.get(key)
+    return f"{r.file}:{line}" if line else str(r.file)
 
 
 def load_job(path: str | Path) -> Job:
     """Read and validate a job file. Raises UserError; starts nothing."""
-    path = Path(path).resolve()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError("job file not found", file=str(path)) from None
-    except OSError as exc:
-        raise UserError(f"cannot read job file: {exc.strerror}", file=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise UserError(f"malformed YAML: {problem}", file=where) from None
+    path = userfiles.resolve(path, "job file")
+    text = userfiles.read_text(path, "job file")
+    data = userfiles.load_yaml(text, path)
     if not isinstance(data, dict):
         raise UserError("a job file must be a YAML mapping (name:, train:, ...)", file=str(path))
     return parse_job(data, path, _line_map(text))
@@ -208,7 +204,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
 
     gpus = data.get("gpus_per_node", "auto")
     if gpus != "auto" and (isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= 1024):
-        raise r.error("gpus_per_node", f"must be 'auto' or a whole number of GPUs from 0 to 1024, got {gpus!r}")
+        raise r.error("gpus_per_node", f"must be 'auto' or a whole number of GPUs from 0 to 1024, got {show(gpus)}")
 
     master_port = r.integer(data, "master_port", "master_port", 29500, 1, 65535)
     restarts = r.integer(data, "restarts", "restarts", 0, 0, 100)
@@ -221,7 +217,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
     health = "off" if health is False else health  # YAML 1.1 reads a bare `off` as false
     if health not in HEALTH_MODES:
         raise r.error("health", f"must be one of {', '.join(HEALTH_MODES)}"
-                      f"{did_you_mean(str(health), HEALTH_MODES)}, got {health!r}")
+                      f"{did_you_mean(str(health), HEALTH_MODES)}, got {show(health)}")
 
     shared_dir = r.string(data, "shared_dir", "shared_dir")
     workdir = r.string(data, "workdir", "workdir")
@@ -234,13 +230,15 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         if not isinstance(key, str) or not ENV_NAME_RE.match(key):
             raise r.error(f"env.{key}", "is not a valid environment variable name")
         if isinstance(value, (dict, list)) or value is None:
-            raise r.error(f"env.{key}", f"must be a string, number or boolean, got {value!r}")
+            raise r.error(f"env.{key}", f"must be a string, number or boolean, got {show(value)}")
         env[key] = str(value).lower() if isinstance(value, bool) else str(value)
         if "\0" in env[key]:
             raise r.error(f"env.{key}", "holds a NUL byte, which no environment variable can carry")
 
     runtime = _parse_runtime(r, data.get("runtime"))
     train = _parse_train(r, data.get("train"), base)
+    if train.llamafactory is not None:
+        _check_llamafactory(r, train, gpus)
 
     return Job(
         name=name,
@@ -270,7 +268,7 @@ def _parse_runtime(r: _Reader, raw: Any) -> Runtime:
     r.check_keys(raw, _RUNTIME_KEYS, "runtime.")
     kind = r.string(raw, "kind", "runtime.kind", default="host")
     if kind not in ("host", "docker"):
-        raise r.error("runtime.kind", f"must be 'host' or 'docker'{did_you_mean(kind, ['host', 'docker'])}, got {kind!r}")
+        raise r.error("runtime.kind", f"must be 'host' or 'docker'{did_you_mean(kind, ['host', 'docker'])}, got {show(kind)}")
     python = r.string(raw, "python", "runtime.python", default="python3")
     image = r.string(raw, "image", "runtime.image")
     gpus = raw.get("gpus")
@@ -294,7 +292,7 @@ def check_pinned_image(image: str, error) -> None:
     """A training image must be pinned by digest: a tag can resolve differently per node."""
     if not PINNED_IMAGE_RE.search(image):
         raise error(
-            f"image {image!r} is not pinned by digest; use repo@sha256:<64 hex>, or the image ID "
+            f"image {show(image)} is not pinned by digest; use repo@sha256:<64 hex>, or the image ID "
             "sha256:<64 hex> of an image loaded from a tarball (or leave runtime.image unset: ftbundle then "
             "runs the digest site.yml resolved and recorded on every host in /etc/ftbundle/image.ref)"
         )
@@ -324,15 +322,10 @@ def _parse_train(r: _Reader, raw: Any, base: Path) -> Train:
             return _with_deepspeed(r, train, deepspeed, base)
         if not isinstance(value, str):
             raise r.error("train.llamafactory", "must be a path to a LlamaFactory YAML config, or the config inline")
-        cfg_path = (base / value).resolve()
-        try:
-            cfg = yaml.safe_load(cfg_path.read_text())
-        except FileNotFoundError:
-            raise r.error("train.llamafactory", f"LlamaFactory config not found: {cfg_path}") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{cfg_path}:{mark.line + 1}:{mark.column + 1}" if mark else str(cfg_path)
-            raise UserError(f"malformed YAML: {getattr(exc, 'problem', exc)}", file=where) from None
+        cfg_path = userfiles.resolve(base / value, "LlamaFactory config", "train.llamafactory", _where(r, "train.llamafactory"))
+        cfg = userfiles.load_yaml(
+            userfiles.read_text(cfg_path, "LlamaFactory config", "train.llamafactory", _where(r, "train.llamafactory")),
+            cfg_path)
         if not isinstance(cfg, dict):
             raise UserError("a LlamaFactory config must be a YAML mapping", file=str(cfg_path))
         train = Train(mode, llamafactory=cfg, llamafactory_source=str(cfg_path),
@@ -341,6 +334,28 @@ def _parse_train(r: _Reader, raw: Any, base: Path) -> Train:
     if mode == "script":
         return Train(mode, script=r.string(raw, "script", "train.script"), args=tuple(str(a) for a in args))
     return Train(mode, command=r.string(raw, "command", "train.command"))
+
+
+def _check_llamafactory(r: _Reader, train: Train, gpus_per_node: int | str) -> None:
+    """What LlamaFactory would refuse only after every host has started: no model, and a
+    CPU job asking for half precision ("Your setup doesn't support bf16/gpu")."""
+    cfg = train.llamafactory
+    where = train.llamafactory_source or "train.llamafactory"
+    file = where if not where.endswith("(inline)") else None
+
+    def error(key: str, message: str) -> UserError:
+        return UserError(message, file=file, key=key) if file else r.error(f"train.llamafactory.{key}", message)
+
+    model = cfg.get("model_name_or_path")
+    if not isinstance(model, str) or not model.strip():
+        raise error("model_name_or_path", "is required: the base model, a hub id (Qwen/Qwen2.5-7B-Instruct) or a "
+                    f"path on the hosts; got {show(model)}")
+    if gpus_per_node == 0:
+        for key in ("bf16", "fp16", "pure_bf16"):
+            if cfg.get(key) is True:
+                raise error(key, f"{key}: true in a CPU job (the job's gpus_per_node: 0): half precision needs a GPU "
+                            f"and LlamaFactory stops on every host with \"Your setup doesn't support bf16/gpu\". "
+                            f"Remove it (or set {key}: false) and set use_cpu: true")
 
 
 def _with_deepspeed(r: _Reader, train: Train, value: str | None, base: Path) -> Train:
@@ -364,7 +379,7 @@ def _deepspeed_beside(cfg: dict, cfg_path: Path) -> str | None:
     path = cfg_path.parent / value
     if not path.is_file():
         return None
-    text = path.read_text()
+    text = userfiles.read_text(path, "DeepSpeed config", "deepspeed")
     try:
         json.loads(text)
     except ValueError as exc:
