@@ -41,10 +41,17 @@ def _batch(a: Answers) -> tuple[int, int]:
     return {"lora": (4, 4), "qlora": (4, 4), "full": (2, 8)}[a.mode]
 
 
+def _offline(a: Answers) -> bool:
+    """A model given as a path needs no hub: the ranks are told not to ask it."""
+    return a.model.startswith(("/", "./", "../", "~"))
+
+
 def render_job(a: Answers) -> str:
     nnodes = max(1, len(a.hosts))
+    ranks = _ranks(a)
+    kind = "CPU rank(s) (gloo, no GPU)" if a.cpu else "rank(s)"
     lines = [
-        f"# ftbundle job: {a.mode} fine-tune of {a.model} on {nnodes} host(s) x {a.gpus} rank(s).",
+        f"# ftbundle job: {a.mode} fine-tune of {a.model} on {nnodes} host(s) x {ranks} {kind}.",
         "#   ftbundle run job.yaml --dry-run   # every host's command and environment; starts nothing",
         "#   ftbundle check job.yaml           # are the hosts alike and ready?",
         "#   ftbundle run job.yaml             # launch; `ftbundle runs` and `ftbundle plot` afterwards",
@@ -53,31 +60,50 @@ def render_job(a: Answers) -> str:
     if a.local:
         lines += ["# no inventory: this machine alone"]
     else:
-        lines += ["inventory: inventory.yml", "hosts: trainers"]
+        lines += ["inventory: inventory.yml         # the inventory site.yml provisions", "hosts: trainers"]
+    lines += [f"nproc_per_node: {ranks}            # ranks per host"
+              + ("" if a.cpu else " (one per GPU); `auto` takes each host's GPU count")]
+    if a.cpu:
+        lines += ["gpus_per_node: 0                 # a CPU job: gloo, no GPU asked for anywhere"]
     lines += [
-        f"nproc_per_node: {a.gpus}            # ranks (GPUs) per host; `auto` takes the hosts' GPU count",
-        "master_port: 29500",
-        (f"shared_dir: {a.shared_dir}   # the same path on every host (NFS; site.yml mounts it)" if not a.local
-         else "shared_dir: .shared            # run directories (logs, plan, history) go to .shared/runs/"),
+        "master_port: 29500" + ("" if a.local else "                # = the inventory's ftb_master_port (the firewall opens it)"),
+        (f"shared_dir: {a.shared_dir}   # = the inventory's ftb_shared_dir: the same storage on every host"
+         if not a.local else "shared_dir: .shared            # run directories (logs, plan, history) go to .shared/runs/"),
         "env:",
-        "  HF_HUB_OFFLINE: 0",
     ]
+    if _offline(a):
+        lines += ["  HF_HUB_OFFLINE: 1              # the model is a path: nothing is fetched from a hub",
+                  "  HF_DATASETS_OFFLINE: 1"]
+    else:
+        lines += ["  HF_HUB_OFFLINE: 0              # the model is fetched from the hub by every host"]
     if a.local:
         lines += ["  GLOO_SOCKET_IFNAME: lo", "  OMP_NUM_THREADS: 1"]
-    lines += [
-        "runtime:",
-        "  kind: host                    # or `docker`: the inventory's ftb_image, pinned by digest",
-        f"  python: {a.python}",
-        "train:",
-        "  llamafactory: train.yaml",
-    ]
+        lines += ["runtime:", "  kind: host                    # this interpreter (it has torch and LlamaFactory)",
+                  f"  python: {a.python}"]
+    else:
+        lines += [
+            "runtime:",
+            "  kind: docker                  # the training image site.yml pinned on every host (the inventory's",
+            "                                # ftb_image, recorded in /etc/ftbundle/image.ref); it must hold torch",
+            "                                # and LlamaFactory (docs/quickstart-servers.md#the-training-image)",
+        ]
+        if not a.cpu:
+            lines += ["  gpus: all"]
+    lines += ["train:", "  llamafactory: train.yaml"]
     return "\n".join(lines) + "\n"
+
+
+def _ranks(a: Answers) -> int:
+    """Ranks per host: one per GPU; a CPU job runs 2 on this machine, 1 on each server."""
+    if not a.cpu:
+        return a.gpus
+    return 2 if a.local else 1
 
 
 def render_train(a: Answers) -> str:
     per_device, accumulation = _batch(a)
     nnodes = max(1, len(a.hosts))
-    effective = per_device * accumulation * a.gpus * nnodes
+    effective = per_device * accumulation * _ranks(a) * nnodes
     method = {
         "lora": ["finetuning_type: lora", "lora_rank: 8", "lora_target: all"],
         "qlora": ["finetuning_type: lora", "lora_rank: 8", "lora_target: all",
@@ -85,7 +111,8 @@ def render_train(a: Answers) -> str:
         "full": ["finetuning_type: full",
                  "# deepspeed: ds_z3_config.json   # ZeRO-3 for a model that does not fit one GPU"],
     }[a.mode]
-    precision = ["use_cpu: true", "ddp_backend: gloo"] if a.cpu else ["bf16: true"]
+    precision = (["use_cpu: true                     # a CPU job: no bf16 (no GPU to run it)", "ddp_backend: gloo"]
+                 if a.cpu else ["bf16: true                        # Ampere (A100) or newer; fp16 on older GPUs"])
     lines = [
         f"# LlamaFactory {a.mode} SFT. Relative paths are relative to the job's workdir"
         + (" (this directory)." if a.local else " (the shared directory): every node sees the same files."),
@@ -114,7 +141,7 @@ def render_train(a: Answers) -> str:
         "### train",
         "# Effective batch size: the samples in one optimizer step, across the whole cluster =",
         "#   per_device_train_batch_size x gradient_accumulation_steps x nproc_per_node x hosts",
-        f"#   = {per_device} x {accumulation} x {a.gpus} x {nnodes} = {effective}.",
+        f"#   = {per_device} x {accumulation} x {_ranks(a)} x {nnodes} = {effective}.",
         "# Changing the number of hosts or GPUs changes it: scale gradient_accumulation_steps",
         "# (or the learning rate) to keep a run comparable. ftbundle prints it before launch.",
         f"per_device_train_batch_size: {per_device}",
@@ -135,18 +162,41 @@ def render_inventory(a: Answers) -> str:
                 "# `inventory: inventory.yml` and `hosts: trainers` in job.yaml (see `ftbundle init --hosts`).\n"
                 "all:\n  children:\n    trainers:\n      hosts:\n        localhost:\n"
                 "          ansible_connection: local\n")
+    first = a.hosts[0]
     lines = [
-        "# Ansible inventory: the same file `ansible-playbook site.yml -i inventory.yml` provisions.",
-        "# Inventory order is node rank order (rank 0 first), unless a host sets ftb_node_rank.",
+        "# Ansible inventory: `ansible-playbook site.yml -i inventory.yml` makes these hosts ready and",
+        "# `ftbundle run job.yaml` launches on them. Fill in each line marked FILL IN (uncomment it and",
+        "# put your value); docs/quickstart-servers.md walks through it. Then:",
+        "#   ansible-playbook site.yml -i inventory.yml && ftbundle check job.yaml && ftbundle run job.yaml",
         "all:",
         "  vars:",
-        f"    ftb_shared_dir: {a.shared_dir}",
+        f"    ftb_shared_dir: {a.shared_dir}     # the shared storage, at this path on every host (job's shared_dir)",
+        "    ftb_master_port: 29500                # torchrun's rendezvous port (job's master_port)",
+        "    # FILL IN: the account Ansible and ftbundle log in as over SSH (docs/provisioning.md#the-inventory)",
+        "    # ansible_user: ubuntu",
+        "    # FILL IN: the user that runs training: owns the shared storage, gets the SSH mesh",
+        "    # (docs/provisioning.md#the-inventory)",
+        "    # ftb_training_user: ubuntu",
+        "    # FILL IN: the training image, pinned by digest, with torch and LlamaFactory in it",
+        "    # (docs/quickstart-servers.md#the-training-image)",
+        "    # ftb_image: registry.example.com/ml/train@sha256:<the 64 hex digits of its digest>",
+        "    # FILL IN if the image's registry is served over plain HTTP (no TLS): its host:port",
+        "    # (docs/provisioning.md#registry-credentials)",
+        "    # container_runtime_insecure_registries: [\"registry.example.com:5000\"]",
         "  children:",
-        "    trainers:",
+        "    trainers:                             # rank order is this order (or ftb_node_rank)",
         "      hosts:",
     ]
     for host in a.hosts:
-        lines += [f"        {host}:", f"          ansible_host: {host}   # address ftbundle reaches it by (SSH)"]
+        lines += [f"        {host}:", f"          ansible_host: {host}   # the address ftbundle and Ansible reach it by (SSH)"]
+    lines += [
+        "    nfs_server:",
+        "      hosts:",
+        "        # FILL IN: the host that exports the shared storage (a trainer will do), or leave this group",
+        "        # empty and set nfs_client_server and nfs_client_export in vars for an NFS server you",
+        "        # already have (docs/provisioning.md#an-external-nfs-server)",
+        f"        # {first}:",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -178,10 +228,12 @@ def answers_from(args, interactive: bool) -> Answers:
     gpus = args.gpus
     cpu = not host_list and gpus is None and not interactive
     if gpus is None and interactive:
-        gpus = int(_ask("GPUs per host", "8" if host_list else "2", lambda s: s.isdigit() and int(s) > 0))
-    gpus = gpus if gpus is not None else (8 if host_list else 2)
-    if gpus < 1:
-        raise UserError(f"must be 1 or more, got {gpus}", key="--gpus")
+        gpus = int(_ask("GPUs per host (0: a CPU job)", "8" if host_list else "0", lambda s: s.isdigit()))
+    gpus = gpus if gpus is not None else (8 if host_list else 0)
+    if gpus < 0:
+        raise UserError(f"must be 0 (a CPU job: gloo, no bf16) or a number of GPUs per host, got {gpus}",
+                        key="--gpus")
+    cpu = cpu or gpus == 0
     model = args.model
     if model is None and interactive:
         model = _ask("model (path or hub id)", DEFAULT_MODEL_REMOTE)
@@ -193,7 +245,7 @@ def answers_from(args, interactive: bool) -> Answers:
     shared = args.shared_dir or DEFAULT_SHARED
     if not shared.startswith("/"):
         raise UserError(f"must be an absolute path, got {shared!r}", key="--shared-dir")
-    python = sys.executable if not host_list else "/opt/ftbundle/venv/bin/python"
+    python = sys.executable  # this machine's interpreter (local jobs); servers run the image
     return Answers(name=name, hosts=host_list, gpus=gpus, model=model, mode=mode, shared_dir=shared, python=python,
                    cpu=cpu)
 
@@ -216,5 +268,10 @@ def run_init(args) -> int:
     print(f"wrote {', '.join(str(directory / n) for n in files)}")
     if not a.local:
         print(f"the ranks read data/ relative to the shared directory: copy it to {a.shared_dir}/data")
-    print(f"next: ftbundle run {job} --dry-run" + ("" if a.local else f"   (then: ftbundle check {job})"))
+    if a.local:
+        print(f"next: ftbundle run {job} --dry-run")
+    else:
+        inventory = os.path.relpath(directory / "inventory.yml")
+        print(f"next: fill in the lines marked FILL IN in {inventory} (docs/quickstart-servers.md), then\n"
+              f"  ansible-playbook site.yml -i {inventory}\n  ftbundle check {job}\n  ftbundle run {job}")
     return 0

@@ -228,13 +228,46 @@ def test_init_writes_a_job_that_passes_dry_run(tmp_path, capsys):
     assert "= 4 x 4 x 4 x 2 = 128" in (target / "train.yaml").read_text()  # effective batch, explained
     assert yaml.safe_load((target / "inventory.yml").read_text())["all"]["children"]["trainers"]["hosts"].keys() \
         == {"gpu1", "gpu2"}
+    # the servers run the image site.yml pins (nothing names an interpreter no role installs);
+    # what only the user knows is a commented placeholder naming where it is documented
+    job = yaml.safe_load((target / "job.yaml").read_text())
+    assert job["runtime"] == {"kind": "docker", "gpus": "all"} and "python" not in job["runtime"]
+    inventory_text = (target / "inventory.yml").read_text()
+    for placeholder in ("# ftb_image: ", "# ftb_training_user: ", "# ansible_user: ", "# gpu1:"):
+        [line] = [i for i, text in enumerate(inventory_text.splitlines()) if text.strip().startswith(placeholder)]
+        assert "FILL IN" in "".join(inventory_text.splitlines()[line - 3:line]), placeholder
+    assert "docs/quickstart-servers.md#the-training-image" in inventory_text
+    assert "docs/provisioning.md#an-external-nfs-server" in inventory_text
     capsys.readouterr()
+    # filled in as the newcomer does: the image's digest, then --dry-run needs no host
+    digest = "registry.example.com/ml/train@sha256:" + "1" * 64
+    (target / "inventory.yml").write_text(inventory_text.replace(
+        "# ftb_image: registry.example.com/ml/train@sha256:<the 64 hex digits of its digest>", f"ftb_image: {digest}"))
     assert main(["run", str(target / "job.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "world size 8 = 2 node(s) x 4 rank(s); master gpu1:29500" in out
     assert "effective batch size 128" in out
     # again without --force: refused, nothing overwritten
     assert main(["init", "--dir", str(target), "--yes"]) == 2
+
+
+def test_init_gpus_0_makes_a_cpu_job_for_servers(tmp_path, capsys):
+    """`--gpus 0` was refused, and the job init wrote said bf16: true: LlamaFactory then
+    stopped on every host. A CPU job: gpus_per_node 0, use_cpu, gloo, no half precision."""
+    target = tmp_path / "cpu"
+    assert main(["init", "--dir", str(target), "--hosts", "a,b", "--gpus", "0", "--model", "/shared/ftbundle/m",
+                 "--yes"]) == 0
+    job = yaml.safe_load((target / "job.yaml").read_text())
+    train = yaml.safe_load((target / "train.yaml").read_text())
+    assert job["gpus_per_node"] == 0 and job["nproc_per_node"] == 1 and job["runtime"] == {"kind": "docker"}
+    assert job["env"]["HF_HUB_OFFLINE"] == 1  # a model given as a path: no hub
+    assert train["use_cpu"] is True and train["ddp_backend"] == "gloo"
+    assert not {"bf16", "fp16"} & set(train)
+    assert "= 4 x 4 x 1 x 2 = 32" in (target / "train.yaml").read_text()
+    out = capsys.readouterr().out
+    assert "FILL IN" in out and "ansible-playbook site.yml -i" in out  # the next steps, in order
+    assert main(["init", "--dir", str(tmp_path / "neg"), "--gpus", "-1", "--yes"]) == 2
+    assert "key '--gpus': must be 0 (a CPU job" in capsys.readouterr().err
 
 
 def test_init_without_flags_or_terminal_takes_defaults(tmp_path):
@@ -307,8 +340,8 @@ def test_init_on_a_terminal_asks_and_takes_the_answers(tmp_path):
 
     try:
         for prompt, answer in [(b"hosts (comma-separated; empty: this machine) []: ", b"gpu1, gpu2"),
-                               (b"GPUs per host [8]: ", b"many"), (b"not valid: 'many'", b""),
-                               (b"GPUs per host [8]: ", b"4"),
+                               (b"GPUs per host (0: a CPU job) [8]: ", b"many"), (b"not valid: 'many'", b""),
+                               (b"GPUs per host (0: a CPU job) [8]: ", b"4"),
                                (b"model (path or hub id) [", b""), (b"method (lora, qlora, full) [lora]: ", b"full")]:
             until(prompt)
             seen = seen.split(prompt, 1)[1]
