@@ -27,7 +27,7 @@ DATA = json.dumps([{"instruction": "reset my password", "input": "", "output": "
 
 def lf_train(**extra) -> dict:
     """A LlamaFactory config (only its dataset keys matter to the check; nothing trains)."""
-    return {"llamafactory": {"dataset": "support", "dataset_dir": "data", "output_dir": "out",
+    return {"llamafactory": {"model_name_or_path": "org/model", "dataset": "support", "dataset_dir": "data", "output_dir": "out",
                              "save_total_limit": 1, **extra}}
 
 

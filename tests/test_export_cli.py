@@ -19,7 +19,7 @@ SECRET = "hf_export_cli_secret_1"
 
 def job_file(tmp_path: Path, **overrides) -> Path:
     (tmp_path / "train.yaml").write_text(yaml.safe_dump({
-        "stage": "sft", "finetuning_type": "lora", "output_dir": "out", "save_total_limit": 2}))
+        "model_name_or_path": "org/model", "stage": "sft", "finetuning_type": "lora", "output_dir": "out", "save_total_limit": 2}))
     job = {"name": "cli", "nproc_per_node": 2, "shared_dir": "/shared/ftb",
            "env": {"HF_TOKEN": SECRET, "QUOTED": "it's $(not) `run`"},
            "train": {"llamafactory": "train.yaml"}, **overrides}
@@ -139,7 +139,7 @@ def test_what_each_node_requests(tmp_path, overrides, to, args, expected):
 
 def test_cpu_llamafactory_config_requests_no_gpu(tmp_path):
     job = job_file(tmp_path)
-    (tmp_path / "train.yaml").write_text(yaml.safe_dump({"stage": "sft", "output_dir": "out", "use_cpu": True}))
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump({"model_name_or_path": "org/model", "stage": "sft", "output_dir": "out", "use_cpu": True}))
     assert main(["export", str(job), "--to", "slurm", "-o", str(tmp_path / "s")]) == 0
     assert "--gpus" not in (tmp_path / "s").read_text()
 

@@ -24,7 +24,7 @@ INVENTORY = "all:\n  hosts:\n" + "".join(f"    gpu-{i}: {{ansible_host: 10.9.0.{
 def plan_for(tmp_path: Path, deepspeed: str, *, hosts=2, env=None, inventory=INVENTORY):
     (tmp_path / "hosts.yml").write_text(inventory)
     (tmp_path / "train.yaml").write_text(yaml.safe_dump({
-        "stage": "sft", "finetuning_type": "full", "output_dir": "/shared/out", "save_total_limit": 2,
+        "model_name_or_path": "org/model", "stage": "sft", "finetuning_type": "full", "output_dir": "/shared/out", "save_total_limit": 2,
         "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}))
     job = {"name": "ds", "inventory": "hosts.yml", "nproc_per_node": 8, "shared_dir": "/shared",
            "env": env or {}, "train": {"llamafactory": "train.yaml", "deepspeed": deepspeed}}

@@ -31,7 +31,7 @@ def test_minimal_job_defaults(tmp_path):
 def test_issue_example_shape_loads(tmp_path):
     (tmp_path / "inventory").mkdir()
     (tmp_path / "examples/quickstart").mkdir(parents=True)
-    (tmp_path / "examples/quickstart/train.yaml").write_text("stage: sft\noutput_dir: /shared/out\n")
+    (tmp_path / "examples/quickstart/train.yaml").write_text("model_name_or_path: org/model\nstage: sft\noutput_dir: /shared/out\n")
     job = load_job(write(tmp_path, """
 name: support-lora
 inventory: inventory/hosts.yml
@@ -50,7 +50,7 @@ train:
     assert job.inventory == tmp_path / "inventory/hosts.yml"
     assert job.hosts == "trainers"
     assert job.env == {"GLOO_SOCKET_IFNAME": "eth0"}
-    assert job.train.llamafactory == {"stage": "sft", "output_dir": "/shared/out"}
+    assert job.train.llamafactory == {"model_name_or_path": "org/model", "stage": "sft", "output_dir": "/shared/out"}
     assert job.runtime.python == "/opt/ftbundle/venv/bin/python"
 
 
@@ -60,9 +60,9 @@ def test_env_values_become_strings(tmp_path):
 
 
 def test_inline_llamafactory_config(tmp_path):
-    job = load_job(write(tmp_path, "name: j\ntrain:\n  llamafactory:\n    stage: sft\n    lora_rank: 8\n"))
+    job = load_job(write(tmp_path, "name: j\ntrain:\n  llamafactory:\n    model_name_or_path: org/model\n    stage: sft\n    lora_rank: 8\n"))
     assert job.train.mode == "llamafactory"
-    assert job.train.llamafactory == {"stage": "sft", "lora_rank": 8}
+    assert job.train.llamafactory == {"model_name_or_path": "org/model", "stage": "sft", "lora_rank": 8}
 
 
 def test_script_mode_with_args(tmp_path):
