@@ -10,6 +10,7 @@ heartbeat, a ping or a teardown. The full log is on shared storage regardless.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TextIO
@@ -118,7 +119,14 @@ class Display:
 
 def _body(text: str) -> str:
     """A rank 0 line without the runner's "[host r0] " prefix."""
-    return text.split("] ", 1)[1] if text.startswith("[") and "] " in text else text
+    if text.startswith("["):
+        end = text.find("] ")
+        if end >= 0:
+            return text[end + 2:]
+    return text
+
+
+QUIET_CHANGE_S = 0.5  # lines that told nothing new: the display is still told at most this often
 
 
 class ProgressFeed:
@@ -126,7 +134,11 @@ class ProgressFeed:
 
     Same interface as :class:`Display` for the node runner: every line is folded into a
     :class:`~ftbundle.ui.progress.Progress`; a warning is shown once through the UI; the
-    rest stays in the node's log on shared storage (`ftbundle logs`, or `run -v`)."""
+    rest stays in the node's log on shared storage (`ftbundle logs`, or `run -v`).
+
+    ``on_change`` runs after a line that told something (a step, a loss, a stage), and
+    otherwise at most every QUIET_CHANGE_S (a plain display's timed line): not once per line
+    of a rank 0 that prints ten thousand a second."""
 
     def __init__(self, ui, progress, on_change: Callable[[], None]):
         self.ui = ui
@@ -134,19 +146,27 @@ class ProgressFeed:
         self.on_change = on_change
         self._lock = threading.Lock()
         self.lines_seen = 0
+        self._last_change = 0.0
+
+    def _changed(self, told: bool) -> None:
+        now = time.monotonic()
+        if told or now - self._last_change >= QUIET_CHANGE_S:
+            self._last_change = now
+            self.on_change()
 
     def line(self, text: str) -> None:
+        body = _body(text)
         with self._lock:
             self.lines_seen += 1
-            self.state.feed_line(_body(text))
+            told = self.state.feed_line(body)
         self.ui.warning(text)
-        self.on_change()
+        self._changed(told)
 
     def progress(self, text: str) -> None:
         """A carriage-return bar's latest state (tqdm: step/total)."""
         with self._lock:
             self.state.feed_line(_body(text))
-        self.on_change()
+        self.on_change()  # (at most once a second: the runner's splitter)
 
     def record(self, line: str) -> None:
         """A line of LlamaFactory's trainer_log.jsonl."""

@@ -128,6 +128,7 @@ class Supervisor:
         self.runners = [NodeRunner(n, plan, cluster, self.events, attempt=attempt, display=self.display,
                                    fence=self.fence) for n in plan.nodes]
         self.status = [NodeStatus() for _ in plan.nodes]
+        self._running = 0  # nodes RUNNING, kept by _set (read for every progress update)
         self.failures: list[Failure] = []
         self._orphaned: set[int] = set()  # ranks whose node program died under a running job
         self._probes: dict[int, _Probe] = {}  # silent nodes: does their host answer?
@@ -144,7 +145,7 @@ class Supervisor:
 
     # -- what the person watching sees --------------------------------------------------
     def _alive(self) -> int:
-        return sum(st.state is State.RUNNING for st in self.status)
+        return self._running
 
     def _show_nodes(self) -> None:
         """Launching until every node has said it is up (its first heartbeat), then training."""
@@ -270,6 +271,7 @@ class Supervisor:
 
     def _set(self, rank: int, state: State, **fields) -> None:
         st = self.status[rank]
+        self._running += (state is State.RUNNING) - (st.state is State.RUNNING)
         st.state = state
         st.since = time.monotonic()
         for name, value in fields.items():

@@ -27,22 +27,37 @@ _SAMPLES = re.compile(r"train_samples_per_second\s*=\s*([\d.]+)")
 # What the ranks are doing before the first step, from LlamaFactory's and transformers' own
 # log lines on rank 0 (first match wins; in the order they come: LlamaFactory loads the
 # tokenizer, the dataset, then the model). A stage is a fixed phrase, never the raw line.
+# Each pattern comes with the plain substrings one of which every line it matches holds: a
+# chatty rank 0 prints millions of lines, and a substring test costs a tenth of a regex search.
 _STAGES = (
-    (re.compile(r"\*\*\*\*\* Running training \*\*\*\*\*"), "starting the first step"),
-    (re.compile(r"Fine-tuning method: (\w+)"), "preparing the model ({0})"),
-    (re.compile(r"loading weights file|Loading weights|Loading checkpoint shards|Instantiating \w+ model"),
+    (("Running training",), re.compile(r"\*\*\*\*\* Running training \*\*\*\*\*"), "starting the first step"),
+    (("Fine-tuning method: ",), re.compile(r"Fine-tuning method: (\w+)"), "preparing the model ({0})"),
+    (("oading weights", "Loading checkpoint shards", "Instantiating "),
+     re.compile(r"loading weights file|Loading weights|Loading checkpoint shards|Instantiating \w+ model"),
      "loading model"),
-    (re.compile(r"Running tokenizer on dataset"), "tokenizing dataset"),
-    (re.compile(r"Loading dataset |Generating train split|Converting format of dataset"), "loading dataset"),
-    (re.compile(r"Process rank: \d+, world size: (\d+)"), "loading tokenizer ({0} ranks connected)"),
+    (("Running tokenizer on dataset",), re.compile(r"Running tokenizer on dataset"), "tokenizing dataset"),
+    (("Loading dataset ", "Generating train split", "Converting format of dataset"),
+     re.compile(r"Loading dataset |Generating train split|Converting format of dataset"), "loading dataset"),
+    (("Process rank: ",), re.compile(r"Process rank: \d+, world size: (\d+)"), "loading tokenizer ({0} ranks connected)"),
     # LlamaFactory parsed its arguments: next it joins the process group, which waits for every rank
-    (re.compile(r"llamafactory\.hparams\.parser"), "waiting for ranks"),
+    (("llamafactory.hparams.parser",), re.compile(r"llamafactory\.hparams\.parser"), "waiting for ranks"),
 )
+_STAGE_WORDS = tuple(word for words, _, _ in _STAGES for word in words)
+
+
+def _may_tell_stage(line: str) -> bool:
+    """False for a line no stage pattern can match (most lines): no regex is run on it."""
+    for word in _STAGE_WORDS:
+        if word in line:
+            return True
+    return False
 
 
 def stage_of(line: str) -> str | None:
     """The stage a line of rank 0's output tells of before training, or None."""
-    for pattern, text in _STAGES:
+    if not _may_tell_stage(line):
+        return None
+    for _, pattern, text in _STAGES:
         match = pattern.search(line)
         if match:
             return text.format(*match.groups())
@@ -141,19 +156,23 @@ class Progress:
             self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
 
     def feed_line(self, line: str) -> bool:
-        """A line of rank 0's output; True when it told us something about training."""
+        """A line of rank 0's output; True when it told us something about training (or a
+        new stage before it). Each parser runs only on a line holding its plain marker: on
+        a chatty rank 0 nearly every line is none of these, and is let go after a few
+        substring tests."""
         stripped = line.strip()
         if not stripped:
             return False
         self.last_line = stripped[-200:]
+        told = False
         if not self.known and (stage := stage_of(stripped)) is not None:
-            self.stage = stage
-        samples = _SAMPLES.search(line)
+            told, self.stage = stage != self.stage, stage
+        samples = _SAMPLES.search(line) if "train_samples_per_second" in line else None
         if samples:  # the trainer's closing metrics table (all steps since 0: not a resumed attempt's)
             if not self.start_step:
                 self.samples_per_s = float(samples.group(1))
             return True
-        values = parse_hf_dict(line)
+        values = parse_hf_dict(line) if "{'" in line else None
         if values is not None:
             if "train_samples_per_second" in values:
                 if not self.start_step:
@@ -170,11 +189,11 @@ class Progress:
                 self.records.append({"current_steps": self.step, "total_steps": self.total,
                                      "loss": self.loss, "lr": self.lr, "epoch": self.epoch})
             return True
-        bar = parse_bar(line)
+        bar = parse_bar(line) if "%|" in line else None
         if bar is not None and not self.from_jsonl:
             self.step, self.total = bar
             return True
-        return False
+        return told
 
     # -- derived -------------------------------------------------------------------------
     def elapsed(self, now: float | None = None) -> float:
