@@ -49,6 +49,39 @@ class Host:
         return str(self.vars.get("ftb_master_addr") or self.vars.get("ftb_address") or self.address)
 
 
+# Per-host settings of a job, as inventory host vars (what DeepSpeed's hostfile says with slots=).
+NPROC_VAR = "ftb_nproc_per_node"  # this host's ranks, over the job's nproc_per_node
+GPUS_VAR = "ftb_gpus"  # the GPUs of this host the job uses: its CUDA_VISIBLE_DEVICES
+_GPU_ID = re.compile(r"^(?:[0-9]+|(?:GPU|MIG)-[0-9A-Za-z/-]+)$")
+
+
+def host_nproc(host: Host, source: str) -> int | None:
+    """``ftb_nproc_per_node`` of a host: its rank count (a whole number, 1 or more), or None."""
+    value = host.vars.get(NPROC_VAR)
+    if value is None:
+        return None
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= 1024:
+        raise UserError(f"{NPROC_VAR} of {host.name} must be a whole number of ranks from 1 to 1024, "
+                        f"got {value!r}", file=source, key=NPROC_VAR)
+    return int(text)
+
+
+def host_gpus(host: Host, source: str) -> tuple[str, ...] | None:
+    """``ftb_gpus`` of a host: the GPUs its ranks use, as CUDA_VISIBLE_DEVICES names them
+    (indices or GPU-/MIG- UUIDs; "0,1,2,3" or a list), or None."""
+    value = host.vars.get(GPUS_VAR)
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    gpus = tuple(str(i).strip() for i in items)
+    if (isinstance(value, bool) or not gpus or not all(_GPU_ID.match(g) for g in gpus)
+            or len(set(gpus)) != len(gpus)):
+        raise UserError(f"{GPUS_VAR} of {host.name} must list GPUs once each, as CUDA_VISIBLE_DEVICES names "
+                        f"them: indices or UUIDs, e.g. \"0,1,2,3\"; got {value!r}", file=source, key=GPUS_VAR)
+    return gpus
+
+
 def _is_local(name: str, hostvars: dict[str, Any]) -> bool:
     if hostvars.get("ansible_connection") == "local":
         return True

@@ -80,8 +80,8 @@ def capped(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def prepare(config: dict[str, Any], *, workdir: str, shared_dir: str, nnodes: int,
-            nproc_per_node: int, bf16_capable: bool | None = None,
+def prepare(config: dict[str, Any], *, workdir: str, shared_dir: str, nprocs: list[int],
+            bf16_capable: bool | None = None,
             output_shared: bool | None = None) -> Prepared:
     """The config as staged and the warnings about it. ``output_shared``: what the probe
     found (every host saw every other's sentinel under output_dir); None when the hosts were
@@ -121,15 +121,17 @@ def prepare(config: dict[str, Any], *, workdir: str, shared_dir: str, nnodes: in
 
     per_device = int(config.get("per_device_train_batch_size", HF_DEFAULT_BATCH))
     accumulation = int(config.get("gradient_accumulation_steps", 1))
-    effective = per_device * accumulation * nproc_per_node * nnodes
+    effective = per_device * accumulation * sum(nprocs)  # nprocs: each node's ranks
     return Prepared(config, tuple(warnings), effective)
 
 
-def effective_batch_line(config: dict[str, Any], nnodes: int, nproc_per_node: int, effective: int) -> str:
+def effective_batch_line(config: dict[str, Any], nprocs: list[int], effective: int) -> str:
+    """The batch one optimizer step sees; nodes with different rank counts are summed."""
     per_device = config.get("per_device_train_batch_size", HF_DEFAULT_BATCH)
     accumulation = config.get("gradient_accumulation_steps", 1)
-    return (f"effective batch size {effective} = {per_device} per device x {accumulation} accumulation "
-            f"x {nproc_per_node} rank(s) per node x {nnodes} node(s)")
+    ranks = (f"{nprocs[0]} rank(s) per node x {len(nprocs)} node(s)" if len(set(nprocs)) == 1
+             else f"{sum(nprocs)} rank(s) ({'+'.join(map(str, nprocs))} on {len(nprocs)} nodes)")
+    return f"effective batch size {effective} = {per_device} per device x {accumulation} accumulation x {ranks}"
 
 
 def _is_under(path: str, parent: str) -> bool:

@@ -22,7 +22,7 @@ import yaml
 
 from . import deepspeed, llamafactory, runtimes
 from .errors import UserError
-from .inventory import Host
+from .inventory import Host, host_gpus, host_nproc
 from .job import MIN_SECRET_LEN, PINNED_IMAGE_RE, Job, check_pinned_image, is_secret
 
 if TYPE_CHECKING:
@@ -55,6 +55,8 @@ class NodePlan:
     path_prepend: str | None = None  # the host interpreter's bin/ goes first on PATH
     container: str | None = None  # docker runtime: the container to remove on stop
     stream: bool = False  # rank 0: its output goes to the controller's terminal
+    nproc: int = 1  # this node's ranks (torchrun's --nproc-per-node; NPROC_PER_NODE of a `command:`)
+    first_rank: int = 0  # the global rank of its local rank 0: ranks are contiguous per node, in node order
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -78,7 +80,6 @@ class Plan:
     master_addr: str
     master_port: int
     nnodes: int
-    nproc_per_node: int
     nodes: tuple[NodePlan, ...]
     files: dict[str, str] = field(default_factory=dict)  # staged into run_dir before launch
     warnings: tuple[str, ...] = ()  # the seeds' traps, shown before launch
@@ -93,8 +94,28 @@ class Plan:
     stall_timeout: int = 0  # seconds without progress before the run is diagnosed and stopped; 0: never
 
     @property
+    def nprocs(self) -> tuple[int, ...]:
+        """Each node's ranks, in node rank order (hosts may differ: an 8-GPU beside a 4-GPU)."""
+        return tuple(n.nproc for n in self.nodes)
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.nprocs)) <= 1
+
+    @property
+    def nproc_per_node(self) -> int:
+        """The ranks per node when every node runs as many; else the most any node runs
+        (an upper bound: read :attr:`nprocs` for each node's own)."""
+        return max(self.nprocs, default=0)
+
+    @property
     def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
+        return sum(self.nprocs)
+
+    @property
+    def shape(self) -> str:
+        """`2 node(s) x 4 rank(s)`, or for uneven nodes `2 node(s) with 8+4 rank(s)`."""
+        return shape_text(self.nprocs)
 
     @property
     def all_local(self) -> bool:
@@ -134,7 +155,8 @@ class Plan:
             "master_addr": self.master_addr,
             "master_port": self.master_port,
             "nnodes": self.nnodes,
-            "nproc_per_node": self.nproc_per_node,
+            "nproc_per_node": self.nproc_per_node,  # uneven nodes: the most; "nprocs" has each one's
+            "nprocs": list(self.nprocs),
             "world_size": self.world_size,
             "checkpoint_dir": self.checkpoint_dir,
             "image": self.image,
@@ -145,6 +167,8 @@ class Plan:
                 {
                     "rank": n.rank,
                     "host": n.host.name,
+                    "nproc": n.nproc,
+                    "ranks": [n.first_rank, n.first_rank + n.nproc - 1],
                     "address": n.host.address,
                     "port": n.host.port,
                     "user": n.host.user,
@@ -162,6 +186,13 @@ class Plan:
                 for n in self.nodes
             ],
         }
+
+
+def shape_text(nprocs: tuple[int, ...] | list[int], unit: str = "node(s)") -> str:
+    """How many nodes and ranks: `2 node(s) x 4 rank(s)`, or `2 node(s) with 8+4 rank(s)`."""
+    if len(set(nprocs)) <= 1:
+        return f"{len(nprocs)} {unit} x {nprocs[0] if nprocs else 0} rank(s)"
+    return f"{len(nprocs)} {unit} with {'+'.join(map(str, nprocs))} rank(s)"
 
 
 def node_log_name(rank: int, host: str, attempt: int = 1) -> str:
@@ -211,10 +242,40 @@ class Layout:
     files: dict[str, str] = field(default_factory=dict, repr=False)  # staged into run_dir
     lf_config: dict[str, Any] | None = field(default=None, repr=False)  # as staged (no credentials)
     lf_secrets: dict[str, str] = field(default_factory=dict, repr=False)  # config key -> value, via env
+    # per-host settings from the inventory (host name -> value; absent: the job's)
+    host_nprocs: dict[str, int] = field(default_factory=dict)  # ftb_nproc_per_node
+    host_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # ftb_gpus
 
     @property
     def master_port(self) -> int:
         return self.job.master_port
+
+    def visible_env(self, host: str) -> dict[str, str]:
+        """What decides the GPUs a host's ranks see: the job's env, with the host's
+        ``ftb_gpus`` as its CUDA_VISIBLE_DEVICES (the check and ``auto`` count by it)."""
+        chosen = self.host_gpus.get(host)
+        return {**self.job.env, "CUDA_VISIBLE_DEVICES": ",".join(chosen)} if chosen else self.job.env
+
+    def host_nproc(self, host: str, seen: int | None = None) -> int | None:
+        """A host's ranks: its ``ftb_nproc_per_node``, else the job's ``nproc_per_node``; for
+        ``auto``, the GPUs its ranks will see: ``gpus_per_node`` when a number, else the count
+        of its ``ftb_gpus``, else ``seen`` (what the probe found visible to the job there).
+        None: ``auto`` with nothing to count yet."""
+        job = self.job
+        if host in self.host_nprocs:
+            return self.host_nprocs[host]
+        if isinstance(job.nproc_per_node, int):
+            return job.nproc_per_node
+        if isinstance(job.gpus_per_node, int) and job.gpus_per_node > 0:
+            return job.gpus_per_node
+        if host in self.host_gpus:
+            return len(self.host_gpus[host])
+        return seen
+
+    @property
+    def needs_gpu_counts(self) -> bool:
+        """``auto`` ranks that only the hosts' own GPUs can decide, on some host."""
+        return any(self.host_nproc(h.name) is None for h in self.hosts)
 
     @property
     def all_local(self) -> bool:
@@ -274,10 +335,23 @@ def make_layout(job: Job, hosts: list[Host], run_id: str) -> Layout:
         files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(config, sort_keys=False)
         files[runtimes.LLAMAFACTORY_ENTRY] = runtimes.llamafactory_entry_source()
 
+    host_nprocs, gpus = _host_settings(job, hosts)
     return Layout(job=job, hosts=tuple(hosts), run_id=run_id, run_dir=run_dir, shared_dir=shared_dir,
                   workdir=workdir, master_addr=master_addr, python=python, image=image,
                   checkpoint_dir=checkpoint_dir, dataset_dir=dataset_dir, datasets=datasets, files=files,
-                  lf_config=config, lf_secrets=secrets_ or {})
+                  lf_config=config, lf_secrets=secrets_ or {}, host_nprocs=host_nprocs, host_gpus=gpus)
+
+
+def _host_settings(job: Job, hosts: list[Host]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
+    """The inventory's per-host ``ftb_nproc_per_node`` and ``ftb_gpus``, validated."""
+    source = str(job.inventory or job.path)
+    nprocs = {h.name: n for h in hosts if (n := host_nproc(h, source)) is not None}
+    gpus = {h.name: g for h in hosts if (g := host_gpus(h, source)) is not None}
+    if gpus and "CUDA_VISIBLE_DEVICES" in job.env:
+        raise UserError(f"CUDA_VISIBLE_DEVICES is set for every host here, and ftb_gpus in the inventory for "
+                        f"{', '.join(gpus)}: choose the GPUs in one place", file=str(job.path),
+                        key="env.CUDA_VISIBLE_DEVICES")
+    return nprocs, gpus
 
 
 def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
@@ -287,15 +361,11 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
     output_dir is really on shared storage."""
     job = layout.job
     wanted = job.gpus_per_node if isinstance(job.gpus_per_node, int) else None  # None: auto
-    nproc = job.nproc_per_node
-    if nproc == "auto":
-        nproc = wanted if wanted else _auto_nproc(layout, facts)
-    assert isinstance(nproc, int)
+    nprocs = _nprocs(layout, facts)
     image = layout.image or (_recorded_image(layout, facts) if layout.docker else None)
-    gpus = job.runtime.gpus
-    if layout.docker and gpus is None and facts is not None and wanted != 0:
-        gpus = _docker_gpus(layout, facts, wanted or nproc)
+    gpus = _docker_gpus(layout, facts, nprocs, wanted) if layout.docker else {}
     devices = _host_devices(layout, facts, wanted)
+    counts = [nprocs[h.name] for h in layout.hosts]
     infiniband = layout.docker and facts is not None and facts.infiniband
 
     warnings: list[str] = []
@@ -306,7 +376,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         shared = facts.storage_shared("output_dir") if facts is not None else None
         prepared = llamafactory.prepare(
             job.train.llamafactory, workdir=layout.workdir, shared_dir=layout.shared_dir,
-            nnodes=len(layout.hosts), nproc_per_node=nproc, bf16_capable=facts.bf16 if facts else None,
+            nprocs=counts, bf16_capable=facts.bf16 if facts else None,
             output_shared=shared)
         warnings += prepared.warnings
         if job.train.deepspeed_json is not None:
@@ -316,13 +386,14 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         finetuning_type = str(prepared.config.get("finetuning_type") or "lora")
         resumes = (layout.checkpoint_dir is not None and not prepared.config.get("overwrite_output_dir")
                    and not prepared.config.get("resume_from_checkpoint"))
-        notes.append(llamafactory.effective_batch_line(prepared.config, len(layout.hosts), nproc,
-                                                       prepared.effective_batch))
+        notes.append(llamafactory.effective_batch_line(prepared.config, counts, prepared.effective_batch))
 
     lf_env = llamafactory.credential_env(layout.lf_secrets)
-    nccl = _uses_nccl(job, facts, gpus)
+    nccl = _uses_nccl(job, facts, any(gpus.values()))
     nodes = []
+    first_rank = 0
     for rank, host in enumerate(layout.hosts):
+        nproc = nprocs[host.name]
         env = {
             "NNODES": str(len(layout.hosts)),
             "NODE_RANK": str(rank),
@@ -351,7 +422,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             container = runtimes.container_name(layout.run_id, rank)
             wrapper = tuple(runtimes.docker_prefix(
                 image=image, name=container, shared_dir=layout.shared_dir, workdir=layout.workdir,
-                env_names=list(env), env_file=job.runtime.env_file, gpus=gpus, infiniband=infiniband,
+                env_names=list(env), env_file=job.runtime.env_file, gpus=gpus.get(host.name), infiniband=infiniband,
                 extra=job.runtime.docker_args,
             ))
         elif layout.python and "/" in layout.python:
@@ -361,13 +432,14 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             program=program, env=env, workdir=layout.workdir,
             log_path=posixpath.join(layout.run_dir, node_log_name(rank, host.name)),
             env_file=job.runtime.env_file, path_prepend=path_prepend, container=container,
-            stream=(rank == 0),
+            stream=(rank == 0), nproc=nproc, first_rank=first_rank,
         ))
+        first_rank += nproc
 
     return Plan(
         job_name=job.name, run_id=layout.run_id, run_dir=layout.run_dir, shared_dir=layout.shared_dir,
         master_addr=layout.master_addr, master_port=job.master_port, nnodes=len(layout.hosts),
-        nproc_per_node=nproc, nodes=tuple(nodes), files=dict(layout.files), warnings=tuple(warnings),
+        nodes=tuple(nodes), files=dict(layout.files), warnings=tuple(warnings),
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
         finetuning_type=finetuning_type, resumes=resumes,
         stall_timeout=job.stall_timeout,
@@ -392,7 +464,7 @@ def nccl_debug_env(run_dir: str) -> dict[str, str]:
     }
 
 
-def _uses_nccl(job: Job, facts: ClusterFacts | None, gpus: str | None) -> bool:
+def _uses_nccl(job: Job, facts: ClusterFacts | None, gpus: bool) -> bool:
     """NCCL will carry the collectives: the docker runtime is given GPUs, the hosts asked
     have GPUs, or the job sets NCCL variables itself."""
     if gpus:
@@ -402,52 +474,69 @@ def _uses_nccl(job: Job, facts: ClusterFacts | None, gpus: str | None) -> bool:
     return any(name.startswith("NCCL_") for name in job.env)
 
 
-def _auto_nproc(layout: Layout, facts: ClusterFacts | None) -> int:
-    """``nproc_per_node: auto``: the GPUs every host's ranks will see (CUDA_VISIBLE_DEVICES
-    of the job, else of the host), the same number everywhere and more than none."""
+def _nprocs(layout: Layout, facts: ClusterFacts | None) -> dict[str, int]:
+    """Each host's ranks (:meth:`Layout.host_nproc`). ``auto`` counts the GPUs each host's
+    ranks will see (its ftb_gpus, else the job's CUDA_VISIBLE_DEVICES, else the host's): hosts
+    may differ (an 8-GPU server beside a 4-GPU one), but each must have one."""
     job = layout.job
-    if facts is None:
-        raise UserError("nproc_per_node: auto needs the hosts' GPU counts (run without --no-check, "
-                        "or set a number)", file=str(job.path), key="nproc_per_node")
-    counts = {f.host: len(f.visible_gpus(job.env)) for f in facts.reached}
-    values = set(counts.values())
-    if len(values) != 1 or 0 in values:
-        shown = "; ".join(f"{c} GPU(s) on {h}" for h, c in counts.items()) or "no host answered"
-        raise UserError(f"is auto, but the hosts do not all have the same number of GPUs (> 0) visible to the "
-                        f"job: {shown}", file=str(job.path), key="nproc_per_node")
-    return values.pop()
+    seen = {f.host: len(f.visible_gpus(layout.visible_env(f.host))) for f in facts.reached} if facts else {}
+    out = {h.name: layout.host_nproc(h.name, seen.get(h.name) or None) for h in layout.hosts}
+    unknown = [name for name, n in out.items() if n is None]
+    if unknown and facts is None:
+        raise UserError("nproc_per_node: auto needs the hosts' GPU counts (run without --no-check, set a number, "
+                        f"or set ftb_nproc_per_node in the inventory for {', '.join(unknown)})",
+                        file=str(job.path), key="nproc_per_node")
+    if unknown:
+        shown = "; ".join(f"{seen[h]} GPU(s) on {h}" if h in seen else f"{h} did not answer" for h in unknown)
+        raise UserError(f"is auto, but no GPU is visible to the job on some hosts: {shown}; set "
+                        "ftb_nproc_per_node for them in the inventory (CPU ranks), or a number here",
+                        file=str(job.path), key="nproc_per_node")
+    return out  # type: ignore[return-value]
 
 
 def _host_devices(layout: Layout, facts: ClusterFacts | None, wanted: int | None) -> dict[str, str]:
-    """The host runtime with a whole ``gpus_per_node``: CUDA_VISIBLE_DEVICES per host, as a
-    scheduler would give the job (none for 0, a CPU job; the first N the job would see when a
-    host has more), unless the job's env sets it. {} when there is nothing to narrow."""
+    """The host runtime: CUDA_VISIBLE_DEVICES per host, as a scheduler would give the job:
+    the host's ``ftb_gpus``; with a whole ``gpus_per_node``, none for 0 (a CPU job), the
+    first N the job would see when a host has more. Not when the job's env sets it. {}
+    when there is nothing to narrow."""
     job = layout.job
-    if wanted is None or layout.docker or "CUDA_VISIBLE_DEVICES" in job.env:
+    if layout.docker or "CUDA_VISIBLE_DEVICES" in job.env:
         return {}
     if wanted == 0:
         return {h.name: "" for h in layout.hosts}
-    out = {}
+    out = {name: ",".join(chosen[:wanted] if wanted else chosen) for name, chosen in layout.host_gpus.items()}
+    if wanted is None:
+        return out
     for f in facts.reached if facts is not None else []:
         seen = f.visible_gpus(job.env)
-        if len(seen) > wanted:  # (fewer: the check refuses it)
+        if f.host not in out and len(seen) > wanted:  # (fewer: the check refuses it)
             out[f.host] = ",".join(g.index or str(f.gpus.index(g)) for g in seen[:wanted])
     return out
 
 
-def _docker_gpus(layout: Layout, facts: ClusterFacts, nproc: int) -> str | None:
-    """`docker run --gpus` when the hosts have GPUs and the job did not say: all of them,
-    or the devices the job will use when it uses fewer (its CUDA_VISIBLE_DEVICES first)."""
-    reached = facts.reached
-    if not reached or not all(f.gpus for f in reached):
-        return None
-    chosen = [f.visible_gpus(layout.job.env)[:nproc] for f in reached]
-    if all(len(c) == len(f.gpus) for c, f in zip(chosen, reached)):
-        return "all"
-    indices = {",".join(g.index or str(f.gpus.index(g)) for g in c) for c, f in zip(chosen, reached)}
-    if len(indices) != 1:
-        return "all"  # hosts differ: the check reports it; nothing sensible to pin here
-    return f'"device={indices.pop()}"'
+def _docker_gpus(layout: Layout, facts: ClusterFacts | None, nprocs: dict[str, int],
+                 wanted: int | None) -> dict[str, str | None]:
+    """`docker run --gpus` per host: the host's ``ftb_gpus`` as a device list; else the job's
+    ``runtime.gpus``; else, when the hosts were asked and the job is not a CPU job, all of a
+    host's GPUs, or the devices its ranks will use when they use fewer (the job's
+    CUDA_VISIBLE_DEVICES first)."""
+    job = layout.job
+    by_host = {f.host: f for f in facts.reached} if facts is not None else {}
+    out: dict[str, str | None] = {}
+    for host in layout.hosts:
+        chosen = layout.host_gpus.get(host.name)
+        f = by_host.get(host.name)
+        if chosen is not None and wanted != 0:
+            out[host.name] = f'"device={",".join(chosen[:wanted] if wanted else chosen)}"'
+        elif job.runtime.gpus is not None:
+            out[host.name] = job.runtime.gpus
+        elif wanted == 0 or f is None or not f.gpus:
+            out[host.name] = None
+        else:
+            used = f.visible_gpus(job.env)[:wanted or nprocs[host.name]]
+            out[host.name] = "all" if len(used) == len(f.gpus) else \
+                '"device=' + ",".join(g.index or str(f.gpus.index(g)) for g in used) + '"'
+    return out
 
 
 def _recorded_image(layout: Layout, facts: ClusterFacts | None) -> str:

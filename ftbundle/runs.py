@@ -20,7 +20,7 @@ from .hostlist import fold, fold_numbers
 from .inventory import Host
 from .launch.node import STOP_GRACE_S, STOP_REQUEST, node_argv
 from .launch.supervisor import stage_files
-from .plan import ATTEMPT_FILE, NodeFiles, NodePlan
+from .plan import ATTEMPT_FILE, NodeFiles, NodePlan, shape_text
 from .runtimes import RANKS_DIR
 
 
@@ -69,6 +69,8 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
             rank=entry["rank"], host=host, program=tuple(entry["argv"]), env={}, workdir=entry["workdir"],
             log_path=entry["log"], env_file=entry["env_file"], container=entry.get("container"),
             stream=entry["rank"] == 0, per_node=bool(entry.get("per_node")),
+            nproc=int(entry.get("nproc") or record.get("nproc_per_node") or 1),
+            first_rank=int((entry.get("ranks") or [entry["rank"] * int(record.get("nproc_per_node") or 1)])[0]),
         ))
     return RunRef(run_id, run_dir, record, tuple(nodes), int(attempt_text) if attempt_text.isdigit() else 1)
 
@@ -129,7 +131,7 @@ def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
     ranks = [dataclasses.replace(r, host=names.get(r.node_rank, r.host)) for r in read_collected(cluster, host, out_dir)]
     timeout = ref.record.get("stall_timeout")
     head = f"stalled: no progress from any rank for {said.strip()}s (stall_timeout {timeout}s); every node was stopped"
-    expected = ref.record.get("nnodes", 0) * ref.record.get("nproc_per_node", 0) or None
+    expected = sum(n.nproc for n in ref.nodes) or None
     return [head] + report_lines(diagnose(ranks), out_dir=out_dir, expected=expected)
 
 
@@ -137,7 +139,7 @@ def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[
     """The run's line, a row per node (up to STATUS_ROWS_MAX nodes; beyond, rows only for
     the nodes neither running nor exited 0), and the nodes grouped by state, as ranges."""
     attempt = f", attempt {ref.attempt}" if ref.attempt > 1 else ""
-    lines = [f"run {ref.run_id}  ({ref.record['nnodes']} node(s) x {ref.record['nproc_per_node']} rank(s){attempt})  "
+    lines = [f"run {ref.run_id}  ({shape_text([n.nproc for n in ref.nodes])}{attempt})  "
              f"{ref.run_dir}"]
     many = len(states) > STATUS_ROWS_MAX
     for node, state, last in states:
@@ -152,8 +154,10 @@ def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[
     return lines
 
 
-def parse_rank(text: str | None, nnodes: int, nproc: int) -> tuple[int, int]:
-    """``--rank``: a global rank ("5") or node:local ("2:1") -> (node rank, local rank)."""
+def parse_rank(text: str | None, nnodes: int, nproc: int | list[int]) -> tuple[int, int]:
+    """``--rank``: a global rank ("5") or node:local ("2:1") -> (node rank, local rank).
+    ``nproc``: the ranks per node, or each node's own (global ranks are contiguous per node)."""
+    nprocs = list(nproc) if isinstance(nproc, (list, tuple)) else [nproc] * nnodes
     if text is None:
         return 0, 0
     node_text, sep, local_text = text.partition(":")
@@ -161,12 +165,19 @@ def parse_rank(text: str | None, nnodes: int, nproc: int) -> tuple[int, int]:
         if sep:
             node, local = int(node_text), int(local_text)
         else:
-            node, local = divmod(int(text), nproc)
+            node, local = -1, int(text)
+            for i, count in enumerate(nprocs):
+                if 0 <= local < count:
+                    node = i
+                    break
+                local -= count
     except ValueError:
         node = local = -1
-    if not (0 <= node < nnodes and 0 <= local < nproc):
-        raise UserError(f"no rank {text!r} in this run: give a global rank 0-{nnodes * nproc - 1} or "
-                        f"NODE:LOCAL with NODE 0-{nnodes - 1} and LOCAL 0-{nproc - 1}", key="--rank")
+    if not (0 <= node < nnodes and 0 <= local < nprocs[node]):
+        local_range = f"LOCAL 0-{nprocs[0] - 1}" if len(set(nprocs)) == 1 else \
+            "LOCAL below the node's ranks (" + "+".join(map(str, nprocs)) + ")"
+        raise UserError(f"no rank {text!r} in this run: give a global rank 0-{sum(nprocs) - 1} or "
+                        f"NODE:LOCAL with NODE 0-{nnodes - 1} and {local_range}", key="--rank")
     return node, local
 
 
@@ -249,11 +260,11 @@ class _Prefixer:
         return out
 
 
-def _prefix_of(ref: RunRef, node: NodePlan, nproc: int, path: str) -> str:
+def _prefix_of(ref: RunRef, node: NodePlan, path: str) -> str:
     """`host:global-rank` of a file: the node's log is its local rank 0."""
     match = _RANK_FILE.search(path)
     local = int(match.group(1)) if match and path != ref.files(node).log else 0
-    return f"{node.host.name}:{node.rank * nproc + local}"
+    return f"{node.host.name}:{node.first_rank + local}"
 
 
 def _tail_argv(ref: RunRef, node: NodePlan, lines: int, follow: bool, locals_: list[int]) -> list[str]:
@@ -284,12 +295,13 @@ def show_all_logs(ref: RunRef, cluster: Cluster, follow: bool, lines: int, out=N
     with ``follow``, the last lines and then the new ones of every file as they come (that
     is their time order), until every node's job has ended. One command per host, over the one connection the cluster holds to it."""
     out = out or sys.stdout
-    nproc = int(ref.record.get("nproc_per_node") or 1)
     nodes = [n for n in ref.nodes if only is None or n.rank == only[0]]
-    locals_ = [only[1]] if only is not None else list(range(nproc))
+
+    def locals_(node: NodePlan) -> list[int]:  # each node's own local ranks (hosts may run different counts)
+        return [only[1]] if only is not None else list(range(node.nproc))
 
     def backlog(node: NodePlan) -> list[tuple[str, list[str]]]:
-        proc = _start_on(cluster, ref, node, _tail_argv(ref, node, lines, False, locals_))
+        proc = _start_on(cluster, ref, node, _tail_argv(ref, node, lines, False, locals_(node)))
         text = b""
         while chunk := proc.read_out():
             text += chunk
@@ -298,7 +310,7 @@ def show_all_logs(ref: RunRef, cluster: Cluster, follow: bool, lines: int, out=N
         for path, line in _Prefixer().feed(text.decode(errors="replace") + "\n"):
             if path and line:
                 files.setdefault(path, []).append(line)
-        return [(_prefix_of(ref, node, nproc, path), file_lines) for path, file_lines in files.items()]
+        return [(_prefix_of(ref, node, path), file_lines) for path, file_lines in files.items()]
 
     if not follow:
         streams = [stream for per_node in parallel(backlog, nodes) for stream in per_node]
@@ -311,13 +323,13 @@ def show_all_logs(ref: RunRef, cluster: Cluster, follow: bool, lines: int, out=N
     lock = threading.Lock()
 
     def pump(node: NodePlan) -> None:
-        proc = _start_on(cluster, ref, node, _tail_argv(ref, node, lines, True, locals_))
+        proc = _start_on(cluster, ref, node, _tail_argv(ref, node, lines, True, locals_(node)))
         prefixer = _Prefixer()
         while chunk := proc.read_out():
             with lock:
                 for path, line in prefixer.feed(chunk.decode(errors="replace")):
                     if path and line:
-                        out.write(f"{_prefix_of(ref, node, nproc, path)} {line}\n")
+                        out.write(f"{_prefix_of(ref, node, path)} {line}\n")
                 out.flush()
         proc.wait(5)
 
@@ -329,12 +341,11 @@ def show_logs(ref: RunRef, cluster: Cluster, rank: str | None, follow: bool, lin
               all_ranks: bool = False) -> int:
     """One rank's output (``--rank``: global, or node:local; default: rank 0's node log), or
     with ``all_ranks`` every rank's, merged (:func:`show_all_logs`)."""
-    nproc = int(ref.record.get("nproc_per_node") or 1)
     if all_ranks:
         if rank is not None:
             raise UserError("--all shows every rank: drop --rank, or drop --all for one rank", key="--rank")
         return show_all_logs(ref, cluster, follow, lines, out)
-    node_rank, local = parse_rank(rank, len(ref.nodes), nproc)
+    node_rank, local = parse_rank(rank, len(ref.nodes), [n.nproc for n in ref.nodes])
     if local:
         return show_all_logs(ref, cluster, follow, lines, out, only=(node_rank, local))
     out = out or sys.stdout

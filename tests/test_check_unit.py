@@ -378,8 +378,11 @@ def test_auto_nproc_from_the_gpus_the_job_sees(tmp_path):
     # ... and the job's wins over it
     job_env = layout_of(tmp_path, nproc_per_node="auto", env={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert make_plan(job_env, limited).nproc_per_node == 2
-    with pytest.raises(UserError, match="8 GPU\\(s\\) on node0; 4 GPU\\(s\\) on node1"):
-        make_plan(auto, cluster_of(facts("node0", gpus=h100), facts("node1", 1, gpus=smi("a100-x4.csv"))))
+    # hosts that differ each get their own count (issue 36), no longer a refusal
+    uneven = make_plan(auto, cluster_of(facts("node0", gpus=h100), facts("node1", 1, gpus=smi("a100-x4.csv"))))
+    assert uneven.nprocs == (8, 4) and uneven.world_size == 12
+    with pytest.raises(UserError, match="no GPU is visible to the job on some hosts: 0 GPU\\(s\\) on node1"):
+        make_plan(auto, cluster_of(facts("node0", gpus=h100), facts("node1", 1)))
     with pytest.raises(UserError, match="needs the hosts' GPU counts"):
         make_plan(auto)
 

@@ -29,7 +29,7 @@ from functools import cache
 from .. import shipped
 from ..cluster import Cluster, first_line, parallel
 from ..inventory import Host
-from ..plan import IMAGE_REF_FILE, Layout
+from ..plan import IMAGE_REF_FILE, Layout, shape_text
 from .facts import ClusterFacts, HostFacts, parse_facts
 from .health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
 from .report import CheckReport, format_report, print_report
@@ -226,7 +226,15 @@ def run_checks(layout: Layout, cluster: Cluster, *, nproc_per_node: int | None =
     report = CheckReport(
         checks=evaluate(layout, facts, nproc),
         seconds=time.monotonic() - started,
-        title=(f"ftbundle check: job {layout.job.name}, {len(layout.hosts)} host(s) x "
-               f"{layout.job.nproc_per_node} rank(s), master {layout.master_addr}:{layout.master_port}"),
+        title=(f"ftbundle check: job {layout.job.name}, {_shape(layout)}, "
+               f"master {layout.master_addr}:{layout.master_port}"),
     )
     return report, facts
+
+
+def _shape(layout: Layout) -> str:
+    """`2 host(s) x 8 rank(s)`, `2 host(s) with 8+4 rank(s)` (per-host counts), or `... x auto rank(s)`."""
+    nprocs = [layout.host_nproc(h.name) for h in layout.hosts]
+    if None in nprocs:
+        return f"{len(layout.hosts)} host(s) x {layout.job.nproc_per_node} rank(s)"
+    return shape_text(nprocs, "host(s)")  # type: ignore[arg-type]

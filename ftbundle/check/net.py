@@ -28,7 +28,7 @@ from typing import TextIO
 
 from .. import shipped
 from ..cluster import Cluster, Result, first_line
-from ..plan import Plan
+from ..plan import Plan, shape_text
 from . import probe_argv, probe_source
 
 DEFAULT_MIN_GBPS = 10.0
@@ -207,8 +207,8 @@ def run_net_check(plan: Plan, cluster: Cluster, min_gbps: float = DEFAULT_MIN_GB
 
 
 def format_net_report(report: NetReport, plan: Plan, min_gbps: float) -> list[str]:
-    lines = [(f"ftbundle check --net: job {plan.job_name}, {plan.nnodes} host(s) x {plan.nproc_per_node} "
-              f"rank(s), threshold {min_gbps:g} Gbit/s")]
+    lines = [(f"ftbundle check --net: job {plan.job_name}, {shape_text(plan.nprocs, 'host(s)')}, "
+              f"threshold {min_gbps:g} Gbit/s")]
     if len(plan.nodes) == 1:
         lines.append("iperf3      one host: no link between hosts to measure")
     for host, gbps in report.throughput_gbps.items():

@@ -129,49 +129,71 @@ def check_runtime(facts: list[HostFacts], docker: bool) -> Check:
 
 
 def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | None) -> Check:
-    """Same GPUs everywhere, as many visible to the job as ranks per node (``auto``: the same
-    number, > 0), nvidia-smi answering, and no other process on them."""
+    """The same kind of GPUs everywhere (their counts may differ: each host runs its own
+    number of ranks), as many visible to the job on each host as its ranks (``auto``: one
+    rank per GPU it sees, > 0), nvidia-smi answering, and no other process on them."""
     job = layout.job
     values = {f.host: (f"ERROR {f.gpu_error}" if f.gpu_error else describe_gpus(f.gpus)) for f in facts}
     check = Check("gpus", group_by_value(values))
     errors = [f for f in facts if f.gpu_error]
+    kinds = {frozenset(g.kind for g in f.gpus) for f in facts if not f.gpu_error}
     if errors:
         check.failure = "nvidia-smi failed"
         check.details = [f"{f.host}: {'GPU driver hung: ' if f.gpu_hung else 'nvidia-smi failed: '}{f.gpu_error}"
                          for f in errors]
-    elif len(check.groups) > 1:
+    elif len(kinds) > 1:
         check.failure = "GPUs differ"
-    counts = {f.host: len(f.visible_gpus(job.env)) for f in facts if not f.gpu_error}
-    limited = {f.host: f.visible_gpus(job.env) != f.gpus for f in facts if not f.gpu_error}
+    visible = {f.host: f.visible_gpus(layout.visible_env(f.host)) for f in facts if not f.gpu_error}
+    counts = {h: len(v) for h, v in visible.items()}
+    limited = {f.host: visible[f.host] != f.gpus for f in facts if not f.gpu_error}
+    # each host's ranks: its ftb_nproc_per_node, else the job's (as given, or auto: what it sees)
+    ranks = {h: layout.host_nproc(h, counts[h] or None) if job.nproc_per_node == "auto" or h in layout.host_nprocs
+             else nproc_per_node for h in counts}
+
+    def said(host: str) -> str:
+        return (f"ftb_nproc_per_node of {host} is {ranks[host]}" if host in layout.host_nprocs
+                else f"nproc_per_node is {ranks[host]}")
+
+    def seen(host: str) -> str:
+        why = " (ftb_gpus)" if host in layout.host_gpus else " (CUDA_VISIBLE_DEVICES)"
+        return f"{counts[host]} GPU(s)" + (" visible" + why if limited[host] else "")
+
     fit = []
-    if job.nproc_per_node == "auto":
-        if counts and not any(counts.values()):
-            fit.append("nproc_per_node is auto but no host has a GPU; set the number of ranks per host")
-        elif len(set(counts.values())) > 1:
-            fit.append("nproc_per_node is auto but the hosts see different numbers of GPUs: "
-                       + describe_groups(group_by_value({h: f"{c} GPU(s)" for h, c in counts.items()})))
-    elif any(f.gpus for f in facts):
-        for host, count in counts.items():
-            if count < (nproc_per_node or 0):
-                fit.append(f"nproc_per_node is {nproc_per_node} but {host} has {count} GPU(s)"
-                           + (" visible (CUDA_VISIBLE_DEVICES)" if limited[host] else ""))
-            elif count > (nproc_per_node or 0) and not limited[host]:
-                check.notes.append(f"{host} has {count} GPUs; {nproc_per_node} rank(s) use the first "
-                                   f"{nproc_per_node}")
+    unknown = [h for h, r in ranks.items() if r is None]
+    if unknown and len(unknown) == len(ranks) and not any(counts.values()):
+        fit.append("nproc_per_node is auto but no host has a GPU; set the number of ranks per host")
     else:
-        check.notes.append(f"no GPUs: {nproc_per_node} CPU rank(s) per host")
+        fit += [f"nproc_per_node is auto but {h} has no GPU visible to the job; set ftb_nproc_per_node for it "
+                "in the inventory" for h in unknown]
+    known = {h: r for h, r in ranks.items() if r is not None}
+    if any(f.gpus for f in facts):
+        for host, want in known.items():
+            if counts[host] < want:
+                fit.append(f"{said(host)} but {host} has {seen(host)}")
+            elif counts[host] > want and not limited[host]:
+                check.notes.append(f"{host} has {counts[host]} GPUs; {want} rank(s) use the first {want}")
+    elif known:
+        check.notes.append("no GPUs: " + (f"{next(iter(known.values()))} CPU rank(s) per host"
+                                          if len(set(known.values())) == 1
+                                          else "CPU ranks " + ", ".join(f"{r} on {h}" for h, r in known.items())))
+    if len(set(ranks.values())) > 1 and not unknown:
+        check.notes.append("ranks per host differ: " + describe_groups(group_by_value(
+            {h: f"{r} rank(s)" for h, r in ranks.items()})) + f"; world size {sum(ranks.values())}")
     if isinstance(job.gpus_per_node, int) and job.gpus_per_node > 0:
         for host, count in counts.items():
             if count < job.gpus_per_node:
-                fit.append(f"gpus_per_node is {job.gpus_per_node} but {host} has {count} GPU(s)"
-                           + (" visible (CUDA_VISIBLE_DEVICES)" if limited[host] else ""))
+                fit.append(f"gpus_per_node is {job.gpus_per_node} but {host} has {seen(host)}")
     elif job.gpus_per_node == 0 and any(counts.values()):
         check.notes.append("gpus_per_node is 0: a CPU job, its ranks see no GPU (CUDA_VISIBLE_DEVICES empty)")
-    if nproc_per_node is not None:  # what `ftbundle export` would ask a scheduler for (--dry-run: all of it)
+    if nproc_per_node is not None or not unknown:  # what `ftbundle export` would ask a scheduler for
         from ..export import gpus_per_node
 
-        check.notes.append(f"an export requests {gpus_per_node(job, nproc_per_node)} GPU(s) per node "
-                           f"(gpus_per_node: {job.gpus_per_node}); `ftbundle export --dry-run` shows cores and memory")
+        asks = {h: gpus_per_node(job, r if r is not None else nproc_per_node) for h, r in ranks.items()} \
+            or {"": gpus_per_node(job, nproc_per_node)}
+        asked = (f"{next(iter(asks.values()))} GPU(s) per node" if len(set(asks.values())) == 1
+                 else "GPUs per node " + ", ".join(f"{n} on {h}" for h, n in asks.items()))
+        check.notes.append(f"an export requests {asked} (gpus_per_node: {job.gpus_per_node}); "
+                           "`ftbundle export --dry-run` shows cores and memory")
     if fit:
         if check.failure == "GPUs differ":
             check.details.append(f"GPUs differ: {describe_groups(check.groups)}")
@@ -179,14 +201,14 @@ def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | Non
             "nproc_per_node" if any("nproc_per_node" in line for line in fit) else "gpus_per_node"))
         check.details += fit
     for f in facts:
-        uuids = {g.uuid for g in f.visible_gpus(job.env)}
+        uuids = {g.uuid for g in f.visible_gpus(layout.visible_env(f.host))}
         busy = [a for a in f.compute_apps if a.gpu_uuid in uuids or not uuids]
         if busy:
             check.warnings.append(f"{f.host}: GPUs in use by " + ", ".join(
                 f"pid {a.pid} ({a.name}, {a.used_memory_mib if a.used_memory_mib is not None else '?'} MiB)"
                 for a in busy) + " (a previous run still alive? another job?)")
-        elif any((g.memory_used_mib or 0) > 1024 for g in f.visible_gpus(job.env)):
-            used = ", ".join(f"GPU {g.index}: {g.memory_used_mib} MiB" for g in f.visible_gpus(job.env)
+        elif any((g.memory_used_mib or 0) > 1024 for g in f.visible_gpus(layout.visible_env(f.host))):
+            used = ", ".join(f"GPU {g.index}: {g.memory_used_mib} MiB" for g in f.visible_gpus(layout.visible_env(f.host))
                              if (g.memory_used_mib or 0) > 1024)
             check.warnings.append(f"{f.host}: GPU memory already in use ({used}) by no process nvidia-smi can "
                                   "see (another container?)")

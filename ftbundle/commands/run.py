@@ -22,7 +22,7 @@ from .common import load_layout, open_cluster, say
 def needs_facts(layout: Layout) -> bool:
     """The plan cannot be made from the files alone: ``auto`` ranks, or the docker runtime
     with no image but the one site.yml recorded on the hosts."""
-    return layout.job.nproc_per_node == "auto" or (layout.docker and layout.image is None)
+    return layout.needs_gpu_counts or (layout.docker and layout.image is None)
 
 
 def _say(ui, message: str) -> None:
@@ -93,7 +93,7 @@ def format_plan(plan: Plan) -> str:
     """Human-readable --dry-run output: per host, where, what and with which environment."""
     lines = [
         f"job {plan.job_name}  run {plan.run_id}",
-        f"world size {plan.world_size} = {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s); "
+        f"world size {plan.world_size} = {plan.shape}; "
         f"master {plan.master_addr}:{plan.master_port}",
         f"run directory {plan.run_dir}",
     ]
@@ -104,7 +104,8 @@ def format_plan(plan: Plan) -> str:
         where = "local process" if node.host.local else (
             f"ssh {node.host.user + '@' if node.host.user else ''}{node.host.address}:{node.host.port}")
         lines.append("")
-        lines.append(f"rank {node.rank}  {node.host.name}  ({where})")
+        lines.append(f"rank {node.rank}  {node.host.name}  ({where})  {node.nproc} rank(s): global "
+                     + (f"{node.first_rank}-{node.first_rank + node.nproc - 1}" if node.nproc > 1 else f"{node.first_rank}"))
         lines.append(f"  cd {node.workdir}")
         if node.env_file:
             lines.append(f"  env file {node.env_file} (if present)")
@@ -165,7 +166,7 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, v
     trip) while the node channels open, then run or detach."""
     from ..launch import StagingError, launch, launch_detached, stage_run_dir
 
-    _say(ui, f"run {plan.run_id}: {plan.nnodes} node(s) x {plan.nproc_per_node} rank(s), logs in {plan.run_dir}")
+    _say(ui, f"run {plan.run_id}: {plan.shape}, logs in {plan.run_dir}")
     if resume is not None:
         for line in resume.cleaned:
             _say(ui, line)

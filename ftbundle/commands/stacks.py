@@ -30,7 +30,7 @@ def show_stacks(ref: RunRef, cluster: Cluster, out=None) -> int:
     out = out or sys.stdout
     out_dir = stacks_dir(ref.run_dir, f"a{ref.attempt}-ondemand")
     ranks, problems = collect(cluster, targets_of(ref), out_dir)
-    expected = ref.record.get("nnodes", 0) * ref.record.get("nproc_per_node", 0) or None
+    expected = sum(n.nproc for n in ref.nodes) or None
     print(f"run {ref.run_id}" + (f", attempt {ref.attempt}" if ref.attempt > 1 else "")
           + f": {len(ranks)} rank(s) found", file=out)
     if not ranks:
