@@ -36,9 +36,9 @@ def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, starte
         "run_id": plan.run_id, "job": plan.job_name, "state": state, "exit_code": exit_code,
         "attempt": attempt, "started": started, "duration_s": round(duration_s, 1),
         "hosts": [n.host.name for n in plan.nodes], "nproc_per_node": plan.nproc_per_node,
-        "steps": progress.shown_step, "total_steps": progress.total, "final_loss": progress.loss,
-        "resumed_at": progress.start_step or None,
-        "samples_per_s": progress.samples_per_s or progress.live_samples_per_s(),
+        "steps": progress.shown_step, "total_steps": progress.total, "final_loss": progress.final_loss,
+        "train_loss": progress.train_loss, "resumed_at": progress.start_step or None,
+        "samples_per_s": progress.throughput(),  # (the live line's and the summary's figure)
         "output_dir": plan.checkpoint_dir, "failed_host": failed_host,
     }
 
@@ -54,6 +54,7 @@ class RunRow:
     exit_code: int | None
     final_loss: float | None
     output_dir: str | None
+    samples_per_s: float | None = None  # over the steps trained (ui.progress.Progress.throughput)
 
 
 def _start_of(run_id: str, summary: dict) -> str:
@@ -100,7 +101,8 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
             state, code = "running?", None
     return RunRow(run_id=run_id, job=plan.get("job", ""), hosts=hosts, start=_start_of(run_id, summary),
                   duration_s=summary.get("duration_s"), state=state, exit_code=code,
-                  final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"))
+                  final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
+                  samples_per_s=summary.get("samples_per_s"))
 
 
 def split_tail_output(text: str, runs_dir: str) -> dict[str, dict[str, str]]:
@@ -176,11 +178,12 @@ def format_runs(rows: list[RunRow]) -> str:
         h, m = divmod(m, 60)
         return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
-    header = ("RUN", "HOSTS", "START", "DURATION", "STATE", "EXIT", "FINAL LOSS", "OUTPUT DIR")
+    header = ("RUN", "HOSTS", "START", "DURATION", "STATE", "EXIT", "FINAL LOSS", "SAMPLES/S", "OUTPUT DIR")
     table = [header] + [(
         r.run_id, ",".join(r.hosts) if len(r.hosts) <= 3 else f"{r.hosts[0]},+{len(r.hosts) - 1}",
         r.start.replace("T", " "), dur(r.duration_s), r.state, "-" if r.exit_code is None else str(r.exit_code),
-        "-" if r.final_loss is None else f"{r.final_loss:.4f}", r.output_dir or "-") for r in rows]
+        "-" if r.final_loss is None else f"{r.final_loss:.4f}",
+        "-" if r.samples_per_s is None else f"{r.samples_per_s:.1f}", r.output_dir or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table)
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from ftbundle.launch.display import ProgressFeed
 from ftbundle.launch.node import Event, LineSplitter
 from ftbundle.launch.supervisor import NodeStatus, State, Supervisor
-from ftbundle.ui.phases import _WARNING, Phases, warning_key
+from ftbundle.ui.phases import _PY_WARNING, _WARNING, Phases, _text, warning_key
 from ftbundle.ui.progress import _STAGES, Progress, stage_of
 
 DATA = Path(__file__).parent / "data" / "llamafactory"
@@ -56,10 +56,15 @@ def test_stage_words_let_through_every_line_a_stage_pattern_matches():
 
 
 def test_the_warning_substring_test_hides_no_warning():
-    """A line goes to the warning pattern only if it holds "warn" in some case: the same
-    verdict as the pattern alone, on a real log and on any case of the word."""
-    lines = recorded() + ["[WARNING|x] y", "a wArN b", "Warn: z", "warn", "xwarn", "warned", "no", "W1127 torch"]
-    assert [warning_key(line) is None for line in lines] == [not _WARNING.search(line) for line in lines]
+    """A line goes to the warning patterns only if it holds "warn" in some case: no line
+    without it can match them, on a real log or in any case of the word."""
+    lines = recorded() + ["[WARNING|x] y", "a wArN b", "Warn: z", "warn", "xwarn", "warned", "no", "W1127 torch",
+                          "x.py:3: UserWarning: y", "x.py:3: DeprecationWARNING: y"]
+    for line in lines:
+        if "warn" not in line.lower():
+            assert not _WARNING.search(line) and not _PY_WARNING.search(line) and warning_key(line) is None
+        elif _WARNING.search(line) or _PY_WARNING.search(line):
+            assert warning_key(line) is not None or _text(line).startswith(" ")
     assert warning_key("[WARNING|2026-11-27 07:39:44] p:149 >> a") == "[WARNING|# #] p:# >> a"
     assert warning_key("000012345 " + "x" * 89) is None
 
@@ -70,7 +75,7 @@ def bare_supervisor(nnodes: int) -> Supervisor:
     sup.plan = SimpleNamespace(nodes=[SimpleNamespace(host=SimpleNamespace(name=f"node{i}")) for i in range(nnodes)],
                                checkpoint_dir=None)
     sup.status = [NodeStatus() for _ in range(nnodes)]
-    sup._running = 0
+    sup._running = sup._finished = 0
     sup.failures = []
     sup.runners = [SimpleNamespace(drop=lambda: None) for _ in range(nnodes)]
     sup.display = None
@@ -127,3 +132,107 @@ def test_recorded_run_on_the_plain_display_shows_its_stages_once_each():
     assert said[:3] == ["ftbundle: training: ranks starting", "ftbundle: training: waiting for ranks",
                         "ftbundle: training: loading tokenizer (1 ranks connected)"]
     assert said[-1] == "ftbundle: training: starting the first step" and len(said) == len(set(said))
+
+
+def shown(lines: list[str]) -> str:
+    """What the plain display prints for rank 0's lines (through the progress feed)."""
+    out = io.StringIO()
+    ui = Phases(out, tty=False, nnodes=1)
+    progress = Progress(from_jsonl=True)
+    ui.launching(1, 1)
+    ui.training(progress, 1)
+    feed = ProgressFeed(ui, progress, lambda: ui.training(progress, 1))
+    for line in lines:
+        feed.line("[localhost r0] " + line)
+    return out.getvalue()
+
+
+def test_a_python_warning_is_shown_by_its_text_never_by_its_source_line():
+    """Python's warnings print `file:line: Category: text` and then the source line that
+    warned, indented: accelerate's, recorded, is `  warnings.warn(`, which alone says nothing."""
+    text = shown(recorded())
+    lines = text.splitlines()
+    assert ("[localhost r0] /work/main/.venv/lib/python3.11/site-packages/accelerate/state.py:271: UserWarning: "
+            "OMP_NUM_THREADS/MKL_NUM_THREADS unset, we set it at 2 to improve oob performance.") in lines
+    assert not [line for line in lines if "warnings.warn(" in line], text
+    for said in ("We recommend enable mixed precision training.", "`torch_dtype` is deprecated! Use `dtype` instead!",
+                 "Setting accelerator to CPU."):
+        assert sum(said in line for line in lines) == 1, (said, text)
+    # torch 2.14's own (recorded): the source line after it holds "warn" too, and is not shown
+    torch_warning = ["/v/torch/nn/modules/module.py:1874: FutureWarning: Using a non-full backward hook when the "
+                     "forward contains multiple autograd Nodes is deprecated.",
+                     "  self._maybe_warn_non_full_backward_hook(args, result, grad_fn)",
+                     "x.py:3: FutureWarning: old is deprecated",
+                     '  warnings.warn("old is deprecated", FutureWarning)',
+                     "x.py:3: FutureWarning: old is deprecated",  # (again: shown once)
+                     '  warnings.warn("old is deprecated", FutureWarning)',
+                     "[rank0]:/v/accelerate/state.py:271: UserWarning: OMP_NUM_THREADS/MKL_NUM_THREADS unset",
+                     "  warnings.warn(",
+                     "  warnings.warn(",  # a source line with no warning before it: never alone either
+                     "[WARNING|2026-11-27 07:39:44] llamafactory.hparams.parser:149 >> a warning of its own"]
+    printed = [line for line in shown(torch_warning).splitlines() if line.startswith("[localhost r0]")]
+    assert printed == ["[localhost r0] " + torch_warning[i] for i in (0, 2, 6, 9)], printed
+
+
+def test_the_last_line_the_summary_and_runs_show_one_samples_per_second_and_the_final_loss():
+    """The recorded run: 3 steps, shorter than its logging_steps (5), so no loss was logged;
+    the trainer closed with train_loss 6.2293 and 114.98 samples/s (train_results.json). The
+    last progress line, the closing summary, summary.json and `ftbundle runs` show the same
+    samples/s, the loss falls back to train_loss, and the nodes that finished are said to
+    have finished, not shown as `nodes 0/2`."""
+    import json
+
+    from ftbundle.history import format_runs, run_row, run_summary
+    from ftbundle.ui.summary import closing_summary
+
+    trainer = json.loads((DATA / "cpu-3steps.train_results.json").read_text())
+    out = io.StringIO()
+    sup = bare_supervisor(2)
+    sup.ui = Phases(out, tty=False, nnodes=2)
+    sup.progress = Progress(effective_batch=4, from_jsonl=True)
+    feed = ProgressFeed(sup.ui, sup.progress, sup._show_progress)
+    sup._handle(Event("pid", 0, "11"))
+    sup._handle(Event("pid", 1, "12"))
+    for line in recorded():
+        feed.line("[localhost r0] " + line)
+    feed.record((DATA / "cpu-3steps.trainer_log.jsonl").read_text().splitlines()[-1])
+    sup._handle(Event("exit", 1, code=0))
+    sup._handle(Event("exit", 0, code=0))
+    sup.ui.final_progress()
+    progress_lines = [line for line in out.getvalue().splitlines() if line.startswith("ftbundle: training: step")]
+    last = progress_lines[-1]
+    assert "step 3/3" in last and "samples/s 115.0" in last and "nodes 2/2 finished" in last, progress_lines
+    assert "nodes 0/2" not in out.getvalue()
+
+    summary = "\n".join(closing_summary(run_id="r", run_dir="/s/runs/r", duration_s=10, progress=sup.progress,
+                                        output_dir="/s/out", adapter=None, nnodes=2))
+    assert f"{trainer['train_samples_per_second']:.1f}" == "115.0" and "throughput   115.0 samples/s" in summary
+    assert "final loss   6.2293 (train_loss" in summary, summary
+    plan = SimpleNamespace(run_id="j-20261127-073936-1f53", job_name="j", nodes=sup.plan.nodes, nproc_per_node=1,
+                           nprocs=[1, 1], checkpoint_dir="/s/out")
+    record = run_summary(plan, exit_code=0, interrupted=False, attempt=1, started=0.0, duration_s=10.0,
+                         progress=sup.progress, failed_host=None)
+    assert record["final_loss"] == record["train_loss"] == 6.2293 and round(record["samples_per_s"], 1) == 115.0
+    row = run_row(plan.run_id, {"plan.json": json.dumps({"job": "j", "nodes": [{"host": "node0"}, {"host": "node1"}]}),
+                                "summary.json": json.dumps(record)})
+    header, line = format_runs([row]).splitlines()
+    assert header.split()[6:] == ["FINAL", "LOSS", "SAMPLES/S", "OUTPUT", "DIR"]
+    assert line.split()[-3:] == ["6.2293", "115.0", "-"], line
+
+
+def test_samples_per_second_is_over_the_steps_this_attempt_trained():
+    """One definition: before the trainer's end, steps x effective batch over the trainer's
+    own clock (never over the model's loading); at its end, the trainer's figure scaled to
+    this attempt's steps (a resumed attempt's trainer counts the steps before it)."""
+    p = Progress(effective_batch=8, from_jsonl=True)
+    p.feed_record({"current_steps": 5, "total_steps": 20, "loss": 3.0, "elapsed_time": "0:00:00"})
+    assert p.throughput() is None  # the trainer's clock says 0 s: no figure yet, not one over the loading
+    p.feed_record({"current_steps": 10, "total_steps": 20, "loss": 3.0, "elapsed_time": "0:00:04"})
+    assert p.throughput() == 20.0  # 10 x 8 / 4 s
+    p.feed_line("  train_samples_per_second =     40.5")
+    assert p.throughput() == 20.25  # 40.5 for all 20 steps: 10 were made
+    resumed = Progress(effective_batch=8, from_jsonl=True, start_step=10)
+    resumed.feed_record({"current_steps": 20, "total_steps": 20, "loss": 2.0, "elapsed_time": "0:00:02"})
+    assert resumed.throughput() == 40.0  # 10 steps x 8 / 2 s
+    resumed.feed_line("{'train_runtime': '1.9', 'train_samples_per_second': '84.21', 'train_loss': '2.5'}")
+    assert resumed.throughput() == 42.105 and resumed.final_loss == 2.0 and resumed.train_loss == 2.5

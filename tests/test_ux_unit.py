@@ -97,12 +97,12 @@ def test_rich_display_draws_the_live_line_on_a_terminal():
 
 def test_closing_summary_names_steps_loss_throughput_and_paths():
     p = Progress(from_jsonl=True)
-    p.feed_record(parse_trainer_log(RECORD))
-    p.samples_per_s = 143.5
+    p.feed_record(parse_trainer_log(RECORD.replace('"current_steps": 30', '"current_steps": 60')))
+    p.samples_per_s = 143.5  # the trainer's closing figure, for all 60 steps
     lines = closing_summary(run_id="r1", run_dir="/s/runs/r1", duration_s=75, progress=p, output_dir="/s/out",
                             adapter="/s/out/adapter_model.safetensors", nnodes=2)
     text = "\n".join(lines)
-    assert "finished run r1 on 2 node(s) in 01:15" in text and "steps        30/60" in text
+    assert "finished run r1 on 2 node(s) in 01:15" in text and "steps        60/60" in text
     assert "final loss   5.9000" in text and "143.5 samples/s" in text
     assert "/s/out/adapter_model.safetensors" in text and "run dir      /s/runs/r1" in text
 

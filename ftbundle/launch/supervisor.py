@@ -129,6 +129,7 @@ class Supervisor:
                                    fence=self.fence) for n in plan.nodes]
         self.status = [NodeStatus() for _ in plan.nodes]
         self._running = 0  # nodes RUNNING, kept by _set (read for every progress update)
+        self._finished = 0  # nodes EXITED with code 0, likewise
         self.failures: list[Failure] = []
         self._orphaned: set[int] = set()  # ranks whose node program died under a running job
         self._probes: dict[int, _Probe] = {}  # silent nodes: does their host answer?
@@ -157,11 +158,11 @@ class Supervisor:
         else:
             if self.ui.phase in ("", "launching", "staging", "checking"):
                 self.ui.launching(alive, len(self.status))
-            self.ui.training(self.progress, alive)
+            self.ui.training(self.progress, alive, self._finished)
 
     def _show_progress(self) -> None:
         if self.ui is not None and self.ui.phase == "training":
-            self.ui.training(self.progress, self._alive())
+            self.ui.training(self.progress, self._alive(), self._finished)
 
     def _follow_trainer_log(self, pid: str) -> None:
         """LlamaFactory's trainer_log.jsonl (in output_dir) on a channel of rank 0's host,
@@ -272,10 +273,12 @@ class Supervisor:
     def _set(self, rank: int, state: State, **fields) -> None:
         st = self.status[rank]
         self._running += (state is State.RUNNING) - (st.state is State.RUNNING)
+        self._finished -= st.state is State.EXITED and st.code == 0
         st.state = state
         st.since = time.monotonic()
         for name, value in fields.items():
             setattr(st, name, value)
+        self._finished += st.state is State.EXITED and st.code == 0
 
     def _fail_node(self, rank: int, reason: str, code: int, at: float) -> None:
         self.failures.append(Failure(rank, self.plan.nodes[rank].host.name, reason, code, at))
@@ -309,6 +312,8 @@ class Supervisor:
             self._set(event.rank, State.EXITED, code=event.code)
             if event.code != 0:
                 self._fail_node(event.rank, _exit_reason(event.code), event.code, event.at)
+            else:
+                self._show_progress()  # (a node that finished is shown so, not as one gone)
         elif event.kind == "lost":
             at = st.last_heartbeat if st.last_heartbeat is not None else event.at
             self._lose(event.rank, event.text, at)

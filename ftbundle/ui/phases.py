@@ -15,22 +15,44 @@ import threading
 import time
 from typing import TextIO
 
-from .progress import Progress, status_fields, status_line
+from .progress import Progress, status_fields
 
 PLAIN_EVERY_S = 5.0  # plain output: a progress line at most this often
 MAX_WARNINGS = 20  # distinct warnings shown from rank 0's log before the rest are only counted
 _WARNING = re.compile(r"\bwarn(ing)?\b", re.I)
+# Python's warnings module prints a warning as "path.py:271: UserWarning: text", then the
+# source line that warned, indented ("  warnings.warn("); the runner's "[host r0] " and
+# torch's "[rank0]:" may come first
+_PY_WARNING = re.compile(r"^(?:\[[^\]]*\] )?(?:\[\w+\]:)?\S[^:]*:\d+: [A-Z]\w*Warning: ")
+_WARN_CALL = re.compile(r"^\s+(?:warnings\.)?warn(?:_explicit)?\(")  # a warning call's source line
 _VOLATILE = re.compile(r"\d+([.:,-]\d+)*")
+
+
+def _text(line: str) -> str:
+    """A rank 0 line without the runner's "[host r0] " prefix."""
+    if line.startswith("["):
+        end = line.find("] ")
+        if end >= 0:
+            return line[end + 2:]
+    return line
 
 
 def warning_key(line: str) -> str | None:
     """A warning line with its numbers (timestamps, ranks, pids) taken out, so the same
-    warning from two ranks or two steps is one; None for a line that is not a warning.
+    warning from two ranks or two steps is one; None for a line that is not a warning, and
+    for the source line of a Python warning (``  warnings.warn(``), which is not one by itself.
     (The substring test first: it lets nearly every line of a chatty rank 0 go for a tenth
-    of the regex's cost, and no line without "warn" in some case can match it.)"""
-    if "warn" not in line.lower() or not _WARNING.search(line):
+    of the regexes' cost, and no line without "warn" in some case can match them.)"""
+    if "warn" not in line.lower():
+        return None
+    if not _PY_WARNING.search(line) and (not _WARNING.search(line) or _WARN_CALL.match(_text(line))):
         return None
     return _VOLATILE.sub("#", line).strip()
+
+
+def is_python_warning(line: str) -> bool:
+    """The first line of a warning printed by Python's warnings module."""
+    return _PY_WARNING.search(line) is not None
 
 
 class Phases:
@@ -41,6 +63,7 @@ class Phases:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
         self.nnodes = nnodes
         self.alive = 0
+        self.finished = 0  # nodes whose job exited 0
         self.phase = ""
         self.detail = ""
         self.progress: Progress | None = None
@@ -48,8 +71,10 @@ class Phases:
         self._lock = threading.RLock()
         self._warnings: set[str] = set()
         self.warnings_hidden = 0
+        self._in_py_warning = False  # the last line was a Python warning's: its source line may follow
         self._last_plain = 0.0
         self._last_plain_step: int | None = None
+        self._last_plain_said: tuple | None = None  # what the last plain progress line said (but the clocks)
         self._last_plain_stage: str | None = None
         self._live = None
         self._console = None
@@ -87,7 +112,7 @@ class Phases:
         row = [Spinner("dots", style="cyan"), Text(self.phase, style="bold")]
         p = self.progress
         if self.phase == "training" and p is not None and p.known:
-            fields = dict(status_fields(p, self.alive, self.nnodes))
+            fields = dict(status_fields(p, self.alive, self.nnodes, finished=self.finished))
             if p.total:
                 row.append(ProgressBar(total=p.total, completed=p.step or 0, width=24))
             first, second = Text(), Text("  ")
@@ -158,12 +183,15 @@ class Phases:
             if self._console is None and not first and alive == total:
                 self.say(f"launching: all {total} node(s) up")
 
-    def training(self, progress: Progress, alive: int | None = None) -> None:
-        """Called whenever something changed (a metric, a node); cheap."""
+    def training(self, progress: Progress, alive: int | None = None, finished: int | None = None) -> None:
+        """Called whenever something changed (a metric, a node); cheap. ``finished``: nodes
+        whose job exited 0 (shown as finished, not as gone)."""
         with self._lock:
             self.progress = progress
             if alive is not None:
                 self.alive = alive
+            if finished is not None:
+                self.finished = finished
             if self.phase != "training":
                 self._enter("training", "starting the ranks", plain="training: ranks starting")
                 return
@@ -177,23 +205,40 @@ class Phases:
             now = time.monotonic()
             if progress.step == self._last_plain_step or now - self._last_plain < PLAIN_EVERY_S:
                 return
-            self._last_plain, self._last_plain_step = now, progress.step
-            self.say("training: " + status_line(progress, self.alive, self.nnodes))
+            self._plain_progress(progress, now)
+
+    def _plain_progress(self, p: Progress, now: float) -> None:
+        fields = status_fields(p, self.alive, self.nnodes, now, self.finished)
+        self._last_plain, self._last_plain_step = now, p.step
+        self._last_plain_said = tuple(field for field in fields if field[0] not in ("elapsed", "eta"))
+        self.say("training: " + "  ".join(f"{k} {v}" for k, v in fields))
 
     def final_progress(self) -> None:
-        """The last progress line in plain mode, if the last step was not shown."""
+        """The last progress line in plain mode, unless the last one shown said it all
+        already: the run's final figures (the trainer's closing samples/s, the nodes
+        finished) are the last line's, as they are the summary's."""
         with self._lock:
             p = self.progress
-            if self._console is None and p is not None and p.known and p.step != self._last_plain_step:
-                self._last_plain_step = p.step
-                self.say("training: " + status_line(p, self.alive, self.nnodes))
+            if self._console is None and p is not None and p.known:
+                now = time.monotonic()
+                said = tuple(f for f in status_fields(p, self.alive, self.nnodes, now, self.finished)
+                             if f[0] not in ("elapsed", "eta"))
+                if said != self._last_plain_said:
+                    self._plain_progress(p, now)
 
     def warning(self, line: str) -> bool:
-        """A line of rank 0's log: shown once if it is a warning; True when it was one."""
+        """A line of rank 0's log: shown once if it is a warning; True when it was one. A
+        Python warning is shown by its first line (where and what); the indented source
+        line after it is part of it, never shown (``  warnings.warn(`` says nothing)."""
         key = warning_key(line)
-        if key is None:
+        if key is None and not self._in_py_warning:  # (nearly every line: no lock taken)
             return False
         with self._lock:
+            follows, self._in_py_warning = self._in_py_warning, False
+            # (a source line may hold "warn" itself: `  warnings.warn("x is deprecated", FutureWarning)`)
+            if key is None or follows and _text(line)[:1].isspace():
+                return False
+            self._in_py_warning = is_python_warning(line)
             if key in self._warnings:
                 return True
             if len(self._warnings) >= MAX_WARNINGS:

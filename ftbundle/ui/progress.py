@@ -21,7 +21,8 @@ SMOOTHING = 0.3  # weight of the newest loss in the smoothed loss (an EMA)
 # ("Running tokenizer on dataset: 100%|...| 21/21") says nothing about training steps
 _BAR = re.compile(r"^\s*\d+%\|[^|]*\|\s*(\d+)/(\d+) \[")
 _DICT = re.compile(r"\{'(?:loss|train_runtime|eval_loss)'.*\}")
-_SAMPLES = re.compile(r"train_samples_per_second\s*=\s*([\d.]+)")
+# the trainer's closing metrics table ("  train_loss               =     6.2293")
+_CLOSING = re.compile(r"\b(train_samples_per_second|train_loss)\s*=\s*([\d.]+)")
 
 
 # What the ranks are doing before the first step, from LlamaFactory's and transformers' own
@@ -121,7 +122,8 @@ class Progress:
     lr: float | None = None
     elapsed_s: float | None = None  # as the trainer counts it
     remaining_s: float | None = None
-    samples_per_s: float | None = None  # from the trainer's final report
+    samples_per_s: float | None = None  # the trainer's own, from its closing report (see throughput)
+    train_loss: float | None = None  # the trainer's closing train_loss: the mean over all its steps
     effective_batch: int | None = None  # samples per optimizer step, when known
     records: list[dict] = field(default_factory=list)  # trainer_log.jsonl-shaped, for plots
     last_line: str = ""
@@ -130,6 +132,8 @@ class Progress:
     # the step this attempt resumed from (a checkpoint's global_step): rates count from here,
     # as the trainer's own numbers do not (its samples/s counts every step since 0)
     start_step: int = 0
+    # without the trainer's clock (stdout only): (monotonic time, step) when a step was first seen
+    first_step: tuple[float, int] | None = None
 
     def _loss(self, value) -> None:
         if isinstance(value, (int, float)):
@@ -167,16 +171,16 @@ class Progress:
         told = False
         if not self.known and (stage := stage_of(stripped)) is not None:
             told, self.stage = stage != self.stage, stage
-        samples = _SAMPLES.search(line) if "train_samples_per_second" in line else None
-        if samples:  # the trainer's closing metrics table (all steps since 0: not a resumed attempt's)
-            if not self.start_step:
-                self.samples_per_s = float(samples.group(1))
+        closing = _CLOSING.search(line) if "train_" in line else None
+        if closing:  # the trainer's closing metrics table
+            self._closing(closing.group(1), closing.group(2))
             return True
         values = parse_hf_dict(line) if "{'" in line else None
         if values is not None:
-            if "train_samples_per_second" in values:
-                if not self.start_step:
-                    self.samples_per_s = float(values["train_samples_per_second"])
+            if "train_samples_per_second" in values:  # the trainer's closing log dict
+                for name in ("train_samples_per_second", "train_loss"):
+                    if name in values:
+                        self._closing(name, values[name])
                 return True
             if self.from_jsonl:
                 return True
@@ -192,8 +196,22 @@ class Progress:
         bar = parse_bar(line) if "%|" in line else None
         if bar is not None and not self.from_jsonl:
             self.step, self.total = bar
+            if self.first_step is None:
+                self.first_step = (time.monotonic(), bar[0])
             return True
         return told
+
+    def _closing(self, name: str, text) -> None:
+        """A figure of the trainer's closing report (a number, or its text: transformers 5
+        prints its closing log dict's values as strings)."""
+        try:
+            value = float(text)
+        except (TypeError, ValueError):
+            return
+        if name == "train_loss":
+            self.train_loss = value
+        else:
+            self.samples_per_s = value
 
     # -- derived -------------------------------------------------------------------------
     def elapsed(self, now: float | None = None) -> float:
@@ -212,12 +230,40 @@ class Progress:
         return max(0, (self.shown_step or 0) - self.start_step)
 
     def steps_per_s(self, now: float | None = None) -> float | None:
-        elapsed = self.elapsed_s or self.elapsed(now)  # the trainer's clock starts with this attempt
-        return self.steps_done / elapsed if self.steps_done and elapsed > 0 else None
+        """Steps a second this attempt, by the trainer's clock (trainer_log.jsonl's elapsed
+        time: it starts with the first step, not with the model's loading); on stdout
+        alone, from the first step seen. None until there is such a clock."""
+        if self.elapsed_s:
+            steps, seconds = self.steps_done, self.elapsed_s
+        elif self.first_step is not None:
+            at, step = self.first_step
+            steps, seconds = max(0, (self.shown_step or 0) - max(step, self.start_step)), (now or time.monotonic()) - at
+        else:
+            return None
+        return steps / seconds if steps and seconds > 0 else None
 
-    def live_samples_per_s(self, now: float | None = None) -> float | None:
+    def throughput(self, now: float | None = None) -> float | None:
+        """Samples per second over the steps this attempt trained: the one figure the live
+        line, the closing summary, summary.json and `ftbundle runs` show.
+
+        Once the trainer has ended, its own train_samples_per_second: every sample of its
+        schedule over its train_runtime (which starts with the first step, and is measured
+        to the millisecond), scaled to the steps this attempt made (a resumed attempt's
+        trainer counts the steps before it too; a stopped one, those it never made). Before
+        that, the same from the trainer's clock so far: steps x samples per step (the
+        effective batch) over its elapsed time. None when neither is known."""
+        if self.samples_per_s is not None:
+            if self.total:
+                return self.samples_per_s * min(1.0, self.steps_done / self.total) if self.steps_done else None
+            return None if self.start_step else self.samples_per_s
         rate = self.steps_per_s(now)
         return rate * self.effective_batch if rate and self.effective_batch else None
+
+    @property
+    def final_loss(self) -> float | None:
+        """The last loss logged; in a run shorter than one logging step (none logged), the
+        trainer's closing train_loss (the mean over its steps: all there is)."""
+        return self.loss if self.loss is not None else self.train_loss
 
     def eta(self, now: float | None = None) -> float | None:
         if self.remaining_s is not None and not self.start_step:  # LlamaFactory's assumes a start at 0
@@ -241,7 +287,16 @@ def clock(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
-def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None = None) -> list[tuple[str, str]]:
+def nodes_field(alive: int, total_nodes: int, finished: int = 0) -> str:
+    """Nodes running of all; once nodes have finished (exit 0), they are said to have, not
+    counted as gone: "2/2 finished", "1/2 (1 finished)"."""
+    if finished and not alive:
+        return f"{finished}/{total_nodes} finished"
+    return f"{alive}/{total_nodes}" + (f" ({finished} finished)" if finished else "")
+
+
+def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None = None,
+                  finished: int = 0) -> list[tuple[str, str]]:
     """(label, value) pairs of the live status, in display order; pure formatting."""
     fields = []
     if p.step is not None and p.total:
@@ -254,17 +309,17 @@ def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None =
         fields.append(("loss", f"{p.smooth_loss:.4f}"))
     if p.lr is not None:
         fields.append(("lr", f"{p.lr:.2e}"))
-    samples = p.live_samples_per_s(now)
+    samples = p.throughput(now)
     if samples is not None:
         fields.append(("samples/s", f"{samples:.1f}"))
     elif (rate := p.steps_per_s(now)) is not None:
         fields.append(("it/s", f"{rate:.2f}"))
     fields.append(("elapsed", clock(p.elapsed(now))))
     fields.append(("eta", clock(p.eta(now))))
-    fields.append(("nodes", f"{alive}/{total_nodes}"))
+    fields.append(("nodes", nodes_field(alive, total_nodes, finished)))
     return fields
 
 
-def status_line(p: Progress, alive: int, total_nodes: int, now: float | None = None) -> str:
+def status_line(p: Progress, alive: int, total_nodes: int, now: float | None = None, finished: int = 0) -> str:
     """The plain progress line (no carriage returns, no colour)."""
-    return "  ".join(f"{k} {v}" for k, v in status_fields(p, alive, total_nodes, now))
+    return "  ".join(f"{k} {v}" for k, v in status_fields(p, alive, total_nodes, now, finished))

@@ -150,7 +150,10 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
         lines.append(f"  steps        {progress.shown_step}" + (f"/{progress.total}" if progress.total else ""))
     if progress.loss is not None:
         lines.append(f"  final loss   {progress.loss:.4f}")
-    rate = progress.samples_per_s or progress.live_samples_per_s()
+    elif progress.final_loss is not None:
+        # (a run shorter than logging_steps logs no loss: the trainer's own mean is all there is)
+        lines.append(f"  final loss   {progress.final_loss:.4f} (train_loss, the mean over the run: no step logged)")
+    rate = progress.throughput()
     if rate:
         lines.append(f"  throughput   {rate:.1f} samples/s")
     elif progress.steps_per_s():
