@@ -322,7 +322,7 @@ def test_probe_port_free_busy_and_connect(tmp_path):
 
 def test_probe_spec_from_a_llamafactory_layout(tmp_path):
     layout = make_layout(job_of(tmp_path, workdir="/work", runtime={"python": "/opt/venv/bin/python"},
-                                train={"llamafactory": {"dataset": "alpaca, support", "eval_dataset": "support",
+                                train={"llamafactory": {"model_name_or_path": "org/model", "dataset": "alpaca, support", "eval_dataset": "support",
                                                         "dataset_dir": "data", "output_dir": "/shared/out"}}),
                          hosts(2), "r1")
     s = probe_spec(layout, 1, token="tok", expect=[0, 1], port_peers=1)
@@ -336,7 +336,7 @@ def test_probe_spec_from_a_llamafactory_layout(tmp_path):
     assert rank0["storage"][0]["create"] and rank0["port"]["role"] == "listen"
     read_only = probe_spec(layout, 0, token=None, expect=[0], port_peers=None, create=False)  # --dry-run
     assert not read_only["storage"][0]["create"] and "port" not in read_only
-    online = make_layout(job_of(tmp_path, train={"llamafactory": {"dataset": "x", "dataset_dir": "ONLINE"}}),
+    online = make_layout(job_of(tmp_path, train={"llamafactory": {"model_name_or_path": "org/model", "dataset": "x", "dataset_dir": "ONLINE"}}),
                          hosts(1), "r3")
     assert "datasets" not in probe_spec(online, 0, token=None, expect=[0], port_peers=None)
 
@@ -458,7 +458,7 @@ def test_output_dir_warning_follows_the_storage_facts_not_the_path(tmp_path):
     """output_dir /shared/saves with shared_dir /shared/ftbundle: the old path test called it
     not shared; the sentinels say it is."""
     layout = make_layout(job_of(tmp_path, shared_dir="/shared/ftbundle",
-                                train={"llamafactory": {"output_dir": "/shared/saves", "save_total_limit": 1}}),
+                                train={"llamafactory": {"model_name_or_path": "org/model", "output_dir": "/shared/saves", "save_total_limit": 1}}),
                          hosts(2), "r1")
     seen = {"output_dir": Storage("/shared/saves", written=True, seen=(0, 1), where="/shared")}
     shared = cluster_of(facts("node0", storage=seen), facts("node1", 1, storage=seen))
@@ -493,7 +493,26 @@ def test_image_digest_and_ids_compared_for_docker():
     fs = [facts("node0", image=ref, image_id="sha256:aa"), facts("node1", 1, image=ref, image_id="sha256:bb")]
     c = R.check_runtime(fs, docker=True)
     assert c.failure == "image differ"
-    assert c.groups == [(f"{ref} (ID sha256:aa)", ["node0"]), (f"{ref} (ID sha256:bb)", ["node1"])]
+    shown = " python=3.11.7 torch=2.14.1 transformers=5.6.0 llamafactory=0.9.5"  # what the image holds
+    assert c.groups == [(f"{ref} (ID sha256:aa){shown}", ["node0"]), (f"{ref} (ID sha256:bb){shown}", ["node1"])]
+
+
+def test_a_runtime_without_what_the_job_needs_is_refused_naming_it():
+    """torch=absent used to be shown, and then 'all checks passed': the run then failed on every
+    host. A LlamaFactory job needs LlamaFactory too (in the image, for the docker runtime)."""
+    ref = "reg/t@sha256:" + "a" * 64
+    no_lf = {"python": "3.11.2", "torch": "2.13.0", "transformers": "absent", "llamafactory": "absent"}
+    image = [facts(f"node{i}", i, image=ref, image_id="sha256:aa", versions=no_lf) for i in range(2)]
+    assert R.check_runtime(image, docker=True, mode="script").ok  # a script needs torch alone
+    c = R.check_runtime(image, docker=True, mode="llamafactory")
+    assert c.failure == "packages missing"
+    assert c.details[0] == "llamafactory is not installed in the image on node[0-1]"
+    assert "docs/quickstart-servers.md#the-training-image" in c.details[1]
+    bare = {"python": "3.11.2", "torch": "absent", "transformers": "absent", "llamafactory": "absent"}
+    c = R.check_runtime([facts("node0", versions=bare)], docker=False, mode="script", python="/usr/bin/python3")
+    assert c.details[0] == "torch is not installed in /usr/bin/python3 on node0"
+    assert "runtime.python" in c.details[1]
+    assert R.check_runtime([facts("node0", versions=bare)], docker=False, mode="command").ok  # runs what it says
 
 
 def test_gpus_must_fit_nproc_per_node(tmp_path):
@@ -730,7 +749,7 @@ def test_slow_warnings():
 def test_bench_plan_is_the_jobs_own_plan_running_the_bench(tmp_path):
     layout = layout_of(tmp_path, nproc_per_node=2, master_port=29600, env={"GLOO_SOCKET_IFNAME": "eth0"},
                        runtime={"python": "/opt/venv/bin/python"},
-                       train={"llamafactory": {"dataset": "x", "output_dir": "/shared/o"}})
+                       train={"llamafactory": {"model_name_or_path": "org/model", "dataset": "x", "output_dir": "/shared/o"}})
     plan = make_plan(layout)
     bench = N.bench_plan(plan, size_mib=4, iters=3)
     assert bench.run_dir.startswith("/shared/runs/j-netcheck-") and bench.files == {}
@@ -751,7 +770,7 @@ def test_bench_plan_is_the_jobs_own_plan_running_the_bench(tmp_path):
 def test_sentinel_cleanup_is_one_rm_on_rank0_when_shared_else_on_every_writer(tmp_path):
     from ftbundle.check import sentinel_cleanup
 
-    layout = layout_of(tmp_path, 2, train={"llamafactory": {"output_dir": "/shared/saves/a"}})
+    layout = layout_of(tmp_path, 2, train={"llamafactory": {"model_name_or_path": "org/model", "output_dir": "/shared/saves/a"}})
     ok = {"shared_dir": Storage("/shared", exists=True, written=True, seen=(0, 1), where="/shared"),
           "output_dir": Storage("/shared/saves/a", written=True, seen=(0, 1), where="/shared/saves")}
     jobs = sentinel_cleanup(layout, ClusterFacts([facts("node0", storage=ok), facts("node1", 1, storage=ok)], "t9"))
@@ -900,3 +919,37 @@ def test_probe_waits_grow_with_the_hosts_and_a_timeout_is_named(tmp_path):
         closed = s.getsockname()[1]
     answer = probe.connect("127.0.0.1", closed, 0.3)
     assert answer["reachable"] is False and answer["error"] == "Connection refused; kept trying for 0.3 s"
+
+
+def test_what_the_job_asks_of_the_hosts_is_checked_before_anything_starts(tmp_path):
+    """bf16 where no GPU can run it, more CPU ranks than cores, a script or a model path
+    missing on a host: each was found only when every rank failed on it."""
+    h100, v100 = smi("h100-x8.csv"), smi("v100-x8.csv")
+    bf16 = {"llamafactory": {"model_name_or_path": "/shared/m", "bf16": True}}
+    cpu_hosts = [facts("node0", cpus=2), facts("node1", 1, cpus=2)]
+    c = R.check_training(cpu_hosts, layout_of(tmp_path, train=bf16))
+    assert c.failure == "the job does not fit the hosts"
+    assert c.details == ["bf16: true in train.llamafactory (inline), but node[0-1] has no GPU for the job: "
+                         "set bf16: false (a CPU job: use_cpu: true)"]
+    old = R.check_training([facts("node0", gpus=v100), facts("node1", 1, gpus=v100)],
+                           layout_of(tmp_path, nproc_per_node=8, train=bf16))
+    assert "the GPUs of node[0-1] cannot do bf16 (compute capability below 8.0" in old.details[0]
+    assert R.check_training([facts("node0", gpus=h100), facts("node1", 1, gpus=h100)],
+                            layout_of(tmp_path, nproc_per_node=8, train=bf16)) is None  # a healthy fleet: nothing
+    many = R.check_training(cpu_hosts, layout_of(tmp_path, nproc_per_node=1024))
+    assert many.details == ["1024 CPU rank(s) on node[0-1], which have 2 core(s): each rank would get a fraction "
+                            "of one; set nproc_per_node (or ftb_nproc_per_node) to at most 2"]
+    assert R.check_training(cpu_hosts, layout_of(tmp_path, nproc_per_node=2)) is None
+    # the files the job names, on the hosts (relative to the workdir, which is shared_dir here)
+    layout = layout_of(tmp_path, train={"script": "train.py"})
+    assert R.job_paths(layout) == {"train.script": "/shared/train.py"}
+    missing = R.check_training([facts("node0", cpus=2, paths={"train.script": None}),
+                                facts("node1", 1, cpus=2, paths={"train.script": "No such file or directory"})], layout)
+    assert missing.details == ["train.script /shared/train.py on node1: No such file or directory"]
+    model = layout_of(tmp_path, train={"llamafactory": {"model_name_or_path": "./models/m"}})
+    assert R.job_paths(model) == {"model_name_or_path": "/shared/models/m"}
+    hub = layout_of(tmp_path, train={"llamafactory": {"model_name_or_path": "Qwen/Qwen2.5-7B"}})
+    assert R.job_paths(hub) == {}  # a hub id is not a path to look for
+    docker = layout_of(tmp_path, runtime={"kind": "docker", "image": "r/t@sha256:" + "a" * 64},
+                       train={"script": "/app/train.py"})
+    assert R.job_paths(docker) == {}  # in the image, perhaps: not the host's to judge

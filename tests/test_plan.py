@@ -121,7 +121,7 @@ def test_master_addr_override_for_a_private_fabric(tmp_path, inventory):
 
 
 def test_llamafactory_mode_runs_torchrun_with_staged_config(tmp_path, inventory):
-    (tmp_path / "train.yaml").write_text("stage: sft\noutput_dir: /shared/out\n")
+    (tmp_path / "train.yaml").write_text("model_name_or_path: org/model\nstage: sft\noutput_dir: /shared/out\n")
     plan = plan_for(tmp_path, inventory, "name: j\nhosts: trainers\nnproc_per_node: 2\n"
                     "runtime: {python: /opt/venv/bin/python}\ntrain: {llamafactory: train.yaml}\n")
     node1 = plan.nodes[1]
@@ -133,7 +133,7 @@ def test_llamafactory_mode_runs_torchrun_with_staged_config(tmp_path, inventory)
     ]
     assert "llamafactory.launcher" in plan.files["ftb_llamafactory.py"]
     assert node1.path_prepend == "/opt/venv/bin"
-    assert yaml.safe_load(plan.files["llamafactory.yaml"]) == {"stage": "sft", "output_dir": "/shared/out"}
+    assert yaml.safe_load(plan.files["llamafactory.yaml"]) == {"model_name_or_path": "org/model", "stage": "sft", "output_dir": "/shared/out"}
     assert node1.workdir == "/shared"  # remote hosts default to the shared directory
 
 
@@ -449,7 +449,7 @@ def test_reprs_and_the_plan_file_hide_secret_values_wherever_they_appear(tmp_pat
 
 
 def test_llamafactory_credentials_travel_in_the_environment_not_the_staged_config(tmp_path, inventory):
-    body = ("name: j\nhosts: trainers\ntrain:\n  llamafactory: {dataset: x, output_dir: /shared/o, "
+    body = ("name: j\nhosts: trainers\ntrain:\n  llamafactory: {model_name_or_path: m, dataset: x, output_dir: /shared/o, "
             "hf_hub_token: hf_zzz111222, swanlab_api_key: sw-key-333, tokenized_path: /shared/tok, "
             "max_new_tokens: 5}\n")
     plan = plan_for(tmp_path, inventory, body)

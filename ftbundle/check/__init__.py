@@ -33,7 +33,7 @@ from ..plan import IMAGE_REF_FILE, Layout, shape_text
 from .facts import ClusterFacts, HostFacts, parse_facts
 from .health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
 from .report import CheckReport, format_report, print_report
-from .rules import Check, evaluate
+from .rules import Check, evaluate, job_paths
 
 __all__ = ["Check", "CheckReport", "ClusterFacts", "HostFacts", "clean_up", "format_report", "print_report",
            "probe_hosts", "probe_spec", "remove_sentinels", "run_checks", "sentinel_cleanup"]
@@ -113,7 +113,13 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         spec["health"] = {"fields": list(HEALTH_FIELDS), "aliases": FIELD_ALIASES, "window_s": XID_WINDOW_S}
     if layout.dataset_dir:
         spec["datasets"] = {"dir": layout.dataset_dir, "names": list(layout.datasets)}
+    if layout.docker:
+        spec["image_python"] = job.runtime.python
+    wanted = job_paths(layout)
+    if wanted:
+        spec["paths"] = wanted
     return spec
+
 
 
 def scale_s(hosts: int) -> float:

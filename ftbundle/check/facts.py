@@ -180,6 +180,8 @@ class HostFacts:
     storage: dict[str, Storage] = field(default_factory=dict)
     port: dict[str, Any] | None = None
     datasets: list[dict] = field(default_factory=list)
+    cpus: int | None = None  # the cores the probe's login may use
+    paths: dict[str, str | None] = field(default_factory=dict)  # the job's files: None there, else why not
     problems: list[str] = field(default_factory=list)  # facts that could not be had
 
     def visible_gpus(self, job_env: dict[str, str]) -> list[Gpu]:
@@ -228,6 +230,8 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
             seen=tuple(s.get("seen") or ()), error=s.get("write_error") or s.get("create_error"))
     f.port = data.get("port")
     f.datasets = list(data.get("datasets") or [])
+    f.cpus = data.get("cpus") if isinstance(data.get("cpus"), int) else None
+    f.paths = dict(data.get("paths") or {})
     f.problems = list(data.get("errors") or [])
     return f
 

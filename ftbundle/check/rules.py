@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..hostlist import fold, fold_numbers
 from ..plan import Layout
 from . import health as H
-from .facts import ClusterFacts, HostFacts, describe_gpus
+from .facts import ClusterFacts, HostFacts, bf16_capable, describe_gpus
 from .health import XID_WINDOW_S
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -108,24 +108,104 @@ def check_system(facts: list[HostFacts]) -> Check:
     return _grouped("system", {f.host: f.kernel for f in facts})  # shown, never fails
 
 
-def check_runtime(facts: list[HostFacts], docker: bool) -> Check:
+def _versions(f: HostFacts) -> str:
+    return " ".join(f"{k}={v}" for k, v in (f.versions or {}).items())
+
+
+def check_runtime(facts: list[HostFacts], docker: bool, mode: str = "script", python: str = "python3") -> Check:
     """Same interpreter and packages (host runtime), or the same image, by digest and ID,
-    on every host (docker)."""
+    on every host (docker), its packages shown beside it; and what the job needs there:
+    torch for every torchrun job, LlamaFactory for a LlamaFactory job."""
     name = "image" if docker else "versions"
     values = {}
     for f in facts:
         if f.runtime_error:
             values[f.host] = f"ERROR {f.runtime_error}"
         elif docker:
-            values[f.host] = f"{f.image} (ID {f.image_id})"
+            values[f.host] = f"{f.image} (ID {f.image_id})" + (f" {_versions(f)}" if f.versions else "")
         else:
-            values[f.host] = " ".join(f"{k}={v}" for k, v in (f.versions or {}).items())
+            values[f.host] = _versions(f)
     check = _grouped(name, values, f"{name} differ")
     broken = [f for f in facts if f.runtime_error]
     if broken:
         check.failure = f"{name} unavailable"
         check.details = [f"{f.host}: {f.runtime_error}" for f in broken]
+        return check
+    needed = {"script": ("torch",), "llamafactory": ("torch", "llamafactory")}.get(mode, ())
+    where = "the image" if docker else python
+    how = ("build the training image with them (docs/quickstart-servers.md#the-training-image), record it with "
+           "site.yml (ftb_image) or name it in runtime.image" if docker else
+           f"install them for {python} on every host, or point the job's runtime.python at an interpreter that has them")
+    missing = [(f.host, pkg, lambda hosts, pkg=pkg: f"{pkg} is not installed in {where} on {hosts}")
+               for f in facts for pkg in needed if (f.versions or {}).get(pkg) == "absent"]
+    if missing:
+        check.failure = "packages missing"
+        check.details = per_hosts(missing) + [f"(a {mode} job needs {' and '.join(needed)}: {how})"]
     return check
+
+
+def check_training(facts: list[HostFacts], layout: Layout) -> Check | None:
+    """What the job's settings ask of the hosts, before every rank fails on it: half
+    precision needs GPUs that have it (bf16: compute capability 8.0+), a CPU job no more
+    ranks than a host has cores, and the files the job names (its script, a base model
+    given as a path) on every host."""
+    job = layout.job
+    check = Check("training", [])
+    config = layout.lf_config or {}
+    source = job.train.llamafactory_source or "the LlamaFactory config"
+    for key in ("bf16", "pure_bf16", "fp16"):
+        if config.get(key) is not True:
+            continue
+        without = [f.host for f in facts if not f.visible_gpus(layout.visible_env(f.host))]
+        if without or job.gpus_per_node == 0:
+            check.details.append(f"{key}: true in {source}, but {fold(without) if without else 'the job'} "
+                                 f"{'has no GPU for the job' if without else 'is a CPU job (gpus_per_node: 0)'}: "
+                                 f"set {key}: false (a CPU job: use_cpu: true)")
+        elif key != "fp16":
+            old = [f.host for f in facts if not bf16_capable(f.visible_gpus(layout.visible_env(f.host)))]
+            if old:
+                check.details.append(f"{key}: true in {source}, but the GPUs of {fold(old)} cannot do bf16 "
+                                     "(compute capability below 8.0: before Ampere): use fp16: true instead")
+    cpu_job = job.gpus_per_node == 0 or not any(f.gpus for f in facts)
+    if cpu_job:
+        over = [(f.host, (n, f.cpus), lambda hosts, n=n, c=f.cpus: (
+                    f"{n} CPU rank(s) on {hosts}, which {'has' if ',' not in hosts and '[' not in hosts else 'have'} "
+                    f"{c} core(s): each rank would get a fraction of one; set nproc_per_node (or ftb_nproc_per_node) "
+                    f"to at most {c}"))
+                for f in facts if f.cpus and (n := layout.host_nproc(f.host, None)) and n > f.cpus]
+        check.details += per_hosts(over)
+    for key, path in sorted({k: p for f in facts for k, p in job_paths(layout).items()}.items()):
+        lacking = [(f.host, f.paths[key], lambda hosts, why=f.paths[key]: f"{path} on {hosts}: {why}")
+                   for f in facts if f.paths.get(key)]
+        if lacking:
+            check.details += [f"{key} {line}" for line in per_hosts(lacking)]
+    if not check.details:
+        return None
+    check.failure = "the job does not fit the hosts"
+    check.groups = [("does not fit", [f.host for f in facts])]
+    return check
+
+
+def job_paths(layout: Layout) -> dict[str, str]:
+    """The files the job names that must be on every host before anything starts: the
+    script (script mode) and a base model given as a path (LlamaFactory), relative to the
+    workdir as the ranks will read them. With the docker runtime only what the container
+    sees at the same path (the shared directory, the workdir) can be looked at from the host."""
+    job = layout.job
+    named: dict[str, str] = {}
+    if job.train.mode == "script" and job.train.script:
+        named["train.script"] = job.train.script
+    model = (layout.lf_config or {}).get("model_name_or_path")
+    if isinstance(model, str) and model.startswith(("/", "./", "../")):
+        named["model_name_or_path"] = model
+    found = {}
+    for key, path in named.items():
+        path = posixpath.normpath(posixpath.join(layout.workdir, path))
+        if layout.docker and not any(path == d or path.startswith(d.rstrip("/") + "/")
+                                     for d in (layout.shared_dir, layout.workdir)):
+            continue  # in the image, perhaps: the container's own files are not the host's
+        found[key] = path
+    return found
 
 
 def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | None) -> Check:
@@ -281,6 +361,8 @@ def check_dirs(facts: list[HostFacts], layout: Layout) -> Check:
                 f"{hosts} does not see it: {parent} on {hosts} is not the same storage as on {created_on}")))
         else:
             problems.append((f.host, ("create", s.error), lambda hosts, error=s.error: (
+                f"shared_dir {shared_dir} on {hosts}: {error}: set shared_dir (job) or ftb_shared_dir (inventory) "
+                "to a directory" if error and "not a directory" in error else
                 f"shared_dir {shared_dir} does not exist on {hosts} and could not be created "
                 "there" + (f" ({error})" if error else ""))))
     check.details = per_hosts(problems)
@@ -455,7 +537,9 @@ def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) ->
     if len(reached) > 1:
         checks.append(check_hostnames(reached))
     checks.append(check_system(reached))
-    checks.append(check_runtime(reached, docker=layout.docker))
+    checks.append(check_runtime(reached, docker=layout.docker, mode=layout.job.train.mode,
+                                python=layout.python or "python3"))
+    checks += [c for c in [check_training(reached, layout)] if c is not None]
     checks.append(check_gpus(reached, layout, nproc_per_node))
     checks += [c for c in [check_health(reached, layout.job.health)] if c is not None]
     checks.append(check_dirs(reached, layout))

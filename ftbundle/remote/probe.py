@@ -425,7 +425,8 @@ def storage(spec, out, started):
                     os.makedirs(path)
                     res["created"] = True
                 except OSError as exc:
-                    res["create_error"] = exc.strerror
+                    res["create_error"] = ("it is a file, not a directory" if os.path.exists(path)
+                                           and not os.path.isdir(path) else exc.strerror)
         else:  # another host may be creating it right now (rank 0, a fresh shared_dir)
             deadline = started + (wait_s if item.get("wait") else 0)
             waits = pauses()
