@@ -38,6 +38,17 @@ def _command(func):
     return getattr(importlib.import_module(f"{__package__}.commands.{module}"), name)
 
 
+def _lines(text: str) -> int:
+    """-n: a count of lines, 0 or more (argparse exits 2 naming -n and this message)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of lines, 0 or more; got {text!r}")
+    return value
+
+
 def cmd_completion(args: argparse.Namespace) -> int:
     from .completion import script
 
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--all", action="store_true",
                            help="every node's and local rank's output, merged in time order, prefixed host:rank")
             p.add_argument("-f", "--follow", action="store_true", help="follow until the job ends (every node's)")
-            p.add_argument("-n", "--lines", type=int, default=50, help="lines to show first (default 50)")
+            p.add_argument("-n", "--lines", type=_lines, default=50, help="lines to show first (default 50)")
         p.set_defaults(func=func)
 
     exp = sub.add_parser("export", help="write the job as a Slurm, Kubeflow (PyTorchJob, TrainJob) or PBS job")

@@ -130,10 +130,12 @@ def read_run_files(cluster: Cluster | None, host: Host | None, runs_dir: str,
     round trip through ``host``."""
     import fnmatch
 
-    if here is None:
-        here = os.path.isdir(runs_dir)
+    if here is None:  # no host to read through: the runs are here, or there are none yet
+        here = os.path.isdir(runs_dir) or cluster is None or host is None
     if here:
         out: dict[str, dict[str, str]] = {}
+        if not os.path.isdir(runs_dir):
+            return out  # no run has made it yet
         for run_id in sorted(os.listdir(runs_dir)):
             directory = os.path.join(runs_dir, run_id)
             if not os.path.isdir(directory):

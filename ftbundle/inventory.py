@@ -8,6 +8,7 @@ here: ``InventoryManager`` resolves groups, patterns, group_vars and host_vars e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import ipaddress
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import userfiles
 from .errors import UserError
 
 if TYPE_CHECKING:
@@ -136,6 +138,8 @@ def load_hosts(inventory: str | Path, pattern: str = "all") -> list[Host]:
     inventory = str(inventory)
     if not Path(inventory).exists():
         raise UserError("inventory not found", file=inventory)
+    if not Path(inventory).is_dir() and not os.access(inventory, os.X_OK):  # a file Ansible would parse
+        userfiles.read_text(inventory, "inventory", limit=INVENTORY_MAX_BYTES)
     key = _cache_key(inventory, pattern)
     hosts = _cache_read(key) if key else None
     if hosts is None:
@@ -221,9 +225,10 @@ def _load_with_ansible(inventory: str, pattern: str) -> list[Host]:
     loader = DataLoader()
     _vault_secrets(loader, inventory)
     try:
-        manager = InventoryManager(loader=loader, sources=[inventory])
+        with _parse_failures() as failures:
+            manager = InventoryManager(loader=loader, sources=[inventory])
         if not manager.list_hosts("all"):
-            raise UserError("inventory has no hosts (or could not be parsed by Ansible)", file=inventory)
+            raise UserError(_why_no_hosts(inventory, failures), file=inventory)
         variables = VariableManager(loader=loader, inventory=manager)
         matched = manager.get_hosts(pattern=pattern)
     except AnsibleError as exc:
@@ -266,6 +271,48 @@ def _load_with_ansible(inventory: str, pattern: str) -> list[Host]:
             )
         )
     return hosts
+
+
+INVENTORY_MAX_BYTES = 16 << 20
+# How a YAML inventory starts, and a minimal INI one: what the message shows as valid
+INVENTORY_EXAMPLE = ("a YAML mapping (all: {children: {trainers: {hosts: {gpu-0: {ansible_host: 10.0.0.10}}}}}) "
+                     "or INI ([trainers] then one host per line: gpu-0 ansible_host=10.0.0.10)")
+
+
+@contextlib.contextmanager
+def _parse_failures():
+    """Ansible's own reasons for not parsing an inventory source, kept for the message
+    instead of printed: it shows each plugin's failure as a warning and goes on with none."""
+    from ansible.utils.display import Display
+
+    failures: list[tuple[str, str]] = []
+    original = Display.error_as_warning
+
+    def keep(self, msg, exception, *args, **kwargs):
+        plugin = re.search(r"with '([^']+)' plugin", str(msg))
+        failures.append((plugin.group(1) if plugin else "", str(getattr(exception, "message", None) or exception)))
+
+    Display.error_as_warning = keep
+    try:
+        yield failures
+    finally:
+        Display.error_as_warning = original
+
+
+def _why_no_hosts(inventory: str, failures: list[tuple[str, str]]) -> str:
+    """The parser's reason, for the plugin that reads this kind of file (YAML for .yml/.yaml,
+    else INI), cut to a line, and what a valid inventory looks like."""
+    if not failures:
+        return f"inventory has no hosts: list them as {INVENTORY_EXAMPLE}"
+    yaml_file = inventory.endswith((".yml", ".yaml", ".json"))
+    wanted = ("yaml",) if yaml_file else ("ini",)
+    chosen = [f for f in failures if f[0] in wanted] or failures
+    plugin, reason = chosen[0]
+    reason = re.sub(r"<class '(?:[\w.]*\.)?_?(?:AnsibleTagged|Ansible)?(\w+)'>", lambda m: m.group(1).lower(),
+                    " ".join(reason.split()))
+    reason = reason if len(reason) <= 300 else reason[:300] + " ..."
+    return (f"Ansible cannot parse this inventory ({plugin or 'every'} plugin: {reason}); "
+            f"an inventory is {INVENTORY_EXAMPLE}")
 
 
 def _vault_secrets(loader, inventory: str) -> None:

@@ -602,6 +602,11 @@ def _inventory_shared_dir(hosts: list[Host], job: Job) -> str | None:
     return values.pop() if values else None
 
 
+# Never a shared_dir: `shared_dir: /` wrote /runs/<run-id>/ at the filesystem's root
+SYSTEM_DIRS = frozenset(("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run",
+                         "/sbin", "/sys", "/usr", "/var"))
+
+
 def _resolve_dir(job: Job, key: str, value: str | None, all_local: bool, default: str) -> str:
     if value is None:
         if key == "shared_dir" and not all_local:
@@ -610,7 +615,12 @@ def _resolve_dir(job: Job, key: str, value: str | None, all_local: bool, default
                 "storage (site.yml mounts NFS at ftb_shared_dir)", file=str(job.path), key=key)
         return posixpath.normpath(default)
     if posixpath.isabs(value):
-        return posixpath.normpath(value)
+        value = posixpath.normpath(value)
+        if key == "shared_dir" and value in SYSTEM_DIRS:
+            raise UserError(f"is {value}, a system directory: run directories (runs/<run-id>/) would be written "
+                            "there; give a directory of its own on the shared storage, e.g. /shared/ftbundle",
+                            file=str(job.path), key=key)
+        return value
     if not all_local:
         raise UserError(f"must be an absolute path when hosts are remote, got {value!r}",
                         file=str(job.path), key=key)
