@@ -9,6 +9,7 @@ which only the hosts can see), not even an SSH login (sshd's own log says).
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -45,7 +46,8 @@ def good_job(cluster, tmp_path: Path, **extra) -> dict:
 def case_malformed_yaml(cluster, tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("name: bad\ntrain:\n  command: [unclosed\nenv: {}\n")
-    return path, [f"{path}:4:4: malformed YAML: expected ',' or ']'"]
+    # (libyaml's words: "did not find expected ',' or ']'")
+    return path, [f"{path}:4:4: malformed YAML: ", "expected ',' or ']'"]
 
 
 def case_unknown_key(cluster, tmp_path):
@@ -107,6 +109,32 @@ def case_missing_dataset(cluster, tmp_path):
                   f"node1: {data}/support.json missing (needed for dataset 'support')"]
 
 
+def case_script_missing_on_the_hosts(cluster, tmp_path):
+    """It started, then every rank said `can't open file` (and the summary said exit 2, ftbundle 1)."""
+    job = good_job(cluster, tmp_path)
+    job["train"] = {"script": f"{cluster.shared_dir}/train.py"}
+    path = write_job(tmp_path / "job.yaml", job)
+    return path, [f"{path}: key 'check'", "nothing was started",
+                  f"train.script {cluster.shared_dir}/train.py on node[0-1]: No such file or directory"]
+
+
+def case_interpreter_without_torch(cluster, tmp_path):
+    """The check printed `torch=absent` and then `all 5 checks passed`."""
+    job = good_job(cluster, tmp_path, runtime={"kind": "host", "python": "/usr/bin/python3"})
+    job["train"] = {"script": "/usr/bin/true"}
+    path = write_job(tmp_path / "job.yaml", job)
+    return path, [f"{path}: key 'check'", "torch is not installed in /usr/bin/python3 on node[0-1]",
+                  "point the job's runtime.python at an interpreter that has them"]
+
+
+def case_more_cpu_ranks_than_cores(cluster, tmp_path):
+    """nproc_per_node: 1024 on 2-core hosts with no GPU passed the check."""
+    cores = len(os.sched_getaffinity(0))  # what a host container may use: this machine's cores
+    path = write_job(tmp_path / "job.yaml", good_job(cluster, tmp_path, nproc_per_node=1024))
+    return path, [f"{path}: key 'check'", f"1024 CPU rank(s) on node[0-1], which have {cores} core(s)",
+                  f"set nproc_per_node (or ftb_nproc_per_node) to at most {cores}"]
+
+
 CASES = {
     "malformed-yaml": (case_malformed_yaml, True),
     "unknown-key": (case_unknown_key, True),
@@ -117,6 +145,9 @@ CASES = {
     "nproc-below-one": (case_nproc_below_one, True),
     "missing-llamafactory-config": (case_missing_llamafactory_config, True),
     "missing-dataset": (case_missing_dataset, False),
+    "script-missing-on-the-hosts": (case_script_missing_on_the_hosts, False),
+    "interpreter-without-torch": (case_interpreter_without_torch, False),
+    "more-cpu-ranks-than-cores": (case_more_cpu_ranks_than_cores, False),
 }
 
 
