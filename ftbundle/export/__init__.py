@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .. import runtimes
 from ..errors import UserError
+from ..inventory import GPUS_VAR
 from ..job import Job, check_pinned_image, is_secret
 from ..plan import Plan
 
@@ -29,6 +30,8 @@ MASTER_ADDR = "@FTB_MASTER_ADDR@"
 # docker runtime: the `--gpus` value, replaced on each node by the devices the scheduler
 # allocated there (never `all`: a node can hold GPUs of other jobs)
 GPU_DEVICES = "@FTB_GPU_DEVICES@"
+# Uneven nodes (ftb_nproc_per_node): torchrun's --nproc_per_node, each node's own NPROC_PER_NODE
+NPROC = "@FTB_NPROC@"
 # Set per node by each renderer from what the scheduler says, never from the plan.
 PER_NODE_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
 
@@ -54,7 +57,7 @@ class ExportSpec:
     name: str
     job_file: str
     nnodes: int
-    nproc_per_node: int
+    nproc_per_node: int  # uneven nodes: the most any node runs (see nprocs)
     master_port: int
     run_id: str
     run_dir: str
@@ -75,6 +78,27 @@ class ExportSpec:
     warnings: tuple[str, ...]
     train_mode: str
     python: str
+    nprocs: tuple[int, ...] = ()  # each node's ranks, in node rank order
+    gpus: tuple[int, ...] = ()  # each node's GPU request, in node rank order
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.nprocs)) <= 1 and len(set(self.gpus)) <= 1
+
+    def groups(self) -> list[tuple[int, int, int]]:
+        """(nodes, ranks, GPUs) of each run of alike nodes in rank order: what a scheduler
+        is asked for in one piece (a Slurm hetjob component, a PBS chunk)."""
+        out: list[tuple[int, int, int]] = []
+        for nproc, gpus in zip(self.nprocs, self.gpus):
+            if out and out[-1][1:] == (nproc, gpus):
+                out[-1] = (out[-1][0] + 1, nproc, gpus)
+            else:
+                out.append((1, nproc, gpus))
+        return out
+
+    def counts(self) -> str:
+        """Each node's ranks, said: `8 on node0, 8 on node1, 4 on node2`."""
+        return ", ".join(f"{n} on node{i}" for i, n in enumerate(self.nprocs))
 
 
 def spec_from(job: Job, plan: Plan) -> ExportSpec:
@@ -82,16 +106,25 @@ def spec_from(job: Job, plan: Plan) -> ExportSpec:
     env = {k: v for k, v in node.env.items()
            if k not in PER_NODE_ENV and not is_secret(k)}
     secrets = tuple(k for k in node.env if is_secret(k))
+    warnings = list(plan.warnings)
+    chosen = [n.host.name for n in plan.nodes if n.host.vars.get(GPUS_VAR) is not None]
+    if chosen and job.gpus_per_node != 0 and "CUDA_VISIBLE_DEVICES" not in job.env:
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # one host's choice, not every node's
+        warnings.append(f"{GPUS_VAR} of the inventory ({', '.join(chosen)}) is not exported: the scheduler "
+                        "gives each node its GPUs")
     # the host runtime's interpreter as make_plan resolved it (its argv[0]); in an image, as written
     python = node.argv[0] if job.runtime.kind == "host" and job.train.mode != "command" else job.runtime.python
-    torchrun = runtimes.torchrun_argv(python, nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node,
+    uniform = plan.uniform
+    torchrun = runtimes.torchrun_argv(python, nnodes=plan.nnodes,
+                                      nproc_per_node=plan.nproc_per_node if uniform else NPROC,  # type: ignore[arg-type]
                                       node_rank=NODE_RANK, master_addr=MASTER_ADDR,  # type: ignore[arg-type]
                                       master_port=plan.master_port)
     program = runtimes.program_argv(job.train.mode, run_dir=plan.run_dir, script=job.train.script,
                                     args=job.train.args, command=job.train.command)
     argv = program if job.train.mode == "command" else [*torchrun, *program]
     image = docker = container = None
-    gpus = gpus_per_node(job)
+    per_node = tuple(gpus_per_node(job, n) for n in plan.nprocs)
+    gpus = max(per_node)
     if job.runtime.kind == "docker":
         image = plan.image
         if image is None:  # a tag in the inventory: `run` reads the digest site.yml recorded, export cannot
@@ -112,8 +145,19 @@ def spec_from(job: Job, plan: Plan) -> ExportSpec:
         workdir=node.workdir, env=env, secret_names=secrets, argv=tuple(argv), program=tuple(program), files=dict(plan.files),
         checkpoint_dir=plan.checkpoint_dir, image=image, docker_argv=docker, container=container,
         env_file=job.runtime.env_file, gpus_per_node=gpus, restarts=job.restarts,
-        warnings=plan.warnings, train_mode=job.train.mode, python=python,
+        warnings=tuple(warnings), train_mode=job.train.mode, python=python, nprocs=plan.nprocs, gpus=per_node,
     )
+
+
+def refuse_uneven(spec: ExportSpec, target: str, why: str) -> None:
+    """A target with one rank count for every node, asked for nodes that differ: exit 2
+    naming the counts, never a silently uniform file."""
+    if not spec.uniform:
+        raise UserError(f"the nodes run different numbers of ranks ({spec.counts()}; ftb_nproc_per_node in the "
+                        f"inventory), and --to {target} cannot say so: {why}. Give every node the same count, "
+                        "or export --to slurm "
+                        "(a heterogeneous job) or --to pbs (one chunk per count)", file=spec.job_file,
+                        key="nproc_per_node")
 
 
 def gpus_per_node(job: Job, nproc_per_node: int | None = None) -> int:

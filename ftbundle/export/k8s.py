@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
-from . import ExportSpec, Resources
+from . import ExportSpec, Resources, refuse_uneven
 
 NOT_LABEL_RE = re.compile(r"[^a-z0-9-]+")
 DNS_1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -165,6 +165,8 @@ def config_map(spec: ExportSpec, n: dict[str, str]) -> dict[str, Any]:
 
 def pytorchjob(spec: ExportSpec, res: Resources, *, image: str | None = None,
                n: dict[str, str]) -> list[dict[str, Any]]:
+    refuse_uneven(spec, "k8s", "a PyTorchJob has one nprocPerNode for every pod (and one resources block "
+                  "per replica type)")
     volumes, mounts = _volumes(spec, n)
     container = {"name": CONTAINER["k8s"], "image": _image(spec, image), "command": _command(spec),
                  "workingDir": spec.workdir, "env": _env(spec, n["secret"]), "volumeMounts": mounts,
@@ -191,6 +193,7 @@ def pytorchjob(spec: ExportSpec, res: Resources, *, image: str | None = None,
 
 def trainjob(spec: ExportSpec, res: Resources, *, image: str | None = None,
              n: dict[str, str]) -> list[dict[str, Any]]:
+    refuse_uneven(spec, "trainjob", "a TrainJob has one numProcPerNode and one resourcesPerNode for every node")
     volumes, mounts = _volumes(spec, n)
     trainer: dict[str, Any] = {"image": _image(spec, image), "command": _command(spec, cd=True),
                                "env": _env(spec, n["secret"]), "numNodes": spec.nnodes,

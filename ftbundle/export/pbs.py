@@ -29,22 +29,27 @@ LAUNCHERS = ("pbsdsh", "ssh")
 
 
 def resources(spec: ExportSpec, res: Resources, torque: bool) -> list[str]:
-    """The resource directives: one chunk (PBS Pro) or one node line (Torque) per node."""
-    cpus = res.cpus_per_node or spec.nproc_per_node
+    """The resource directives: one chunk (PBS Pro) or one node line (Torque) per node; nodes
+    that run different numbers of ranks (ftb_nproc_per_node) as one chunk per count, joined
+    by `+` in node rank order (the order of $PBS_NODEFILE)."""
+    groups = spec.groups() or [(spec.nnodes, spec.nproc_per_node, spec.gpus_per_node)]
     if torque:
-        line = f"#PBS -l nodes={spec.nnodes}:ppn={cpus}" + (f":gpus={spec.gpus_per_node}" if spec.gpus_per_node else "")
+        line = "#PBS -l nodes=" + "+".join(f"{count}:ppn={res.cpus_per_node or nproc}" + (f":gpus={gpus}" if gpus else "")
+                                           for count, nproc, gpus in groups)
         # Torque's mem is per job, not per node: --mem is not written for Torque; nor is a
         # node-exclusive flag (-n is not portable: Slurm's #PBS reader refuses it), so the
         # node's cores are ppn: pass --cpus-per-node with the node's core count
         return [line]
-    chunk = f"select={spec.nnodes}:ncpus={cpus}"
-    if spec.gpus_per_node:
-        chunk += f":ngpus={spec.gpus_per_node}"
-    if res.mem:  # Slurm's units: a bare number is megabytes
-        chunk += f":mem={res.mem.lower()}b" if not res.mem[-1].isdigit() else f":mem={res.mem}mb"
-    chunk += ":mpiprocs=1"
+    chunks = []
+    for count, nproc, gpus in groups:
+        chunk = f"{count}:ncpus={res.cpus_per_node or nproc}"
+        if gpus:
+            chunk += f":ngpus={gpus}"
+        if res.mem:  # Slurm's units: a bare number is megabytes
+            chunk += f":mem={res.mem.lower()}b" if not res.mem[-1].isdigit() else f":mem={res.mem}mb"
+        chunks.append(chunk + ":mpiprocs=1")
     place = "scatter:excl" if res.cpus_per_node is None else "scatter"
-    return [f"#PBS -l {chunk}", f"#PBS -l place={place}"]
+    return [f"#PBS -l select={'+'.join(chunks)}", f"#PBS -l place={place}"]
 
 
 def render(spec: ExportSpec, res: Resources, *, queue: str | None = None, time: str | None = None,
@@ -102,6 +107,8 @@ def render(spec: ExportSpec, res: Resources, *, queue: str | None = None, time: 
         *node_program_file(),
         "",
         f"FTB_ARGV=({words(spec.docker_argv or spec.argv)})",
+        *([] if spec.uniform else ["# each node's ranks, in node rank order (the chunks of select)",
+                                   f"FTB_NPROCS=({' '.join(map(str, spec.nprocs))})"]),
         *launch_lines(spec),
         "rc=0",
         'for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done',
@@ -142,6 +149,7 @@ def launch_lines(spec: ExportSpec) -> list[str]:
         "}",
         "pids=()",
         'for rank in "${!FTB_HOSTS[@]}"; do',
+        *([] if spec.uniform else ['  export NPROC_PER_NODE="${FTB_NPROCS[$rank]}"']),
         '  mapfile -d \'\' -t words < <(ftb_env_words "$rank")',
         '  case $FTB_LAUNCH in',
         '    pbsdsh) pbsdsh -n "${FTB_SLOTS[$rank]}" -- "${FTB_NODE_ARGV[@]}" "${words[@]}" -- "${FTB_ARGV[@]}" & ;;',

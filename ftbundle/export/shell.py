@@ -14,7 +14,8 @@ import re
 import shlex
 
 from ..errors import UserError
-from . import GPU_DEVICES, MASTER_ADDR, NODE_RANK, ExportSpec
+from ..plan import shape_text
+from . import GPU_DEVICES, MASTER_ADDR, NODE_RANK, NPROC, ExportSpec
 
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]+")
 
@@ -55,7 +56,7 @@ def comment(text: str) -> str:
 def header(spec: ExportSpec, target: str, needs: list[str], requests: list[str]) -> list[str]:
     lines = ["# shellcheck disable=SC2016  # values are single-quoted on purpose: they must not expand",
              comment(f"# {spec.name}: written by `ftbundle export --to {target}` from {spec.job_file}"),
-             comment(f"# {spec.nnodes} node(s) x {spec.nproc_per_node} rank(s); run directory {spec.run_dir}"),
+             comment(f"# {shape_text(spec.nprocs or [spec.nproc_per_node] * spec.nnodes)}; run directory {spec.run_dir}"),
              "# Requests per node:"]
     lines += [comment(f"#   - {r}") for r in requests]
     lines.append("# Needs on the cluster:")
@@ -100,8 +101,8 @@ def environment(spec: ExportSpec) -> list[str]:
     for key in spec.secret_names:
         lines.append(f': "${{{key}:?{key} must be set in the environment this job is submitted from}}"')
         lines.append(f"export {key}")
-    lines.append(f"export FTB_WORKDIR={q(spec.workdir)} MASTER_PORT={spec.master_port} "
-                 f"NPROC_PER_NODE={spec.nproc_per_node}")
+    lines.append(f"export FTB_WORKDIR={q(spec.workdir)} MASTER_PORT={spec.master_port}"
+                 + (f" NPROC_PER_NODE={spec.nproc_per_node}" if spec.uniform else ""))  # uneven: set per node
     if spec.container:
         lines.append(f"export FTB_CONTAINER={q(spec.container)}")
     return lines
@@ -138,6 +139,7 @@ args=()
 for a in "$@"; do
   a=${a//@NODE_RANK@/$NODE_RANK}
   a=${a//@MASTER_ADDR@/$MASTER_ADDR}
+  case $a in *@NPROC@*) a=${a//@NPROC@/$NPROC_PER_NODE} ;; esac  # uneven nodes: each its own
   if [ -n "${FTB_CONTAINER:-}" ]; then
     case $a in
       # the hosts' NCCL env file, where this node has one
@@ -162,7 +164,7 @@ if [ -n "${FTB_CONTAINER:-}" ]; then
 else
   exec "${args[@]}"
 fi'''.replace("@NODE_RANK@", NODE_RANK).replace("@MASTER_ADDR@", MASTER_ADDR).replace(
-    "@GPU_DEVICES@", GPU_DEVICES)
+    "@GPU_DEVICES@", GPU_DEVICES).replace("@NPROC@", NPROC)
 
 
 NODE_FILE = "ftb-node.sh"  # in the run directory, beside the staged files
