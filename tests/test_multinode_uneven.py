@@ -3,7 +3,8 @@
 - 2 hosts with 2 and 1 ranks (host var ``ftb_nproc_per_node``): a script job records every
   rank's RANK, LOCAL_RANK, WORLD_SIZE, node and an all_reduce sum: world 3, ranks 0..2 once
   each, contiguous per node; a `command:` job on the same hosts gets each host's own
-  NPROC_PER_NODE;
+  NPROC_PER_NODE; a LlamaFactory LoRA trains on the 3 ranks (HF's "Total train batch size"
+  counts them all);
 - ``nproc_per_node: auto`` with two hosts showing different GPU counts (the nvidia-smi
   stand-in replaying a hand-made 8-GPU sample and a real recorded 1-GPU H100): planned per
   host in `--dry-run`.
@@ -12,12 +13,22 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.helpers import base_job, ftbundle, only_run_dir, read_plan, write_job
+from tests.helpers import (
+    REPO,
+    base_job,
+    ftbundle,
+    only_run_dir,
+    place_tiny_model,
+    read_plan,
+    write_job,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -74,6 +85,36 @@ def test_two_hosts_with_two_and_one_ranks(make_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = next(p for p in (shared / "runs").iterdir() if p.name.startswith("uneven-cmd-"))
     assert [(run / f"seen-{r}").read_text().split() for r in range(2)] == [["node0", "0", "2"], ["node1", "1", "1"]]
+
+
+@pytest.mark.train
+def test_llamafactory_lora_on_two_and_one_ranks(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml", per_host={"node1": {"ftb_nproc_per_node": 1}})
+    quickstart = REPO / "examples" / "quickstart"
+    shutil.copytree(quickstart / "data", shared / "data")
+    place_tiny_model(shared / "tiny-llama")
+    train = yaml.safe_load((quickstart / "train.yaml").read_text())
+    train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
+                  "output_dir": str(shared / "output/lora"), "max_steps": 4, "save_steps": 4,
+                  "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2})
+    job = write_job(tmp_path / "job.yaml", base_job("lora-uneven", shared, inventory, {"llamafactory": train},
+                                                    nproc_per_node=2))
+
+    proc = ftbundle("run", "-v", str(job), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    # ftbundle's own line before launch, and the trainer's: 2 per device x 2 accumulation x 3 ranks
+    assert "effective batch size 12 = 2 per device x 2 accumulation x 3 rank(s) (2+1 on 2 nodes)" in proc.stderr
+    run = only_run_dir(shared)
+    logs = {rank: (run / f"node-{rank}-node{rank}.a1.log").read_text() for rank in range(2)}
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 12" in proc.stdout + logs[0]
+    assert "Process rank: 0, world size: 3" in logs[0] and "Process rank: 2, world size: 3" in logs[1]
+    own = "".join(p.read_text() for p in (run / "ranks" / "node-0").glob("*/attempt_0/1/std*.log"))
+    assert "Process rank: 1, world size: 3" in own
+    assert not list((run / "ranks" / "node-1").glob("*/attempt_0/1/std*.log"))  # node1 has one rank
+    assert (shared / "output/lora/adapter_model.safetensors").stat().st_size > 0
+    assert json.loads((shared / "output/lora/trainer_state.json").read_text())["global_step"] == 4
 
 
 def install_smi(cluster, host: str, sample: str) -> None:
