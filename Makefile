@@ -29,11 +29,12 @@ engine:  ## a Docker engine (installed and started when missing)
 tools:  ## command-line tools the tests drive (tmux, curl, ssh), installed when missing
 	@bash .ci/tools.sh
 
-image: engine  ## the images the tests use (test hosts, with systemd too, Slurm hosts, CPU training), built locally, cached by recipe
+image: engine venv  ## the images the tests use (test hosts, with systemd too, Slurm hosts, CPU training), built locally, cached by recipe
 	@bash .ci/testhost-image.sh >/dev/null
 	@bash .ci/testhost-systemd-image.sh >/dev/null
 	@bash .ci/slurmhost-image.sh >/dev/null
 	@bash .ci/train-image.sh >/dev/null
+	@bash .ci/train-lf-image.sh >/dev/null
 
 model: venv
 	HF_HUB_OFFLINE=1 $(PY) -m ftbundle.tinymodel --data $(QUICKSTART)/data/support.json --out $(QUICKSTART)/.shared/tiny-llama

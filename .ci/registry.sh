@@ -2,6 +2,8 @@
 # A real local registry (Debian's docker-registry, distribution 2.8) for the provisioning
 # tests, and the CPU training image pushed to it.
 #   bash .ci/registry.sh        -> prints "<repo>@sha256:<digest>" as pushed to 127.0.0.1:PORT
+#   bash .ci/registry.sh .ci/train-lf-image.sh   -> the same for the image that script builds
+#                                   (ftbundle-train-lf:<hash> is pushed as ftbundle/train-lf)
 # The registry listens on all addresses of this machine (test hosts reach it through their
 # Docker network's gateway). Started once; reused while it answers.
 set -euo pipefail
@@ -39,11 +41,12 @@ CONFIG
     for _ in $(seq 30); do curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null 2>&1 && break; sleep 0.5; done
     curl -fsS "http://127.0.0.1:$PORT/v2/" >/dev/null
 fi
-image=$(bash .ci/train-image.sh | tail -n 1)
-repo="127.0.0.1:$PORT/ftbundle/train-cpu"
+image=$(bash "${1:-.ci/train-image.sh}" | tail -n 1)
+name=${image%%:*}; name=${name#ftbundle-}
+repo="127.0.0.1:$PORT/ftbundle/$name"
 tag=${image#*:}
 docker tag "$image" "$repo:$tag"
 out=$(docker push "$repo:$tag" 2>&1) || { say "push to :$PORT failed: $(tail -n 5 <<<"$out")"; exit 1; }
 digest=$(tail -n 1 <<<"$out" | grep -o 'sha256:[0-9a-f]\{64\}' | head -n 1)
 [ -n "$digest" ] || { say "push to :$PORT printed no digest: $(tail -n 5 <<<"$out")"; exit 1; }
-echo "ftbundle/train-cpu@$digest"
+echo "ftbundle/$name@$digest"

@@ -56,6 +56,7 @@ LONGEST_FIRST = (
     "test_provisioning_livedin.py",
     "test_provisioning_systemd.py",
     "test_export_slurm.py",
+    "test_day_zero.py",
     "test_detach_restart.py",
     "test_stall.py",
     "test_resume.py",
