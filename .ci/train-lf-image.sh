@@ -54,7 +54,8 @@ ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 # every file each distribution installed (its RECORD), dist-info included (LlamaFactory checks
 # its dependencies' versions through importlib.metadata)
-"$PY" - "$ctx/lf" $dists <<'PYTHON'
+read -ra dist_list <<<"$dists"
+"$PY" - "$ctx/lf" "${dist_list[@]}" <<'PYTHON'
 import importlib.metadata as md, os, shutil, sys
 out = sys.argv[1]
 for spec in sys.argv[2:]:
