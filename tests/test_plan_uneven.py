@@ -256,6 +256,11 @@ def test_check_names_the_host_var_a_host_cannot_fit(tmp_path):
     check = R.check_gpus([facts("big", gpus=h100), facts("small", 1, gpus=h100[:4])], over, 8)
     assert check.failure == "GPUs do not fit nproc_per_node"
     assert check.details == ["ftb_nproc_per_node of small is 6 but small has 4 GPU(s)"]
+    fixed = R.check_gpus([facts("big", gpus=h100), facts("small", 1, gpus=h100[:4])],
+                         layout(tmp_path, nproc_per_node=8), 8)
+    assert fixed.details == ["nproc_per_node is 8 but small has 4 GPU(s)"]
+    assert "small can run 4 rank(s): set ftb_nproc_per_node: 4 for it in the inventory, or nproc_per_node: auto" \
+        in fixed.notes
     chosen = layout(tmp_path, b={"ftb_gpus": "0,1"}, nproc_per_node=4)
     check = R.check_gpus([facts("big", gpus=h100), facts("small", 1, gpus=h100)], chosen, 4)
     assert check.details == ["nproc_per_node is 4 but small has 2 GPU(s) visible (ftb_gpus)"]

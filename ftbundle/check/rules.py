@@ -250,6 +250,9 @@ def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | Non
         for host, want in known.items():
             if counts[host] < want:
                 fit.append(f"{said(host)} but {host} has {seen(host)}")
+                if counts[host] and host not in layout.host_nprocs:  # an 8-GPU beside a 4-GPU host: say how
+                    check.notes.append(f"{host} can run {counts[host]} rank(s): set ftb_nproc_per_node: "
+                                       f"{counts[host]} for it in the inventory, or nproc_per_node: auto")
             elif counts[host] > want and not limited[host]:
                 check.notes.append(f"{host} has {counts[host]} GPUs; {want} rank(s) use the first {want}")
     elif known:
