@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import posixpath
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -403,7 +404,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             "FTB_RUN_ID": layout.run_id,
             "FTB_RUN_DIR": layout.run_dir,
             "PYTHONUNBUFFERED": "1",
-            **(nccl_debug_env(layout.run_dir) if nccl else {}),
+            **(nccl_debug_env(layout.run_dir, _torch_version(facts)) if nccl else {}),
             **lf_env,
             **({"CUDA_VISIBLE_DEVICES": devices[host.name]} if host.name in devices else {}),
             **job.env,
@@ -449,19 +450,36 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
 NCCL_TRACE_PREFIX = "nccl-trace-rank-"  # in the run directory; torch appends the global rank
 
 
-def nccl_debug_env(run_dir: str) -> dict[str, str]:
+# The flight recorder's size, under the name the ranks' torch reads: torch 2.8 renamed it
+# (TORCH_FR_BUFFER_SIZE; the old name still works there but warns on every rank, as the first
+# H100 run showed with torch 2.11); older torch knows only the old name.
+FR_BUFFER_RENAMED_IN = (2, 8)
+
+
+def nccl_debug_env(run_dir: str, torch_version: str | None = None) -> dict[str, str]:
     """What torch offers for a hung NCCL collective, turned on (a job's own `env:` wins):
     a timed-out collective aborts its communicator and ends the rank (so the launcher sees an
     exit instead of a hang), the flight recorder keeps the last collectives of every rank and
     dumps them into the run directory on a timeout, and desync debugging names the rank the
-    others waited for."""
+    others waited for. ``torch_version``: the ranks' torch, as the check read it (None: not
+    asked, taken to be a current one)."""
+    numbers = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    old = numbers is not None and (int(numbers[1]), int(numbers[2])) < FR_BUFFER_RENAMED_IN
     return {
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        ("TORCH_NCCL_TRACE_BUFFER_SIZE" if old else "TORCH_FR_BUFFER_SIZE"): "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": posixpath.join(run_dir, NCCL_TRACE_PREFIX),
         "TORCH_NCCL_DESYNC_DEBUG": "1",
     }
+
+
+def _torch_version(facts: ClusterFacts | None) -> str | None:
+    """The torch every reached host's ranks run (one version: the check refuses a mix)."""
+    found = {(f.versions or {}).get("torch") for f in facts.reached} if facts is not None else set()
+    found.discard(None)
+    found.discard("absent")
+    return found.pop() if len(found) == 1 else None
 
 
 def _uses_nccl(job: Job, facts: ClusterFacts | None, gpus: bool) -> bool:

@@ -133,7 +133,12 @@ def test_nccl_jobs_get_torch_flight_recorder_and_async_error_handling(tmp_path):
     plan = plan_of(job(tmp_path), HOSTS, facts=facts)
     env = plan.nodes[1].env
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
-    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    # the flight recorder under the name the ranks' torch reads (the old one warns on torch >= 2.8)
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
+    for version, name in (("2.11.0+cu130", "TORCH_FR_BUFFER_SIZE"), ("2.7.1", "TORCH_NCCL_TRACE_BUFFER_SIZE")):
+        known = ClusterFacts([HostFacts(n, r, gpus=[gpu], versions={"torch": version}) for r, n in enumerate(["n1", "n2"])])
+        [flight] = [k for k in plan_of(job(tmp_path), HOSTS, facts=known).nodes[0].env if k.endswith("BUFFER_SIZE")]
+        assert flight == name, version
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{plan.run_dir}/nccl-trace-rank-"
     assert env["TORCH_NCCL_DESYNC_DEBUG"] == "1"
