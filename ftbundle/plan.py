@@ -450,9 +450,11 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
 NCCL_TRACE_PREFIX = "nccl-trace-rank-"  # in the run directory; torch appends the global rank
 
 
-# The flight recorder's size, under the name the ranks' torch reads: torch 2.8 renamed it
-# (TORCH_FR_BUFFER_SIZE; the old name still works there but warns on every rank, as the first
-# H100 run showed with torch 2.11); older torch knows only the old name.
+# The flight recorder's size, under the name the ranks' torch reads: TORCH_FR_BUFFER_SIZE
+# (the old name still works but warns on every rank: torch 2.11 on the first H100 run; 2.13
+# and 2.14 here read the new one first). The rename came with the recorder made
+# vendor-neutral (pytorch PR 152563, May 2025), so from torch 2.8 on; that boundary is
+# inferred from the PR's date, not read from a 2.8 build.
 FR_BUFFER_RENAMED_IN = (2, 8)
 
 
