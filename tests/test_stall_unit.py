@@ -180,13 +180,13 @@ def test_node_program_reports_progress_and_trainer_steps(tmp_path):
 def test_node_program_beats_without_a_process_and_reads_progress_every_nth_beat(tmp_path):
     """The real node program (mode `node`, as the controller starts it, with the env on stdin
     and pings after it): a heartbeat every FTB_HEARTBEAT seconds, the progress only on every
-    FTB_PROGRESS_EVERY-th, and between readings no process is started (no `sleep`, no `stat`:
-    the beat loop's children are counted in /proc)."""
+    FTB_PROGRESS_EVERY-th, and between readings no process is started (no `sleep`; the one child
+    ever seen is a reading's own `stat`: the beat loop's children are counted in /proc)."""
     import time
 
     from ftbundle.launch.node import env_payload, progress_every, program
 
-    assert [progress_every(t) for t in (5, 10, 59, 60, 300, 600, 3600, 0)] == [1, 1, 1, 2, 10, 10, 10, 1]
+    assert [progress_every(t) for t in (5, 10, 59, 60, 300, 600, 3600, 0)] == [1, 1, 1, 2, 10, 10, 10, 10]
     (tmp_path / "rank.log").write_text("x" * 7)
     env = {"FTB_RUN_DIR": str(tmp_path), "FTB_WORKDIR": str(tmp_path), "FTB_LOG": str(tmp_path / "job.log"),
            "FTB_EXIT": str(tmp_path / "node.exit"), "FTB_PIDFILE": str(tmp_path / "node.pid"),
@@ -216,5 +216,6 @@ def test_node_program_beats_without_a_process_and_reads_progress_every_nth_beat(
     assert out[0].startswith("ftb-pid ") and beats[0] == "ftb-hb 7", out  # the baseline, before the job
     loop = beats[1:]
     assert len(loop) >= 16, out  # 4 s at 0.2 s
-    assert all(b == ("ftb-hb 7" if i % 4 == 0 else "ftb-hb") for i, b in enumerate(loop)), loop
-    assert len(beaters) >= 2 and not seen, (beaters, seen)
+    # (read by a child the beat never waits for: asked on one beat, its answer sent on the next)
+    assert all(b == ("ftb-hb 7" if i % 4 == 1 else "ftb-hb") for i, b in enumerate(loop)), loop
+    assert len(beaters) >= 2 and seen <= {"stat"}, (beaters, seen)  # (a reading's own stat may be caught)

@@ -28,6 +28,7 @@ from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
 from ..job import MIN_SECRET_LEN, is_secret
 from ..plan import NodeFiles, NodePlan, Plan
 from .stall import progress_globs, steps_file
+from .storage import STORAGE_SLOW_S
 
 HEARTBEAT_S = 1  # the node says it is alive this often
 WATCHDOG_S = 10  # the node stops its job after this long without a ping from the controller
@@ -41,6 +42,7 @@ PROGRESS_EVERY_S = 1.0  # how often a carriage-return progress bar is shown
 STOP_LINE = b"stop\n"  # on the node's stdin: the launcher stops the job (see node.sh's watchdog)
 HEARTBEAT = b"ftb-hb"
 PID = b"ftb-pid "
+STORAGE = b"ftb-storage "  # `ftb-storage SECONDS` while shared storage does not answer, then `ftb-storage ok`
 
 
 @functools.cache
@@ -85,15 +87,20 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_PER_NODE": "1" if node.per_node else "0",  # a `command:` job (no torchrun; .stall, stacks.py)
         "FTB_PROGRESS_STEPS": steps_file(plan, node) if plan.stall_timeout else "",
         "FTB_PROGRESS_EVERY": str(progress_every(plan.stall_timeout)),
+        "FTB_SHARED_DIR": plan.shared_dir,  # probed with every progress reading (.storage)
+        "FTB_STORAGE_SLOW": str(STORAGE_SLOW_S),
     }
     return {**control, **node.env}
 
 
 def progress_every(stall_timeout: int) -> int:
-    """How many heartbeats apart a node reads its ranks' progress (a `stat`: the one process a
-    heartbeat would start): stall_timeout / 30, at least every beat, at most every 10 s. A
-    stall is then named at most that much later than stall_timeout (10 s of the default 600 s),
-    never earlier: the clock is reset only by progress seen."""
+    """How many heartbeats apart a node reads its ranks' progress and probes shared storage
+    (one `stat`: the one process a heartbeat would start): stall_timeout / 30, at least every
+    beat, at most every 10 s (also with the watchdog off: the storage probe). A stall is then
+    named at most that much later than stall_timeout (10 s of the default 600 s), never
+    earlier: the clock is reset only by progress seen."""
+    if not stall_timeout:
+        return 10
     return max(1, min(10, stall_timeout // (30 * HEARTBEAT_S)))
 
 
@@ -108,7 +115,7 @@ def env_payload(env: dict[str, str]) -> bytes:
 
 @dataclass
 class Event:
-    kind: str  # pid | hb | msg | exit | lost
+    kind: str  # pid | hb | storage | msg | exit | lost | fenced | killed
     rank: int
     text: str = ""
     code: int | None = None
@@ -278,6 +285,8 @@ class NodeRunner:
     def _on_line(self, line: bytes) -> None:
         if line == HEARTBEAT or line.startswith(HEARTBEAT + b" "):
             self._emit("hb", line[len(HEARTBEAT):].decode(errors="replace").strip())  # (the ranks' output size)
+        elif line.startswith(STORAGE):
+            self._emit("storage", line[len(STORAGE):].decode(errors="replace").strip())
         elif line.startswith(PID):
             pid = line[len(PID):].decode().strip()
             self._emit("pid", pid)

@@ -44,6 +44,7 @@ from .display import Display, ProgressFeed
 from .failure import rank_failure
 from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
 from .stall import STACKS_PROGRAM, STALLED_EXIT_CODE, StallClock, collector_source, ending, stall_report
+from .storage import StorageWatch
 
 LOST_AFTER_DEFAULT_S = 5.0
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", LOST_AFTER_DEFAULT_S))
@@ -137,6 +138,8 @@ class Supervisor:
         self._awake = time.monotonic()  # when the loop last looked at its events
         # progress from the heartbeats (:mod:`.stall`); LlamaFactory: from its first step on
         self.stall = StallClock(plan.stall_timeout, wait_for_step=bool(plan.checkpoint_dir))
+        # shared storage that does not answer, as the nodes report it (:mod:`.storage`)
+        self.storage = StorageWatch(plan.shared_dir, [n.host.name for n in plan.nodes])
 
     def say(self, message: str) -> None:
         if self.ui is not None:
@@ -302,6 +305,13 @@ class Supervisor:
             if st.state is State.STARTING:
                 self._set(event.rank, State.RUNNING)
                 self._show_nodes()
+        elif event.kind == "storage":
+            said = self.storage.observe(event.rank, event.text, event.at)
+            if said and self.storage.since.get(event.rank) is not None:
+                said += (f"; the run is stopped if no rank moves for stall_timeout ({self.plan.stall_timeout}s)"
+                         if self.plan.stall_timeout else "; stall_timeout is 0: the run waits for it")
+            if said:
+                self.say(said)
         elif event.kind == "msg":
             text = f"[{self.plan.nodes[event.rank].host.name} r{event.rank}] {self.redact(event.text)}"
             if self.ui is not None:
@@ -364,8 +374,10 @@ class Supervisor:
                 self._lose(rank, f"no heartbeat for {silent:.0f}s and its host did not answer within {PROBE_S:g}s "
                                  "(host down or network cut?)", st.last_heartbeat)
             elif quiet_max is not None and silent > quiet_max and not self.runners[rank].unheard():
-                self._lose(rank, f"no heartbeat for {silent:.0f}s although its host answers (its node program "
-                                 "frozen or starved of CPU?)", st.last_heartbeat)
+                why = ("its node program frozen or starved of CPU?" if rank not in self.storage.since else
+                       self.storage.describe(now, [rank]))  # (caught in a stat after all)
+                self._lose(rank, f"no heartbeat for {silent:.0f}s although its host answers ({why})",
+                           st.last_heartbeat)
 
     # -- failure and teardown ---------------------------------------------------------
     def _fail(self) -> Outcome:
@@ -409,6 +421,8 @@ class Supervisor:
         then the same teardown as a failure; exit STALLED_EXIT_CODE. None: not a stall after
         all (no rank is left: torchrun is ending), the run goes on."""
         silent = self.stall.silent_for(time.monotonic())
+        if self.storage.stuck():
+            return self._stalled_on_storage(silent)
         lines, culprit, found = stall_report(self.plan, self.cluster, self.attempt)
         self._awake = time.monotonic()  # (busy collecting, not paused: no pardon for those seconds)
         while (event := self._next_event(0)) is not None:  # the heartbeats that came meanwhile
@@ -428,6 +442,28 @@ class Supervisor:
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         failure = Failure(culprit.node_rank if culprit else 0, culprit.host if culprit else self.plan.nodes[0].host.name,
                           f"stalled: no progress for {silent:.0f}s", STALLED_EXIT_CODE, t0)
+        return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress,
+                       stalled=True)
+
+    def _stalled_on_storage(self, silent: float) -> Outcome:
+        """No progress while shared storage does not answer: that is the story. The ranks'
+        stacks are not collected (they are kept on that storage, and a rank waiting there
+        would show only its write); the same teardown as a failure, exit STALLED_EXIT_CODE."""
+        now = time.monotonic()
+        stuck = self.storage.stuck()
+        if self.ui is not None:
+            self.ui.stop()
+        what = self.storage.describe(now)
+        self.say(f"stalled: {what}; no progress from any rank for {silent:.0f}s "
+                 f"(stall_timeout {self.plan.stall_timeout}s)")
+        t0 = time.monotonic()
+        lost = self._teardown()
+        took = time.monotonic() - t0
+        self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
+        if lost:
+            self.say("a process waiting on that storage ends only once it answers (or its mount is forced "
+                     "off: umount -f / -l); `ftbundle status` shows what is left")
+        failure = Failure(stuck[0], self.plan.nodes[stuck[0]].host.name, f"stalled: {what}", STALLED_EXIT_CODE, t0)
         return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress,
                        stalled=True)
 

@@ -28,6 +28,7 @@
 #           finds `stop` or a closed stdin already waiting never starts its job.
 #   stderr  `ftb-pid PID` once the job runs, then `ftb-hb [BYTES]` every FTB_HEARTBEAT seconds
 #           (BYTES: how much the ranks have written so far, for the stall watchdog),
+#           `ftb-storage SECONDS` while shared storage does not answer, `ftb-storage ok` after,
 #           and `ftbundle: ...` messages. Rank 0's log travels on a channel of its own
 #           (`tail`), so output can never hold a heartbeat back.
 #   exit    the job's exit code (also written to FTB_EXIT on shared storage).
@@ -40,6 +41,8 @@
 #   every FTB_PROGRESS_EVERY beats)
 #   FTB_STALL_TIMEOUT (detached runs: the stall watchdog's limit; 0 or empty: off)
 #   FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job: trainer_log.jsonl, the first step starts the stall clock)
+#   FTB_SHARED_DIR FTB_STORAGE_SLOW (a reading of shared storage not answered for this many seconds
+#   is said on stderr: `ftb-storage SECONDS`, then `ftb-storage ok` once it answers; see ftb_ask)
 set -u
 
 ftb_pids() { grep -lzxF "FTB_JOB=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
@@ -75,7 +78,18 @@ ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
   kill -KILL $p 2>/dev/null
   [ -n "${2:-}" ] && docker rm -f "$2" >/dev/null 2>&1
   sleep 0.2
-  [ -z "$(ftb_pids "$1")" ]
+  p=$(ftb_pids "$1")
+  [ -z "$p" ] || { ftb_unkilled $p; return 1; }
+}
+
+ftb_unkilled() {  # PID...: processes a SIGKILL did not end, named on stderr with their state
+  local p s out="" d=""
+  for p; do
+    s=""; { read -r s <"/proc/$p/stat"; } 2>/dev/null
+    s=${s##*) }; s=${s%% *}
+    out+=" $p (${s:-gone})"; [ "$s" = D ] && d=1
+  done
+  echo "ftbundle: still there on $HOSTNAME after SIGKILL:$out${d:+; D: waiting in the kernel, on storage or a device that does not answer (they end when it answers)}" >&2
 }
 
 ftb_progress() {  # FTB_P=" BYTES": the size of everything the job's ranks wrote (stall watchdog, ftbundle/launch/stall.py)
@@ -90,6 +104,40 @@ ftb_progress() {  # FTB_P=" BYTES": the size of everything the job's ranks wrote
   # the first step: the stall clock starts there, not at the model loading's output
   [ -n "${FTB_PROGRESS_STEPS:-}" ] && { steps=$(stat -c %s -- "$FTB_PROGRESS_STEPS" 2>/dev/null) || steps=0; }
   FTB_P=" $sum${steps:+ $steps}"
+}
+
+# -- shared storage that stops answering (a hung network filesystem) ---------------------------
+# A process that touches a frozen NFS or sshfs waits in the kernel for as long as the freeze
+# lasts, and a signal only turns it to D state (kill -9 leaves it there): so a loop that must go
+# on (the heartbeat) never touches shared storage itself. It asks a child (ftb_ask), reads the
+# answer on a later beat (ftb_answered), and never waits for a child that does not answer: it is
+# abandoned, its pipe closed, and no second one is started while it hangs. The child stats a name
+# never used before under FTB_SHARED_DIR (no cache can answer that) along with the ranks' output
+# files (the stall watchdog's progress): one process serves both.
+ftb_ask() {  # start a reading: FTB_ASK_FD (its stdout), FTB_ASKED (when, $SECONDS)
+  FTB_ASKED=$SECONDS FTB_PSUM=0 FTB_PSTEPS=""
+  # (unquoted on purpose: the list holds globs, one for every local rank's output files)
+  exec {FTB_ASK_FD}< <(exec stat -c '%s %n' -- "${FTB_SHARED_DIR:-$FTB_RUN_DIR}/.ftb-probe-$HOSTNAME-$BASHPID-$SECONDS-$RANDOM" \
+    ${FTB_PROGRESS_FILES:-} ${FTB_PROGRESS_STEPS:+"$FTB_PROGRESS_STEPS"} </dev/null 2>/dev/null)
+}
+
+ftb_answered() {  # whether the reading asked by ftb_ask has answered; its progress into FTB_P
+  # (stat's output is one write at its exit: lines ready means its end is a moment away)
+  local line rc
+  read -r -t 0 -u "$FTB_ASK_FD" || return 1
+  while :; do
+    IFS= read -r -t 1 -u "$FTB_ASK_FD" line; rc=$?
+    [ "$rc" -gt 128 ] && return 1  # (not ended yet: looked at again next beat)
+    if [ -n "$line" ]; then
+      if [ "${line#* }" = "${FTB_PROGRESS_STEPS:-}" ]; then FTB_PSTEPS=${line%% *}
+      else FTB_PSUM=$((FTB_PSUM + ${line%% *})); fi
+    fi
+    [ "$rc" = 0 ] || break
+  done
+  exec {FTB_ASK_FD}<&-; FTB_ASK_FD=""
+  FTB_P=""
+  [ -z "${FTB_PROGRESS_FILES:-}" ] || FTB_P=" $FTB_PSUM${FTB_PROGRESS_STEPS:+ ${FTB_PSTEPS:-0}}"
+  return 0
 }
 
 ftb_env() {  # read the environment from stdin (up to the empty pair) and export it
@@ -141,10 +189,14 @@ ftb_write() {  # FILE TEXT: whole or not at all (a full disk leaves no 0-byte fi
   { echo "$2" >"$1.tmp" && mv -f -- "$1.tmp" "$1"; } 2>/dev/null || { rm -f -- "$1.tmp"; return 1; }
 }
 
-ftb_disk_full() {  # DIR: say so (exit 0) when the filesystem under DIR has no space left
-  local avail
-  avail=$(df -Pk -- "$1" 2>/dev/null | awk 'NR == 2 { print $4 }')
-  [ -n "$avail" ] && [ "$avail" -lt 64 ]
+ftb_disk_full() {  # DIR: say so (exit 0) when the filesystem under DIR has less than 64 KiB free
+  # asked of a child, answered within 2 s or not at all: a frozen network filesystem is not full,
+  # and this program must still end (the child is abandoned; see ftb_ask)
+  local fd free=()
+  exec {fd}< <(exec stat -f -c '%a %S' -- "$1" </dev/null 2>/dev/null)
+  read -r -t 2 -u "$fd" -a free
+  exec {fd}<&-
+  [ "${#free[@]}" = 2 ] && [ $((free[0] * free[1] / 1024)) -lt 64 ]
 }
 
 # A detached node's watcher. Every node beats into its own FTB_HBFILE. Rank 0's watcher is
@@ -323,15 +375,24 @@ mode_node() {
   fi
   # the first heartbeat is the baseline (the launcher's stall clock starts at the first change)
   [ -z "$base" ] || echo "ftb-hb$base" >&2
-  # A beat costs no process: the wait is ftb_sleep's, and the progress (a `stat`) is read every
-  # FTB_PROGRESS_EVERY beats (stall_timeout / 30, at most 10 s, at least every beat), not on
-  # every one: three processes a second on every node were nearly all of an idle node's CPU
-  # (3 ms a second).
-  ( beats=0
+  # A beat costs no process: the wait is ftb_sleep's, and the progress and shared storage (a
+  # `stat`, ftb_ask) are read every FTB_PROGRESS_EVERY beats (stall_timeout / 30, at most 10 s,
+  # at least every beat), not on every one: three processes a second on every node were nearly
+  # all of an idle node's CPU (3 ms a second). A reading not answered for FTB_STORAGE_SLOW
+  # seconds is shared storage not answering: every beat says so (`ftb-storage SECONDS`) until it
+  # answers (`ftb-storage ok`); the heartbeat itself goes on (launch/storage.py).
+  ( beats=0 said=0 FTB_ASK_FD="" waited=0
     while kill -0 "$pid" 2>/dev/null; do
       FTB_P=""
-      [ $((beats % ${FTB_PROGRESS_EVERY:-1})) != 0 ] || ftb_progress
+      if [ -n "$FTB_ASK_FD" ]; then
+        if ftb_answered; then
+          [ "$said" = 0 ] || { echo "ftb-storage ok" >&2; said=0; }
+        elif [ $((waited = SECONDS - FTB_ASKED)) -ge "${FTB_STORAGE_SLOW:-5}" ]; then
+          echo "ftb-storage $waited" >&2; said=1
+        fi
+      fi
       echo "ftb-hb$FTB_P" >&2
+      [ -n "$FTB_ASK_FD" ] || [ $((beats % ${FTB_PROGRESS_EVERY:-1})) != 0 ] || ftb_ask
       beats=$((beats + 1))
       ftb_sleep "$FTB_HEARTBEAT"
     done ) &
