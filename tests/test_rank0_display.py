@@ -236,3 +236,29 @@ def test_samples_per_second_is_over_the_steps_this_attempt_trained():
     assert resumed.throughput() == 40.0  # 10 steps x 8 / 2 s
     resumed.feed_line("{'train_runtime': '1.9', 'train_samples_per_second': '84.21', 'train_loss': '2.5'}")
     assert resumed.throughput() == 42.105 and resumed.final_loss == 2.0 and resumed.train_loss == 2.5
+
+
+def test_rank0s_log_is_polled_where_tail_can_and_followed_as_before_where_not(tmp_path):
+    """GNU tail polls the log every LOG_POLL_S with its ---disable-inotify (rank 0's output
+    then comes in a few large packets a poll, not one small packet a write); a tail that does
+    not know the option is run without it."""
+    import os
+    import subprocess
+
+    from ftbundle.launch.node import FOLLOW_LOG
+
+    def run(tail_script: str) -> str:
+        bin_dir = tmp_path / f"bin{len(list(tmp_path.iterdir()))}"
+        bin_dir.mkdir()
+        (bin_dir / "tail").write_text("#!/bin/sh\n" + tail_script)
+        (bin_dir / "tail").chmod(0o755)
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        return subprocess.run(["bash", "-c", FOLLOW_LOG, "ftb-log", "-n", "+1", "-F", "--", "node-0.log"],
+                              capture_output=True, text=True, env=env, check=True).stdout.strip()
+
+    knows = 'printf "%s " "$@"\n'
+    does_not = 'for a; do [ "$a" = ---disable-inotify ] && { echo "tail: unrecognized option" >&2; exit 1; }; done\n' + knows
+    assert run(knows) == "---disable-inotify -n +1 -F -- node-0.log"
+    assert run(does_not) == "-n +1 -F -- node-0.log"
+    gnu = subprocess.run(["tail", "---disable-inotify", "--version"], capture_output=True, text=True)
+    assert gnu.returncode == 0 and "GNU coreutils" in gnu.stdout  # (the test hosts' Debian tail knows it)
