@@ -90,3 +90,22 @@ def test_node_program_beats_on_and_says_its_storage_does_not_answer(tmp_path):
     assert any(line == "ftb-hb 7" for line in out[ok:]), out  # readings again once it answers
     assert ended_after < 8, (ended_after, out)  # (its disk-full look at the end waits 2 s at most)
 
+
+def test_check_names_storage_that_does_not_answer_and_not_as_a_missing_directory():
+    from ftbundle.check.facts import parse_facts
+    from ftbundle.check.rules import check_dirs, check_storage_answers
+
+    frozen = {"storage": {"shared_dir": {"path": "/shared", "not_answering_s": 5.0}}}
+    fine = {"storage": {"shared_dir": {"path": "/shared", "exists": True, "parent_exists": True, "written": True,
+                                       "seen": [0, 1]}}}
+    facts = [parse_facts("node0", 0, fine), parse_facts("node1", 1, frozen)]
+    check = check_storage_answers(facts)
+    assert not check.ok and check.messages() == [(
+        "storage: shared storage /shared (shared_dir) on node1 not answering for 5s: a stat under it got no "
+        "answer (a hung network filesystem: its server down, or the network to it cut?); every process that "
+        "touches it waits until it answers")]
+    assert check_storage_answers([facts[0]]) is None
+
+    class Layout:
+        workdir = shared_dir = "/shared"
+    assert check_dirs(facts, Layout()).ok  # (not "does not exist": it did not answer)

@@ -147,6 +147,7 @@ class Storage:
     written: bool | None = None
     seen: tuple[int, ...] = ()  # ranks whose sentinel this host saw
     error: str | None = None
+    not_answering_s: float | None = None  # a stat under it did not answer this long (hung network filesystem)
 
 
 @dataclass
@@ -227,7 +228,8 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
         f.storage[name] = Storage(
             path=s.get("path", ""), exists=bool(s.get("exists")), created=bool(s.get("created")),
             parent_exists=bool(s.get("parent_exists")), where=s.get("where"), written=s.get("written"),
-            seen=tuple(s.get("seen") or ()), error=s.get("write_error") or s.get("create_error"))
+            seen=tuple(s.get("seen") or ()), error=s.get("write_error") or s.get("create_error"),
+            not_answering_s=s.get("not_answering_s"))
     f.port = data.get("port")
     f.datasets = list(data.get("datasets") or [])
     f.cpus = data.get("cpus") if isinstance(data.get("cpus"), int) else None

@@ -337,6 +337,23 @@ def check_health(facts: list[HostFacts], mode: str, window_s: float = XID_WINDOW
     return check
 
 
+def check_storage_answers(facts: list[HostFacts]) -> Check | None:
+    """Shared storage that did not answer a stat (the probe asks from a child it can abandon:
+    a hung network filesystem holds whatever touches it): named with its path and hosts. What
+    lives under it was not looked at there."""
+    stuck = [(f, name, s) for f in facts for name, s in f.storage.items() if s.not_answering_s is not None]
+    if not stuck:
+        return None
+    check = Check("storage", group_by_value({f.host: "not answering" if any(x is f for x, _, _ in stuck)
+                                             else "answers" for f in facts}), label="shared storage")
+    check.failure = "shared storage not answering"
+    check.details = per_hosts([(f.host, (s.path, name), lambda hosts, s=s, name=name: (
+        f"shared storage {s.path} ({name}) on {hosts} not answering for {s.not_answering_s:.0f}s: a stat "
+        f"under it got no answer (a hung network filesystem: its server down, or the network to it cut?); "
+        f"every process that touches it waits until it answers")) for f, name, s in stuck])
+    return check
+
+
 def check_dirs(facts: list[HostFacts], layout: Layout) -> Check:
     """workdir and shared_dir on every host. Rank 0 creates a missing shared_dir; a host
     that does not see it then has a parent that is not the same storage, and is told so."""
@@ -349,6 +366,8 @@ def check_dirs(facts: list[HostFacts], layout: Layout) -> Check:
         check.notes.append(f"created {shared_dir} on {created_on} (rank 0)")
     problems = []
     for f in facts:
+        if f.shared.not_answering_s is not None:
+            continue  # (check_storage_answers names it)
         if not f.workdir_ok and workdir != shared_dir:
             problems.append((f.host, "workdir", lambda hosts: f"workdir {workdir} does not exist on {hosts}"))
         s = f.shared
@@ -373,6 +392,10 @@ def check_dirs(facts: list[HostFacts], layout: Layout) -> Check:
         check.failure = "directories missing"
         bad = {f.host for f in facts if not f.shared.exists or (not f.workdir_ok and workdir != shared_dir)}
         check.groups = group_by_value({f.host: "missing" if f.host in bad else "present" for f in facts})
+    if any(f.shared.not_answering_s is not None for f in facts):
+        seen = {host: value for value, hosts in check.groups for host in hosts}
+        check.groups = group_by_value({f.host: "not answering" if f.shared.not_answering_s is not None
+                                       else seen.get(f.host, "present") for f in facts})
     return check
 
 
@@ -545,6 +568,7 @@ def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) ->
     checks += [c for c in [check_training(reached, layout)] if c is not None]
     checks.append(check_gpus(reached, layout, nproc_per_node))
     checks += [c for c in [check_health(reached, layout.job.health)] if c is not None]
+    checks += [c for c in [check_storage_answers(reached)] if c is not None]
     checks.append(check_dirs(reached, layout))
     optional = [check_datasets(reached)]
     if remote:

@@ -21,7 +21,12 @@ question, not their sum:
   program sources it): CUDA_VISIBLE_DEVICES, NCCL/GLOO socket interfaces;
 - directories, and storage: for each path the spec names (shared_dir, output_dir), a
   sentinel written under it (or under its nearest existing parent) and the sentinels of
-  every other host waited for: seeing all of them, not a path, proves the storage shared;
+  every other host waited for: seeing all of them, not a path, proves the storage shared.
+  All of it in a child process forked before any thread starts, which first stats a name
+  never used under each path: a hung network filesystem holds whatever touches it in the
+  kernel (D state, deaf to kill -9), so the probe itself never touches it; a path not
+  answered within `storage_answer_s` is reported as not answering, the child abandoned, and
+  what lives under it (the workdir's files, the datasets) is not looked at;
 - the master port: rank 0 binds it (the "is it free" test) and accepts the others, who
   connect to it, all within this one round;
 - the dataset files' sha256 (LlamaFactory's dataset_info.json rules).
@@ -410,6 +415,95 @@ def dirs(spec, out):
     out["workdir_ok"] = bool(workdir) and os.path.isdir(workdir)
 
 
+def storage_apart(spec, started):
+    """Fork the child that asks the storage (before any thread starts: a fork is safe then);
+    (its pid, the read end of its report pipe). The child's lines are JSON: ``{"answered":
+    NAME}`` once a name never used under that path has been stat'ed (no cache answers that: the
+    server did), then ``{"storage": ...}``, :func:`storage`'s result."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(w)
+        return pid, r
+    try:  # the child: nothing of the SSH session's streams, so a child stuck for good holds none
+        os.close(r)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        report = os.fdopen(w, "w")
+        for item in spec.get("storage", []):
+            path = item["path"]
+            try:
+                os.stat(os.path.join(nearest_existing(path) or path, f".ftb-probe-{os.getpid()}-{time.time_ns()}"))
+            except OSError:
+                pass
+            report.write(json.dumps({"answered": item["name"]}) + "\n")
+            report.flush()
+        out = {}
+        guarded(storage, spec, out, started)
+        report.write(json.dumps({"storage": out.get("storage"), "errors": out.get("errors")}) + "\n")
+        report.flush()
+    finally:
+        os._exit(0)
+
+
+class StorageReport:
+    """The storage child's report, read with time limits: it is never waited for."""
+
+    def __init__(self, spec, pid, fd):
+        self.spec, self.pid, self.buf, self.lines = spec, pid, b"", []
+        self.fd = fd
+        self.began = time.monotonic()
+        self.last = self.began  # its last word
+
+    def _read(self, until):
+        import select
+        while time.monotonic() < until:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, until - time.monotonic()))
+            if not ready:
+                return
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return
+            self.last = time.monotonic()
+            self.buf += chunk
+            *done, self.buf = self.buf.split(b"\n")
+            self.lines += [json.loads(line) for line in done if line.strip()]
+            return
+
+    def answered(self, limit):
+        """Every path answered within ``limit`` seconds of the fork; else the first that did not."""
+        want = [item["name"] for item in self.spec.get("storage", [])]
+        until = self.began + limit
+        while True:
+            said = {line.get("answered") for line in self.lines}
+            pending = [n for n in want if n not in said]
+            if not pending or time.monotonic() >= until:
+                return pending[0] if pending else None
+            self._read(until)
+
+    def result(self, out, until):
+        """:func:`storage`'s result into ``out``; a child that falls silent before ``until`` has
+        met storage that stopped answering meanwhile (named by what it had not finished)."""
+        while not any("storage" in line for line in self.lines) and time.monotonic() < until:
+            self._read(until)
+        final = next((line for line in self.lines if "storage" in line), None)
+        if final is not None:
+            out["storage"] = final["storage"] or {}
+            if final.get("errors"):
+                out.setdefault("errors", []).extend(final["errors"])
+            return
+        silent = time.monotonic() - self.last
+        out["storage"] = {item["name"]: {"path": item["path"], "not_answering_s": round(silent, 1)}
+                          for item in self.spec.get("storage", [])}
+
+    def not_answering(self, out, name):
+        waited = round(time.monotonic() - self.began, 1)
+        out["storage"] = {item["name"]: ({"path": item["path"], "not_answering_s": waited}
+                                         if item["name"] == name else {"path": item["path"]})
+                          for item in self.spec.get("storage", [])}
+
+
 def storage(spec, out, started):
     """For each path: write our sentinel, then wait (bounded) for everyone else's."""
     token, rank, expect = spec.get("token"), spec["rank"], spec.get("expect", [])
@@ -731,15 +825,26 @@ def main():
         MODES[spec["mode"]](spec, out)
         print(json.dumps(out))
         return
+    report = StorageReport(spec, *storage_apart(spec, started)) if spec.get("storage") else None
     # the slowest first (it starts the job's interpreter): its head start is the round's
-    tasks = ([versions] if spec.get("python") else []) + [system, dirs, env_view, port, datasets, paths, gpus, health, image]
+    tasks = ([versions] if spec.get("python") else []) + [system, env_view, port, gpus, health, image]
     threads = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
                for t in tasks]
-    threads.append(threading.Thread(target=guarded, args=(storage, spec, out, started), daemon=True,
-                                    name="storage"))
     for t in threads:
         t.start()
+    # what lives on the (often shared) workdir, only once the storage has answered
+    stuck = report.answered(spec.get("storage_answer_s", 5)) if report else None
+    if stuck is None:
+        late = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
+                for t in (dirs, datasets, paths)]
+        for t in late:
+            t.start()
+        threads += late
     deadline = started + spec.get("deadline_s", 150)
+    if stuck is not None:
+        report.not_answering(out, stuck)
+    elif report is not None:
+        report.result(out, min(deadline, time.monotonic() + 2 * spec.get("sentinel_wait_s", 5) + 5))
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     late = [t.name for t in threads if t.is_alive()]
