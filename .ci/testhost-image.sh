@@ -34,6 +34,7 @@ BASE_PACKAGES=(
     python3 openssh-server sudo iproute2 docker.io nftables ca-certificates
     procps psmisc iputils-ping netcat-openbsd iperf3 rsync
     nfs-kernel-server nfs-common openssh-client python3-apt
+    sshfs  # a network filesystem the tests can freeze (no NFS in this kernel: tests/test_storage_hang.py)
 )
 # Shared libraries that a CPython built outside Debian (pyenv) links to (see
 # `ldd` of the interpreter and of _ssl, _ctypes, _sqlite3, _lzma, _bz2, readline,

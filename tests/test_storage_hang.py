@@ -1,0 +1,155 @@
+"""A hung network filesystem under shared_dir is named as one (issue 37 item 4).
+
+Three containerized hosts: node2 serves /export over SFTP, node0 and node1 mount it with sshfs
+at shared_dir (no NFS in this kernel; docs: ../shared/ENVIRONMENT.md), and `docker pause
+node2` freezes it: on node0 and node1 every process that touches shared_dir then waits in the
+kernel until node2 is unpaused (a signal turns it to D state; kill -9 leaves it there).
+
+- a run (2 nodes x 1 rank, gloo, tests/assets/stall.py, its script on a bind mount, its run
+  directory on the sshfs) frozen mid-training is named "shared storage <path> on node... not
+  answering for N s" within stall_timeout + 30 s, stops with 124 (a stall), and once the
+  storage answers again nothing of the job is left;
+- `ftbundle check` on frozen storage exits 2 naming it, within a bounded time (the probe
+  stats from a child it abandons).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster import Cluster
+from tests.helpers import (
+    ASSETS,
+    base_job,
+    ftbundle,
+    job_processes,
+    read_stdout_until,
+    start_ftbundle,
+    write_job,
+)
+
+pytestmark = pytest.mark.cluster
+
+STALL_TIMEOUT = 10
+STALLED = 124  # ftbundle.launch.stall.STALLED_EXIT_CODE
+MOUNT = "/mnt/ftb-sshfs"  # shared_dir on node0 and node1; nothing at that path on this machine
+SSHFS_OPTIONS = "StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,IdentityFile=/root/.ssh/sshfs_key"
+
+
+@pytest.fixture(scope="module")
+def cluster(testhost_image):
+    local = Path(tempfile.mkdtemp(prefix="ftb-storage-", dir="/tmp"))
+    shutil.copy(ASSETS / "stall.py", local / "stall.py")
+    c = Cluster(3, shared_dir=local, image=testhost_image,
+                docker_args=["--device", "/dev/fuse", "--cap-add", "SYS_ADMIN"]).up()
+    try:
+        server = c.hosts[2]
+        c.exec(server, "mkdir -p /export")
+        key = c.key_file.read_text()
+        for client in c.hosts[:2]:
+            c.exec(client, "umask 077 && cat > /root/.ssh/sshfs_key", input=key)
+            c.exec(client, f"mkdir -p {MOUNT} && sshfs -o {SSHFS_OPTIONS} root@{server.name}:/export {MOUNT}",
+                   timeout=30)
+        c.exec(c.hosts[0], f"touch {MOUNT}/mounted")
+        assert c.exec(c.hosts[1], f"ls {MOUNT}").stdout.split() == ["mounted"]
+        yield c
+    finally:
+        subprocess.run(["docker", "unpause", c.hosts[2].container], capture_output=True, check=False)
+        c.down()  # (docker rm -f: the way out, whatever is still frozen)
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def write_two_node_job(cluster, tmp_path, name: str, **extra) -> str:
+    """The job on node0 and node1 (node2 is the storage): shared_dir on the sshfs, the script
+    in the workdir on the bind mount."""
+    path = cluster.write_inventory(tmp_path / "hosts.yml")
+    inv = yaml.safe_load(path.read_text())
+    del inv["all"]["children"]["trainers"]["hosts"][cluster.hosts[2].name]
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    job = base_job(name, Path(MOUNT), path, {"script": "stall.py", "args": ["--sleep", "0.5"]},
+                   workdir=str(cluster.shared_dir), stall_timeout=STALL_TIMEOUT, **extra)
+    return str(write_job(tmp_path / "job.yaml", job))
+
+
+def freeze(cluster) -> float:
+    subprocess.run(["docker", "pause", cluster.hosts[2].container], check=True, capture_output=True)
+    return time.monotonic()
+
+
+def thaw(cluster) -> None:
+    subprocess.run(["docker", "unpause", cluster.hosts[2].container], check=True, capture_output=True)
+
+
+def trainers_processes(cluster) -> dict[str, list[str]]:
+    return {h: p for h, p in job_processes(cluster).items() if h != cluster.hosts[2].name}
+
+
+def test_check_names_frozen_shared_storage_and_returns(cluster, tmp_path):
+    job = write_two_node_job(cluster, tmp_path, "storage-check")
+    frozen_at = freeze(cluster)
+    try:
+        result = ftbundle("check", job, timeout=120)
+        took = time.monotonic() - frozen_at
+    finally:
+        thaw(cluster)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert re.search(rf"shared storage {MOUNT} \(shared_dir\) on node\[0-1\] not answering for \d+s", out), out
+    assert "does not exist" not in out, out  # (not a missing directory: it did not answer)
+    assert took < 45, f"{took:.1f}s\n{out}"
+    print(out)
+    print(f"check on frozen storage: exit 2 in {took:.1f}s")
+
+
+def test_frozen_storage_during_a_run_is_named_and_the_run_stops(cluster, tmp_path):
+    job = write_two_node_job(cluster, tmp_path, "storage-run")
+    proc = start_ftbundle("run", "-v", job)
+    said: list[tuple[float, str]] = []
+
+    def read_err():
+        for line in proc.stderr:
+            said.append((time.monotonic(), line))
+
+    reader = threading.Thread(target=read_err, daemon=True)
+    reader.start()
+    try:
+        read_stdout_until(proc, "step 3 allreduce ok", timeout=180)
+        frozen_at = freeze(cluster)
+        try:
+            proc.stdout.read()
+            proc.wait(timeout=STALL_TIMEOUT + 90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("ftbundle still ran after the freeze:\n" + "".join(t for _, t in said)) from None
+        ended = time.monotonic() - frozen_at
+        reader.join(10)
+        err = "".join(line for _, line in said)
+        left_frozen = trainers_processes(cluster)
+    finally:
+        thaw(cluster)
+        proc.kill()
+    named = [(at, line) for at, line in said
+             if re.search(rf"shared storage {MOUNT} on node(\[0-1\]|0|1) not answering for \d+s", line)]
+    stalled = [(at, line) for at, line in said if "stalled: shared storage" in line]
+    assert proc.returncode == STALLED, err
+    assert named and stalled, err
+    assert stalled[0][0] - frozen_at < STALL_TIMEOUT + 30, f"{stalled[0][0] - frozen_at:.1f}s\n{err}"
+    assert "frozen or starved of CPU" not in err and "odd one out" not in err, err
+    # once it answers, what waited on it ends (its SIGKILL was waiting): nothing is left
+    deadline = time.monotonic() + 30
+    while (left := trainers_processes(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == {}, left
+    print(err)
+    print(f"frozen -> first named {named[0][0] - frozen_at:.1f}s, stopped as stalled {stalled[0][0] - frozen_at:.1f}s, "
+          f"ftbundle ended {ended:.1f}s after the freeze (stall_timeout {STALL_TIMEOUT}s); "
+          f"left while frozen: {left_frozen}")
