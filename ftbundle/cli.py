@@ -49,6 +49,30 @@ def _lines(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """--burn-in SECONDS: 1 to 3600 (the job file goes first: `check JOB --burn-in 5`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (the job file goes first: "
+                                         "ftbundle check JOB --burn-in [SECONDS])") from None
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be 1 to 3600 seconds; got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """--slow-below: a fraction of the fleet's median, above 0 and at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction of the fleet's median above 0 and at most 1 "
+                                         f"(0.9: more than 10% slower than the median); got {text!r}")
+    return value
+
+
 def cmd_completion(args: argparse.Namespace) -> int:
     from .completion import script
 
@@ -111,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
                      help="also measure the network: iperf3 to rank 0 from every host, and an all-reduce")
     chk.add_argument("--min-gbps", type=float, default=10.0,
                      help="warn about links slower than this, in Gbit/s (default 10)")
+    chk.add_argument("--burn-in", type=_seconds, nargs="?", const=10.0, default=None, metavar="SECONDS",
+                     help="also load every host at once for SECONDS (default 10): per GPU a bf16 GEMM and an "
+                          "HBM copy, on a CPU host a CPU GEMM; hosts slower than the fleet's median are named")
+    chk.add_argument("--slow-below", type=_fraction, default=0.9, metavar="FRACTION",
+                     help="with --burn-in: name a host slow below this fraction of the fleet's median (default 0.9)")
     chk.set_defaults(func=cmd_check)
 
     for name, func, text in (("status", cmd_status, "state of every node of a run"),

@@ -11,8 +11,9 @@ from .common import load_layout, open_cluster
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Every check on every host, the report on stdout; exit 2 when any fails. With
-    --net, the network is measured too, on the job's own plan (slow links are warnings; a
-    measurement that could not be made is a failure)."""
+    --net, the network is measured too, on the job's own plan; with --burn-in, every host
+    is loaded at once and compared with the fleet's median (slow links and slow hosts are
+    warnings; a measurement that could not be made is a failure)."""
     from ..check import print_report, run_checks
 
     job, layout = load_layout(args.job, args.inventory)
@@ -21,10 +22,19 @@ def cmd_check(args: argparse.Namespace) -> int:
         print_report(report)
         if not report.ok:
             return EXIT_USAGE
+        plan = make_plan(layout, facts) if args.net or args.burn_in is not None else None
+        failed = False
+        net_figures = None
         if args.net:
             from ..check.net import run_net_check
 
-            net = run_net_check(make_plan(layout, facts), cluster, min_gbps=args.min_gbps)
-            if not net.ok:
-                return EXIT_USAGE
-    return 0
+            net = run_net_check(plan, cluster, min_gbps=args.min_gbps)
+            failed = not net.ok
+            net_figures = {"throughput_gbps": net.throughput_gbps, "rank0": net.rank0, "busbw_gbps": net.busbw_gbps,
+                           "algbw_gbps": net.algbw_gbps, "allreduce": net.bench, "warnings": net.warnings}
+        if args.burn_in is not None:
+            from ..check.burnin import run_burnin
+
+            burnin = run_burnin(plan, cluster, seconds=args.burn_in, slow_below=args.slow_below, net=net_figures)
+            failed = failed or not burnin.ok
+    return EXIT_USAGE if failed else 0

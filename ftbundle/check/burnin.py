@@ -1,0 +1,290 @@
+"""`ftbundle check --burn-in [SECONDS]`: is any host slower than the rest?
+
+Every host runs the same short load at once (shims/burnin.py, once per node with the job's
+own interpreter or image, launched by the launcher's own Supervisor on the job's plan, as
+``--net`` launches its all-reduce): per GPU a bf16 GEMM (TFLOP/s) and an HBM copy (GB/s); on
+a host without GPUs a CPU GEMM (GFLOP/s, one thread). Each figure is compared with the
+fleet's median of the same figure (:func:`compare`, pure): one below ``slow_below`` of it is
+named slow, with its figure and the median. Slow is a warning, not a failure; a host whose
+measurement could not be made is an error.
+
+Where it is kept: the check's own directory, ``<shared_dir>/checks/<check id>/`` (the
+check has no other directory: ``runs/`` holds runs only). ``burnin.json`` there has every
+figure, the medians and who was slow; beside it each node's own result and log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import posixpath
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from .. import shipped
+from ..cluster import Cluster, Result, first_line, parallel
+from ..hostlist import fold, fold_numbers
+from ..plan import Plan, shape_text
+from . import WAIT_S_PER_HOST
+
+DEFAULT_SECONDS = 10.0
+DEFAULT_SLOW_BELOW = 0.9
+SCRIPT = "ftb_burnin.py"
+RESULT = "burnin.json"
+CHECKS_DIR = "checks"  # under shared_dir: one directory per check that keeps something
+START_LIMIT_S = 120  # each node's load is killed after this long beyond its seconds (imports, CUDA start)
+# Every host starts measuring when every host is ready (its ready file in the check's
+# directory): each waits at most this long, +WAIT_S_PER_HOST per host beyond 8 (the launch
+# of n nodes is spread over a time that grows with n), then measures anyway and says so.
+BARRIER_S = 60.0
+
+# figure key -> (what it is, unit)
+METRICS = {
+    "gemm_bf16_tflops": ("bf16 GEMM", "TFLOP/s"),
+    "hbm_copy_gbps": ("HBM copy", "GB/s"),
+    "cpu_gemm_gflops": ("CPU GEMM", "GFLOP/s"),
+}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure of one device (a GPU, or a host's CPU)."""
+
+    host: str
+    device: str  # "cpu", or "GPU 3" (the index the host's nvidia-smi gives, where known)
+    metric: str  # a key of METRICS
+    value: float
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class Slow:
+    figure: Figure
+    median: float
+
+    @property
+    def ratio(self) -> float:
+        return self.figure.value / self.median if self.median else 0.0
+
+    def line(self) -> str:
+        what, unit = METRICS[self.figure.metric]
+        f = self.figure
+        where = f.host if f.device == "cpu" else f"{f.host} {f.device}" + (f" ({f.uuid})" if f.uuid else "")
+        return (f"{where} is slow: {what} {f.value:.4g} {unit}, {self.ratio:.2f}x the fleet's median "
+                f"{self.median:.4g} {unit}")
+
+
+@dataclass
+class BurninReport:
+    check_dir: str = ""
+    seconds: float = DEFAULT_SECONDS
+    slow_below: float = DEFAULT_SLOW_BELOW
+    figures: list[Figure] = field(default_factory=list)
+    medians: dict[str, float] = field(default_factory=dict)
+    slow: list[Slow] = field(default_factory=list)
+    nodes: dict[str, dict] = field(default_factory=dict)  # host -> its node's result, as written
+    net: dict | None = None  # --net's figures, when it ran too
+    errors: list[str] = field(default_factory=list)  # hosts or GPUs not measured
+    notes: list[str] = field(default_factory=list)  # hosts that measured before every host was ready
+    took: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Every host measured (a slow one is a warning)."""
+        return not self.errors
+
+    def to_dict(self) -> dict:
+        return {"check_dir": self.check_dir, "seconds": self.seconds, "slow_below": self.slow_below,
+                "medians": self.medians,
+                "figures": [dataclasses.asdict(f) for f in self.figures],
+                "slow": [{**dataclasses.asdict(s.figure), "median": s.median, "ratio": round(s.ratio, 4)}
+                         for s in self.slow],
+                "errors": self.errors, "notes": self.notes, "took_s": round(self.took, 2), "nodes": self.nodes,
+                **({"net": self.net} if self.net is not None else {})}
+
+
+# ---------------------------------------------------------------------------------------
+# Pure parts
+
+
+def compare(figures: list[Figure], slow_below: float = DEFAULT_SLOW_BELOW) -> tuple[dict[str, float], list[Slow]]:
+    """Each figure against the fleet's median of the same metric: (medians, the slow ones).
+
+    Below ``slow_below`` x the median is slow. A fleet of one compares with itself (nobody
+    is slow); with two, the median is their mean, so a host at half its peer's speed is at
+    0.67x and named."""
+    by_metric: dict[str, list[Figure]] = {}
+    for f in figures:
+        by_metric.setdefault(f.metric, []).append(f)
+    medians = {m: statistics.median(f.value for f in fs) for m, fs in by_metric.items()}
+    slow = [Slow(f, medians[f.metric]) for f in figures if f.value < slow_below * medians[f.metric]]
+    slow.sort(key=lambda s: (s.ratio, s.figure.host, s.figure.device))
+    return medians, slow
+
+
+def figures_of(host: str, result: dict) -> tuple[list[Figure], list[str]]:
+    """A node's result (shims/burnin.py's JSON) as figures, and the devices it could not measure."""
+    figures, errors = [], []
+    for d in result.get("devices", []):
+        device = str(d.get("device", "?"))
+        if d.get("error"):
+            errors.append(f"{host} {device}: not measured: {d['error']}")
+            continue
+        for metric in METRICS:
+            if isinstance(d.get(metric), (int, float)):
+                figures.append(Figure(host, device, metric, float(d[metric]), d.get("uuid")))
+    return figures, errors
+
+
+def burnin_source() -> str:
+    return shipped.read_text("shims", "burnin.py")
+
+
+def check_dir(plan: Plan) -> str:
+    """``<shared_dir>/checks/<the check's id>``: the check's own directory."""
+    return posixpath.join(plan.shared_dir, CHECKS_DIR, plan.run_id)
+
+
+def burnin_plan(plan: Plan, seconds: float) -> Plan:
+    """The job's plan running the burn-in once per node (no torchrun: nothing is exchanged):
+    the same hosts, interpreter or image, GPUs and environment, in the check's directory;
+    each node bounded by `timeout`."""
+    run_dir = check_dir(plan)
+    barrier = BARRIER_S + WAIT_S_PER_HOST * max(0, len(plan.nodes) - 8)
+    limit = str(int(seconds * 2 + barrier + START_LIMIT_S))
+
+    def node(n):
+        python = n.torchrun[0] if n.torchrun else "python3"
+        program = (python, posixpath.join(run_dir, SCRIPT), "--seconds", f"{seconds:g}", "--out-dir", run_dir,
+                   "--nodes", str(len(plan.nodes)), "--barrier-s", f"{barrier:g}")
+        return dataclasses.replace(
+            n, program=program, per_node=True, wrapper=("timeout", "-k", "5", limit, *n.wrapper),
+            env={**n.env, "FTB_RUN_DIR": run_dir},
+            log_path=posixpath.join(run_dir, posixpath.basename(n.log_path)))
+
+    return dataclasses.replace(plan, run_dir=run_dir, files={}, warnings=(), notes=(), stall_timeout=0,
+                               nodes=tuple(node(n) for n in plan.nodes))
+
+
+# ---------------------------------------------------------------------------------------
+# I/O
+
+
+def _read_node(cluster: Cluster, node, run_dir: str):
+    """The node's result file, read on its own host."""
+    path = posixpath.join(run_dir, f"node-{node.rank}.json")
+    try:
+        result = cluster.run(node.host, ["cat", "--", path], timeout=15)
+    except Exception as exc:  # noqa: BLE001 - named in the report
+        return first_line(exc)
+    return result
+
+
+def _bookkeeping(bench: Plan) -> tuple[str, ...]:
+    """The launcher's own files of the burn-in (pid, exit code, attempt) and the staged
+    script: removed once burnin.json is written. Each node's log and result stay."""
+    from ..launch.supervisor import ATTEMPT_FILE
+    from ..plan import NodeFiles
+
+    files = [posixpath.join(bench.run_dir, name) for name in (ATTEMPT_FILE, SCRIPT, "ready")]
+    for n in bench.nodes:
+        f = NodeFiles.of(bench.run_dir, bench.run_id, n.rank, n.host.name, 1)
+        files += [f.pid, f.exit, f.hb]
+    return tuple(files)
+
+
+def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
+               slow_below: float = DEFAULT_SLOW_BELOW, out: TextIO | None = None, *,
+               quiet: bool = False, net: dict | None = None) -> BurninReport:
+    """Load every host at once, compare, keep burnin.json in the check's directory, print
+    the report to ``out`` (default: stdout) unless ``quiet``; return it. ``net``: the
+    figures of ``--net`` made just before, kept in the same file."""
+    from ..launch import Supervisor, read_tail, stage_files, stage_run_dir
+
+    started = time.monotonic()
+    bench = burnin_plan(plan, seconds)
+    report = BurninReport(check_dir=bench.run_dir, seconds=seconds, slow_below=slow_below, net=net)
+    rank0 = bench.nodes[0].host
+    try:
+        stage_run_dir(cluster, bench)
+        stage_files(cluster, rank0, bench.run_dir, {SCRIPT: burnin_source()})
+        Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run()
+        answers = parallel(lambda n: _read_node(cluster, n, bench.run_dir), list(bench.nodes))
+        for node, answer in zip(bench.nodes, answers):
+            name = node.host.name
+            try:
+                if not isinstance(answer, Result) or not answer.ok:
+                    raise ValueError
+                result = json.loads(answer.stdout)
+            except ValueError:
+                tail = read_tail(bench, cluster, node.rank, node.log_path, 4) or []
+                why = "; ".join(line.strip() for line in tail if line.strip()) or (
+                    answer if isinstance(answer, str) else "no result written")
+                report.errors.append(f"{name}: not measured: {why}")
+                continue
+            report.nodes[name] = result
+            late = sorted({r for d in result.get("devices", []) for r in d.get("barrier", {}).get("not_ready", [])})
+            if late:
+                report.notes.append(f"{name} measured without waiting any longer for "
+                                    f"{fold(bench.nodes[r].host.name for r in late if r < len(bench.nodes))} "
+                                    "(not ready in time): its figures are not from the same moment")
+            figures, errors = figures_of(name, result)
+            report.figures += figures
+            report.errors += errors
+        report.medians, report.slow = compare(report.figures, slow_below)
+        report.took = time.monotonic() - started
+        stage_files(cluster, rank0, bench.run_dir, {RESULT: json.dumps(report.to_dict(), indent=2) + "\n"},
+                    leftovers=_bookkeeping(bench))
+    except Exception as exc:  # noqa: BLE001 - staging or the launch itself failed: say so
+        report.errors.append(f"burn-in could not run: {first_line(exc)}")
+        report.took = time.monotonic() - started
+    if not quiet:
+        print_burnin_report(report, plan, out)
+    return report
+
+
+def _devices(devices: set[str]) -> str:
+    """``{"GPU 0", "GPU 1", "GPU 3"}`` -> ``GPUs 0-1,3``; the CPU is said by the metric."""
+    gpus = [d[4:] for d in devices if d.startswith("GPU ")]
+    if not gpus:
+        return ""
+    if all(g.isdigit() for g in gpus):
+        return f" (GPU{'s' if len(gpus) > 1 else ''} {fold_numbers(int(g) for g in gpus)})"
+    return f" ({', '.join(sorted(devices))})"
+
+
+def format_burnin_report(report: BurninReport, plan: Plan) -> list[str]:
+    """Per metric one line: the median, and the hosts within ``slow_below`` of it folded with
+    their range; then one warning per slow figure, the errors, and where the figures are kept."""
+    lines = [f"ftbundle check --burn-in: job {plan.job_name}, {shape_text(plan.nprocs, 'host(s)')}, "
+             f"{report.seconds:g}s of load on every host at once; slow: below {report.slow_below:g}x the fleet's median"]
+    slow = {(s.figure.host, s.figure.device, s.figure.metric) for s in report.slow}
+    for metric, (what, unit) in METRICS.items():
+        fine = [f for f in report.figures if f.metric == metric and (f.host, f.device, f.metric) not in slow]
+        if metric not in report.medians:
+            continue
+        line = f"{what:<10}  median {report.medians[metric]:.4g} {unit}"
+        if fine:
+            low, high = min(f.value for f in fine), max(f.value for f in fine)
+            span = f"{low:.4g}" if f"{low:.4g}" == f"{high:.4g}" else f"{low:.4g}-{high:.4g}"
+            line += f"; {fold(f.host for f in fine)}{_devices({f.device for f in fine})}: {span} {unit}"
+        lines.append(line)
+    lines += [f"warning: {s.line()}" for s in report.slow]
+    lines += [f"note: {n}" for n in report.notes]
+    lines += [f"error: {e}" for e in report.errors]
+    if report.figures and not report.slow:
+        lines.append("no host is slow")
+    kept = f"; figures in {posixpath.join(report.check_dir, RESULT)}" if report.figures else ""
+    lines.append(f"burn-in {'done' if report.ok else 'incomplete'} in {report.took:.1f}s{kept}")
+    return lines
+
+
+def print_burnin_report(report: BurninReport, plan: Plan, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    for line in format_burnin_report(report, plan):
+        print(line, file=out)
+    out.flush()

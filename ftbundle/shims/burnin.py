@@ -1,0 +1,175 @@
+"""A short measured load on one host, run by `ftbundle check --burn-in` on every host at once.
+
+Staged into the check's directory as ftb_burnin.py and run once per node (no torchrun) with
+the job's own interpreter or image. It writes one JSON object to OUT_DIR/node-$NODE_RANK.json:
+
+* a host with GPUs: every GPU it sees, each in a process of its own, all at once (the load a
+  training puts on the host's power and cooling): a bf16 GEMM (8192^3, TFLOP/s) for half the
+  time, then a device-to-device copy of 1 GiB (GB/s, read + write) for the other half;
+* a host without: a float32 GEMM on the CPU (GFLOP/s) on ``--threads`` threads (1 by default:
+  what one core does, so hosts with other loads or a different core count still compare).
+
+Every host starts measuring at the same moment: each, once its interpreter and its GPUs are
+ready, writes ``ready/node-R`` into the check's directory (shared storage) and waits until it
+can open every other host's (``--nodes``, at most ``--barrier-s``: then it measures anyway and
+says so). Without it a host that imports torch sooner would run alone for a while and look
+fast. Each figure is the work done over the whole measured time (after a short warm-up), never the
+best iteration: a CPU quota (a cgroup's CFS period) or a GPU that throttles only part of the
+time must show. The definitions are those of ../shared/gpu/check/health.sh (2 n^3 flops per
+GEMM, 2 bytes moved per byte copied).
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--seconds", type=float, default=10.0, help="measured time per host (GPUs: split between tests)")
+parser.add_argument("--out-dir", required=True, help="node-$NODE_RANK.json goes here")
+parser.add_argument("--threads", type=int, default=1, help="CPU GEMM threads")
+parser.add_argument("--cpu-size", type=int, default=512, help="CPU GEMM matrix size")
+parser.add_argument("--gpu-size", type=int, default=8192, help="GPU GEMM matrix size")
+parser.add_argument("--copy-mib", type=int, default=1024, help="GPU copy size, MiB")
+parser.add_argument("--nodes", type=int, default=1, help="hosts measuring at once: wait for all their ready files")
+parser.add_argument("--barrier-s", type=float, default=60.0, help="wait at most this long for the other hosts")
+parser.add_argument("--device", type=int, help="measure this GPU alone and print its JSON (a child process)")
+args = parser.parse_args()
+
+WARMUP_S = 0.5
+NODE_RANK = int(os.environ.get("NODE_RANK", "0"))
+
+
+def barrier() -> dict:
+    """Say this host is ready, wait for every other host's ready file (opened by name, as
+    NFS revalidates on open); what it waited, and for whom when it gave up."""
+    ready = os.path.join(args.out_dir, "ready")
+    os.makedirs(ready, exist_ok=True)
+    with open(os.path.join(ready, f"node-{NODE_RANK}"), "w") as f:
+        f.write(socket.gethostname())
+    started = time.monotonic()
+    missing = set(range(args.nodes)) - {NODE_RANK}
+    while missing and time.monotonic() - started < args.barrier_s:
+        for rank in sorted(missing):
+            try:
+                open(os.path.join(ready, f"node-{rank}")).close()
+                missing.discard(rank)
+            except OSError:
+                pass
+        if missing:
+            time.sleep(0.02)
+    return {"waited_s": round(time.monotonic() - started, 3), "not_ready": sorted(missing)}
+
+
+def timed(step, seconds: float, sync=lambda: None) -> tuple[int, float]:
+    """Run ``step`` for about ``seconds`` after a warm-up; (iterations, seconds taken)."""
+    until = time.perf_counter() + WARMUP_S
+    while time.perf_counter() < until:
+        step()
+    sync()
+    started = time.perf_counter()
+    iters = 0
+    batch = 1
+    while True:
+        for _ in range(batch):
+            step()
+        iters += batch
+        sync()
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return iters, elapsed
+        if elapsed < seconds / 20:  # few checks of the clock: a sync per check costs the GPU
+            batch *= 2
+
+
+def cpu_gemm() -> dict:
+    torch.set_num_threads(args.threads)
+    n = args.cpu_size
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    c = torch.empty(n, n)
+    torch.matmul(a, b, out=c)
+    waited = barrier()
+    iters, elapsed = timed(lambda: torch.matmul(a, b, out=c), args.seconds)
+    return {"device": "cpu", "threads": args.threads, "size": n, "iters": iters, "seconds": round(elapsed, 3),
+            "cpu_gemm_gflops": 2 * n ** 3 * iters / elapsed / 1e9, "barrier": waited}
+
+
+def one_gpu(index: int) -> dict:
+    torch.cuda.set_device(index)
+    device = torch.device("cuda", index)
+    sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    half = args.seconds / 2
+    n = args.gpu_size
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    c = torch.empty_like(a)
+    torch.matmul(a, b, out=c)
+    sync()
+    print("ready", flush=True)  # to the parent, which answers once every host is ready
+    sys.stdin.readline()
+    gemm_iters, gemm_s = timed(lambda: torch.matmul(a, b, out=c), half, sync)
+    del a, b, c
+    nbytes = args.copy_mib * 2 ** 20
+    x = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    copy_iters, copy_s = timed(lambda: y.copy_(x), half, sync)
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    # the index nvidia-smi gives it, where CUDA_VISIBLE_DEVICES names indices (not UUIDs)
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    shown = visible[index] if index < len(visible) and visible[index].isdigit() else index
+    return {"device": f"GPU {shown}", "local_index": index,
+            "name": props.name, "uuid": f"GPU-{uuid}" if uuid is not None else None,
+            "gemm_bf16_tflops": 2 * n ** 3 * gemm_iters / gemm_s / 1e12,
+            "hbm_copy_gbps": 2 * nbytes * copy_iters / copy_s / 1e9,
+            "gemm_size": n, "copy_mib": args.copy_mib, "seconds": round(gemm_s + copy_s, 3)}
+
+
+def all_gpus(count: int) -> list[dict]:
+    """One process per GPU, all at once; a GPU whose process fails is reported with its error."""
+    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--device", str(i)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(count)]
+    for proc in procs:
+        proc.stdout.readline()  # "ready" (or nothing: it failed, and says why below)
+    waited = barrier()
+    for proc in procs:
+        try:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        except OSError:
+            pass
+    results = []
+    for i, proc in enumerate(procs):
+        out, err = proc.communicate()
+        try:
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            lines = (err or out).strip().splitlines()
+            results.append({"device": f"GPU {i}", "local_index": i,
+                            "error": lines[-1] if lines else f"exit {proc.returncode}"})
+        results[-1]["barrier"] = waited
+    return results
+
+
+if args.device is not None:
+    print(json.dumps(one_gpu(args.device)), flush=True)
+    sys.exit(0)
+
+started = time.time()
+gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+result = {"hostname": socket.gethostname(), "node_rank": NODE_RANK,
+          "torch": torch.__version__, "kind": "gpu" if gpus else "cpu",
+          "devices": all_gpus(gpus) if gpus else [cpu_gemm()], "started": started}
+path = os.path.join(args.out_dir, f"node-{result['node_rank']}.json")
+with open(path + ".tmp", "w") as f:
+    json.dump(result, f)
+os.replace(path + ".tmp", path)
+print("ftb-burnin " + " ".join(f"{d['device']}: " + ", ".join(f"{k}={v:.1f}" for k, v in d.items()
+                                                           if k.endswith(("flops", "gbps")))
+                               for d in result["devices"]), flush=True)

@@ -1,0 +1,228 @@
+"""`ftbundle check --burn-in`: every host loaded at once and compared with the fleet's median.
+
+The comparison is a pure function (tested first, with made-up figures); then the burn-in runs
+for real: on this machine alone (one host, the CPU GEMM), and on three containerized hosts,
+healthy and then with one host's CPU capped by its cgroup (`docker update --cpus 0.3`): that
+host, and no other, is named slow. The GPU half (bf16 GEMM, HBM copy) runs in tests/test_gpu.py
+where a GPU is lent.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+from ftbundle.check.burnin import (METRICS, BurninReport, Figure, burnin_plan, compare, figures_of,
+                                   format_burnin_report)
+from ftbundle.commands.common import load_layout, open_cluster
+from ftbundle.plan import make_plan
+from tests.helpers import base_job, ftbundle, write_job
+
+# ---------------------------------------------------------------------------------------
+# the comparison (pure)
+
+
+def cpu(host: str, value: float) -> Figure:
+    return Figure(host, "cpu", "cpu_gemm_gflops", value)
+
+
+def test_a_healthy_fleet_names_nobody():
+    figures = [cpu(f"node{i}", v) for i, v in enumerate([40.1, 41.7, 39.4, 40.9, 38.2])]
+    medians, slow = compare(figures)
+    assert medians == {"cpu_gemm_gflops": 40.1} and slow == []
+
+
+def test_a_host_at_a_third_is_named_with_its_figure_and_the_median():
+    figures = [cpu("node0", 40.0), cpu("node1", 42.0), cpu("node2", 13.0), cpu("node3", 41.0)]
+    medians, slow = compare(figures)
+    assert medians["cpu_gemm_gflops"] == 40.5
+    assert [s.figure.host for s in slow] == ["node2"]
+    assert slow[0].line() == ("node2 is slow: CPU GEMM 13 GFLOP/s, 0.32x the fleet's median 40.5 GFLOP/s")
+
+
+def test_slow_below_decides_and_the_edge_is_not_slow():
+    figures = [cpu("a", 100.0), cpu("b", 100.0), cpu("c", 90.0)]
+    assert compare(figures, 0.9)[1] == []  # exactly 0.9x: not below
+    assert [s.figure.host for s in compare(figures, 0.95)[1]] == ["c"]
+    assert compare(figures, 0.5)[1] == []
+
+
+def test_one_host_compares_with_itself_and_two_hosts_with_their_mean():
+    assert compare([cpu("only", 5.0)])[1] == []
+    medians, slow = compare([cpu("fast", 30.0), cpu("slow", 10.0)])
+    assert medians["cpu_gemm_gflops"] == 20.0 and [s.figure.host for s in slow] == ["slow"]
+
+
+def test_gpus_are_compared_per_metric_and_named_by_host_gpu_and_uuid():
+    figures = []
+    for h in range(4):
+        for g in range(8):
+            slow_gemm = (h, g) == (2, 5)
+            figures.append(Figure(f"gpu-{h:03d}", f"GPU {g}", "gemm_bf16_tflops", 520.0 if slow_gemm else 780.0 + g,
+                                  f"GPU-{h}{g}"))
+            figures.append(Figure(f"gpu-{h:03d}", f"GPU {g}", "hbm_copy_gbps", 2990.0 - h))
+    medians, slow = compare(figures)
+    assert [(s.figure.host, s.figure.device, s.figure.metric) for s in slow] == [
+        ("gpu-002", "GPU 5", "gemm_bf16_tflops")]
+    assert slow[0].line() == ("gpu-002 GPU 5 (GPU-25) is slow: bf16 GEMM 520 TFLOP/s, 0.66x the fleet's median "
+                              "783 TFLOP/s")
+    report = BurninReport(check_dir="/s/checks/x", seconds=20, figures=figures, medians=medians, slow=slow)
+
+    class P:
+        job_name, nprocs = "j", (8, 8, 8, 8)
+    text = "\n".join(format_burnin_report(report, P()))
+    assert "bf16 GEMM   median 783 TFLOP/s; gpu-[000-003] (GPUs 0-7): 780-787 TFLOP/s" in text
+    assert "HBM copy    median 2988 GB/s; gpu-[000-003] (GPUs 0-7): 2987-2990 GB/s" in text
+    assert "warning: gpu-002 GPU 5 (GPU-25) is slow" in text and "no host is slow" not in text
+    assert text.endswith("figures in /s/checks/x/burnin.json")
+
+
+def test_a_node_result_becomes_figures_and_a_failed_gpu_an_error():
+    result = {"devices": [{"device": "GPU 0", "uuid": "GPU-a", "gemm_bf16_tflops": 780.0, "hbm_copy_gbps": 2990.0},
+                          {"device": "GPU 1", "error": "CUDA error: uncorrectable ECC error encountered"}]}
+    figures, errors = figures_of("gpu-001", result)
+    assert [(f.device, f.metric) for f in figures] == [("GPU 0", "gemm_bf16_tflops"), ("GPU 0", "hbm_copy_gbps")]
+    assert errors == ["gpu-001 GPU 1: not measured: CUDA error: uncorrectable ECC error encountered"]
+    assert set(METRICS) == {"gemm_bf16_tflops", "hbm_copy_gbps", "cpu_gemm_gflops"}
+
+
+def test_the_burnin_plan_runs_once_per_node_with_the_jobs_interpreter_in_the_checks_directory(tmp_path):
+    from tests.test_check import local_job
+
+    _, layout = load_layout(str(local_job(tmp_path, train={"command": "true"})), None)
+    plan = make_plan(layout)
+    bench = burnin_plan(plan, 7)
+    node = bench.nodes[0]
+    assert bench.run_dir == f"{plan.shared_dir}/checks/{plan.run_id}"
+    assert node.per_node and node.argv[:4] == ("timeout", "-k", "5", "194")
+    assert node.program == (plan.nodes[0].torchrun[0], f"{bench.run_dir}/ftb_burnin.py", "--seconds", "7",
+                            "--out-dir", bench.run_dir, "--nodes", "1", "--barrier-s", "60")
+    assert node.log_path.startswith(bench.run_dir + "/")
+
+
+# ---------------------------------------------------------------------------------------
+# for real: this machine alone
+
+
+@pytest.mark.timeout(120)
+def test_local_burnin_measures_the_cpu_and_keeps_the_figures(tmp_path):
+    from ftbundle.check.burnin import run_burnin
+    from tests.test_check import local_job
+
+    (tmp_path / ".shared").mkdir()
+    _, layout = load_layout(str(local_job(tmp_path, train={"command": "true"})), None)
+    out = io.StringIO()
+    with open_cluster(layout.hosts) as cluster:
+        report = run_burnin(make_plan(layout), cluster, seconds=2, out=out)
+    text = out.getvalue()
+    assert report.ok and not report.slow, text
+    assert [(f.host, f.metric) for f in report.figures] == [("localhost", "cpu_gemm_gflops")]
+    assert report.figures[0].value > 0.1
+    (check_dir,) = (tmp_path / ".shared" / "checks").iterdir()
+    kept = json.loads((check_dir / "burnin.json").read_text())
+    assert kept["figures"][0]["value"] == report.figures[0].value and kept["slow"] == []
+    assert kept["nodes"]["localhost"]["devices"][0]["threads"] == 1
+    assert sorted(p.name for p in check_dir.iterdir()) == ["burnin.json", "node-0-localhost.a1.log", "node-0.json",
+                                                          "plan.json"]
+    assert "no host is slow" in text and f"figures in {check_dir}/burnin.json" in text
+
+
+def test_burn_in_seconds_and_slow_below_are_checked_before_anything_runs():
+    for args, words in ((["--burn-in", "0"], "must be 1 to 3600 seconds"),
+                        (["--burn-in", "5", "--slow-below", "1.5"], "above 0 and at most 1"),
+                        (["--burn-in", "job.yaml"], "the job file goes first")):
+        proc = ftbundle("check", *args, timeout=60)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# for real: three containerized hosts, one of them capped
+
+SLOW_LINE = re.compile(r"^warning: (\S+) is slow: CPU GEMM ([0-9.]+) GFLOP/s, ([0-9.]+)x the fleet's median "
+                       r"([0-9.]+) GFLOP/s$", re.M)
+
+
+def burn_in(job_path, seconds: int = 5) -> tuple[subprocess.CompletedProcess, dict]:
+    """`ftbundle check JOB --burn-in SECONDS`, and the burnin.json it kept."""
+    proc = ftbundle("check", str(job_path), "--burn-in", str(seconds), timeout=240)
+    kept = re.search(r"figures in (\S+/burnin\.json)$", proc.stdout, re.M)
+    assert kept, proc.stdout + proc.stderr
+    with open(kept.group(1)) as f:
+        return proc, json.load(f)
+
+
+def throttled_s(container: str) -> float:
+    """Seconds the container's CPU quota has held it back so far (cgroup v1 cpu.stat)."""
+    cid = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", container], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    for base in (f"/sys/fs/cgroup/cpu/docker/{cid}", f"/sys/fs/cgroup/cpu,cpuacct/docker/{cid}"):
+        try:
+            stat = dict(line.split() for line in open(f"{base}/cpu.stat"))
+            return int(stat["throttled_time"]) / 1e9
+        except OSError:
+            continue
+    return float("nan")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_cluster, tmp_path):
+    """node2's CPU capped at 0.3 of a core (its cgroup's CFS quota): the burn-in names node2
+    slow, with its figure and the median, and never a healthy host; uncapped, nobody.
+
+    This machine has 2 cores for the three hosts' loads and make test's other workers, so a
+    healthy host gets a share of a core that moves with the machine's load (measured: from
+    0.6 down to 0.15 of a core, 60 to 15 GFLOP/s) and the hosts' figures differ by up to 15%
+    when it is busiest. So each part is made again when the machine defeated it: the healthy
+    fleet twice at most (nobody named in one of them), and the capped one three times, at 0.3
+    and, when a healthy host got no more than 0.3 of a core itself (node2 not named, its
+    quota hardly reached), at 0.1 the last time. A healthy host named slow beside a capped
+    node2 fails the test at once. What each try measured is printed."""
+    cluster = make_cluster(3)
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job_path = write_job(tmp_path / "job.yaml", base_job("burn", cluster.shared_dir, inventory, {"command": "true"}))
+
+    def figures(kept: dict) -> dict:
+        return {f["host"]: round(f["value"], 1) for f in kept["figures"]}
+
+    tries = []
+    for _ in range(2):
+        started = time.monotonic()
+        proc, healthy = burn_in(job_path)
+        took = time.monotonic() - started
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert sorted(f["host"] for f in healthy["figures"]) == ["node0", "node1", "node2"], proc.stdout
+        tries.append(f"healthy {figures(healthy)} ({took:.1f}s, load {open('/proc/loadavg').read().split()[0]})")
+        if not healthy["slow"]:
+            break
+    assert not healthy["slow"], "a healthy fleet had a host named slow: " + "; ".join(tries)
+    assert "no host is slow" in proc.stdout and not SLOW_LINE.search(proc.stdout), proc.stdout
+    assert "CPU GEMM    median " in proc.stdout and "node[0-2]: " in proc.stdout, proc.stdout
+
+    capped = cluster.host("node2").container
+    for cap in ("0.3", "0.3", "0.1"):
+        before = throttled_s(capped)
+        subprocess.run(["docker", "update", "--cpus", cap, capped], check=True, capture_output=True)
+        try:
+            proc, slowed = burn_in(job_path)
+        finally:
+            subprocess.run(["docker", "update", "--cpu-quota", "-1", capped], check=True, capture_output=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr  # slow is a warning, not a failure
+        named = SLOW_LINE.findall(proc.stdout)
+        assert {n[0] for n in named} <= {"node2"}, proc.stdout  # never a healthy host
+        tries.append(f"node2 at --cpus {cap}: {figures(slowed)}, node2 throttled {throttled_s(capped) - before:.1f}s, "
+                     f"load {open('/proc/loadavg').read().split()[0]}")
+        if named:
+            break
+    assert named, "node2 (capped) never named: " + "; ".join(tries)
+    assert [s["host"] for s in slowed["slow"]] == ["node2"]
+    assert float(named[0][1]) == pytest.approx(figures(slowed)["node2"], abs=0.06)
+    assert float(named[0][3]) == pytest.approx(slowed["medians"]["cpu_gemm_gflops"], rel=1e-3)
+    assert "node[0-1]: " in proc.stdout, proc.stdout  # the healthy ones, folded
+    print("burn-in 5 s on 3 hosts: " + "; ".join(tries) + f"; node2 named at {slowed['slow'][0]['ratio']:.2f}x "
+          "the median")
