@@ -239,13 +239,22 @@ def test_samples_per_second_is_over_the_steps_this_attempt_trained():
 
 
 def test_rank0s_log_is_polled_where_tail_can_and_followed_as_before_where_not(tmp_path):
-    """GNU tail polls the log every LOG_POLL_S with its ---disable-inotify (rank 0's output
-    then comes in a few large packets a poll, not one small packet a write); a tail that does
-    not know the option is run without it."""
+    """For the progress display, GNU tail polls the log every LOG_POLL_S with its
+    ---disable-inotify (rank 0's output then comes in a few large packets a poll, not one
+    small packet a write); a tail that does not know the option is run without it. With -v
+    (a terminal's queue) the lines come as they are written."""
     import os
     import subprocess
 
-    from ftbundle.launch.node import FOLLOW_LOG
+    from ftbundle.launch.display import Display
+    from ftbundle.launch.node import FOLLOW_LOG, follow_log_argv
+
+    feed = ProgressFeed(SimpleNamespace(), Progress(), lambda: None)
+    assert follow_log_argv("/l", "7", poll=feed.takes_bursts)[:3] == ["bash", "-c", FOLLOW_LOG]
+    terminal = Display(io.StringIO())
+    assert follow_log_argv("/l", "7", poll=terminal.takes_bursts) == ["tail", "-n", "+1", "-F", "-s", "0.2", "--pid=7",
+                                                                     "--", "/l"]
+    terminal.close()
 
     def run(tail_script: str) -> str:
         bin_dir = tmp_path / f"bin{len(list(tmp_path.iterdir()))}"

@@ -20,6 +20,8 @@ BATCH = 512  # lines written per write() call
 
 
 class Display:
+    takes_bursts = False  # lines as they come (node.follow_log_argv): a burst would overflow the queue
+
     def __init__(self, out: TextIO, *, redact: Callable[[str], str] = lambda s: s,
                  log_hint: str = "", capacity: int = CAPACITY):
         self.out = out
@@ -139,6 +141,8 @@ class ProgressFeed:
     ``on_change`` runs after a line that told something (a step, a loss, a stage), and
     otherwise at most every QUIET_CHANGE_S (a plain display's timed line): not once per line
     of a rank 0 that prints ten thousand a second."""
+
+    takes_bursts = True  # no queue: rank 0's log may come a poll at a time (node.follow_log_argv)
 
     def __init__(self, ui, progress, on_change: Callable[[], None]):
         self.ui = ui

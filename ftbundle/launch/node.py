@@ -36,11 +36,13 @@ STOP_GRACE_S = 3  # SIGTERM, then SIGKILL after this long
 DETACHED_STALE_S = 20  # a detached node's peers stop when its heartbeat file is this old
 STOP_REQUEST = "stop-requested"  # in the run directory: `ftbundle stop` asks every node to stop
 LOG_POLL_S = 0.2  # tail's poll interval for rank 0's log
-# Rank 0's log is read every LOG_POLL_S, not at each write (GNU tail's undocumented option to
-# poll instead of waiting on inotify; what it does by itself on NFS): a node printing 1 MB/s in
-# writes of a few KB then reaches the launcher in a few large SSH packets a poll, not a small
-# one a write, and the launcher's CPU per MB no longer depends on how its writes happened to
-# batch (docs/PERFORMANCE.md, chatty rank 0). A tail without the option is run as it is.
+# For the progress display (no -v), rank 0's log is read every LOG_POLL_S, not at each write
+# (GNU tail's undocumented option to poll instead of waiting on inotify; what it does by itself
+# on NFS): a node printing 1 MB/s in writes of a few KB then reaches the launcher in a few large
+# SSH packets a poll, not a small one a write, and the launcher's CPU per MB no longer depends
+# on how its writes happened to batch (docs/PERFORMANCE.md, chatty rank 0). A tail without the
+# option is run as it is. With -v the lines go to a terminal queue (display.Display), which
+# takes them as they come: a poll's burst (10,000 lines at 5 MB/s) would overflow it.
 FOLLOW_LOG = 'o=; tail ---disable-inotify --version >/dev/null 2>&1 && o=---disable-inotify; exec tail $o "$@"'
 LINE_MAX = 64 * 1024  # a "line" longer than this (no newline in sight) is cut into pieces
 PROGRESS_EVERY_S = 1.0  # how often a carriage-return progress bar is shown
@@ -49,6 +51,12 @@ STOP_LINE = b"stop\n"  # on the node's stdin: the launcher stops the job (see no
 HEARTBEAT = b"ftb-hb"
 PID = b"ftb-pid "
 STORAGE = b"ftb-storage "  # `ftb-storage SECONDS` while shared storage does not answer, then `ftb-storage ok`
+
+
+def follow_log_argv(path: str, pid: str, *, poll: bool) -> list[str]:
+    """`tail -F` of rank 0's log until ``pid`` is gone; ``poll``: every LOG_POLL_S (above)."""
+    args = ["-n", "+1", "-F", "-s", str(LOG_POLL_S), f"--pid={pid}", "--", path]
+    return ["bash", "-c", FOLLOW_LOG, "ftb-log", *args] if poll else ["tail", *args]
 
 
 @functools.cache
@@ -310,8 +318,7 @@ class NodeRunner:
         self._log_thread.start()
 
     def _follow_log(self, pid: str) -> None:
-        argv = ["bash", "-c", FOLLOW_LOG, "ftb-log", "-n", "+1", "-F", "-s", str(LOG_POLL_S), f"--pid={pid}", "--",
-                self.files.log]
+        argv = follow_log_argv(self.files.log, pid, poll=getattr(self.display, "takes_bursts", False))
         prefix = f"[{self.node.host.name} r{self.rank}] "
         display = self.display
         splitter = LineSplitter(lambda line: display.line(prefix + line),
