@@ -144,6 +144,7 @@ def test_gpu_facts_from_a_stand_in_nvidia_smi_on_the_hosts(cluster2, tmp_path):
     assert dry.returncode == 0, dry.stderr
     assert "--gpus '\"device=2,3\"'" in dry.stdout and "--nproc_per_node 2" in dry.stdout
 
+    (cluster2.shared_dir / "train.py").write_text("")  # the job's script, where the check looks for it
     check = ftbundle("check", str(job), timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "4x NVIDIA A100-SXM4-80GB (81920 MiB, compute 8.0, driver 535.104.05): node[0-1]" in check.stdout
