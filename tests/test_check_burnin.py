@@ -42,7 +42,7 @@ def test_a_host_at_a_third_is_named_with_its_figure_and_the_median():
     medians, slow = compare(figures)
     assert medians["cpu_gemm_gflops"] == 40.5
     assert [s.figure.host for s in slow] == ["node2"]
-    assert slow[0].line() == ("node2 is slow: CPU GEMM 13 GFLOP/s, 0.32x the fleet's median 40.5 GFLOP/s")
+    assert slow[0].line() == ("node2 is slow: CPU GEMM 13.0 GFLOP/s, 0.32x the fleet's median 40.5 GFLOP/s")
 
 
 def test_slow_below_decides_and_the_edge_is_not_slow():
@@ -175,14 +175,16 @@ def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_clu
     """node2's CPU capped at 0.3 of a core (its cgroup's CFS quota): the burn-in names node2
     slow, with its figure and the median, and never a healthy host; uncapped, nobody.
 
-    This machine has 2 cores for the three hosts' loads and make test's other workers, so a
-    healthy host gets a share of a core that moves with the machine's load (measured: from
-    0.6 down to 0.15 of a core, 60 to 15 GFLOP/s) and the hosts' figures differ by up to 15%
-    when it is busiest. So each part is made again when the machine defeated it: the healthy
-    fleet twice at most (nobody named in one of them), and the capped one three times, at 0.3
-    and, when a healthy host got no more than 0.3 of a core itself (node2 not named, its
-    quota hardly reached), at 0.1 the last time. A healthy host named slow beside a capped
-    node2 fails the test at once. What each try measured is printed."""
+    This machine has 2 cores for the three hosts' loads and make test's other workers, and
+    (cgroup v1) all containers together weigh as much as one busy process outside them: a
+    healthy host gets a share of a core that moves with the machine's load (measured: 0.9 down
+    to 0.15 of a core, 90 to 15 GFLOP/s) and the hosts' figures differ by up to 13% when it is
+    busiest. When a healthy host gets no more than 0.3 of a core itself, a 0.3 cap holds node2
+    back not at all (seen: node2 throttled 0.04 s of 5, all three at 15.5-17.3 GFLOP/s). So
+    each part is made again when the machine defeated it: the healthy fleet twice at most
+    (nobody named in one of them), and the capped one at 0.3, then 0.1, then 0.05 of a core,
+    until node2 is named. A healthy host named slow beside a capped node2 fails the test at
+    once. What each try measured is printed."""
     cluster = make_cluster(3)
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
     job_path = write_job(tmp_path / "job.yaml", base_job("burn", cluster.shared_dir, inventory, {"command": "true"}))
@@ -205,7 +207,7 @@ def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_clu
     assert "CPU GEMM    median " in proc.stdout and "node[0-2]: " in proc.stdout, proc.stdout
 
     capped = cluster.host("node2").container
-    for cap in ("0.3", "0.3", "0.1"):
+    for cap in ("0.3", "0.1", "0.05"):
         before = throttled_s(capped)
         subprocess.run(["docker", "update", "--cpus", cap, capped], check=True, capture_output=True)
         try:
@@ -221,7 +223,7 @@ def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_clu
             break
     assert named, "node2 (capped) never named: " + "; ".join(tries)
     assert [s["host"] for s in slowed["slow"]] == ["node2"]
-    assert float(named[0][1]) == pytest.approx(figures(slowed)["node2"], abs=0.06)
+    assert float(named[0][1]) == pytest.approx(figures(slowed)["node2"], rel=0.01)
     assert float(named[0][3]) == pytest.approx(slowed["medians"]["cpu_gemm_gflops"], rel=1e-3)
     assert "node[0-1]: " in proc.stdout, proc.stdout  # the healthy ones, folded
     print("burn-in 5 s on 3 hosts: " + "; ".join(tries) + f"; node2 named at {slowed['slow'][0]['ratio']:.2f}x "

@@ -131,3 +131,43 @@ def test_real_gpu_health_is_read_in_every_field(tmp_path):
                       f"`nvidia-smi -q -d TEMPERATURE`, recorded {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
                       f"UTC on {socket.gethostname()} by tests/test_gpu.py; findings: "
                       f"{'; '.join(check.warnings) or 'none'}\n")
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_real_gpu_burn_in_measures_every_gpu(tmp_path):
+    """`check --burn-in 20` (issue 37 items 2 and 5) on this machine's GPUs, all at once: each
+    GPU's bf16 GEMM (8192^3) and HBM copy (1 GiB, read + write), as ../shared/gpu/check/health.sh
+    measured them on an H100 (780 TFLOP/s, 2.99 TB/s). The figures are kept in burnin.json,
+    recorded beside the nvidia-smi readings, and printed for the docs. One healthy machine's
+    GPUs are alike: none is named slow."""
+    import json
+
+    from ftbundle.check.burnin import run_burnin
+    from ftbundle.commands.common import load_layout, open_cluster
+    from ftbundle.plan import make_plan
+    from tests.test_check import local_job
+
+    (tmp_path / ".shared").mkdir()
+    _, layout = load_layout(str(local_job(tmp_path, train={"command": "true"}, nproc_per_node=1)), None)
+    with open_cluster(layout.hosts) as cluster:
+        report = run_burnin(make_plan(layout), cluster, seconds=20)
+    assert report.ok, report.errors
+    gpus = {f.device for f in report.figures}
+    count = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout.count("GPU ")
+    assert len(gpus) == count and all(d.startswith("GPU ") for d in gpus), report.figures
+    for f in report.figures:  # far below any GPU a bf16 fine-tune runs on: a unit or timing mistake
+        assert f.value > (20 if f.metric == "gemm_bf16_tflops" else 200), f
+    assert not report.slow, [s.line() for s in report.slow]
+    kept = json.loads((Path(report.check_dir) / "burnin.json").read_text())
+    node = kept["nodes"]["localhost"]
+    sample = f"{slug(node['devices'][0]['name'])}-x{count}"
+    RECORDED.mkdir(parents=True, exist_ok=True)
+    (RECORDED / f"{sample}.burnin.json").write_text(json.dumps(node, indent=2) + "\n")
+    figures = "; ".join(f"{d['device']}: bf16 GEMM {d['gemm_bf16_tflops']:.0f} TFLOP/s, HBM copy "
+                        f"{d['hbm_copy_gbps']:.0f} GB/s" for d in node["devices"])
+    with open(RECORDED / "SOURCES.md", "a") as sources:
+        sources.write(f"- `{sample}.burnin.json`: `check --burn-in 20`, recorded "
+                      f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {socket.gethostname()} "
+                      f"by tests/test_gpu.py, torch {node['torch']}: {figures}\n")
+    print(f"burn-in 20 s: {figures}")

@@ -50,6 +50,11 @@ METRICS = {
 }
 
 
+def num(value: float) -> str:
+    """A figure as people read it: three digits below 100 (9.04, 29.0, 64.6), whole above (783, 2990)."""
+    return f"{value:#.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
 @dataclass(frozen=True)
 class Figure:
     """One measured figure of one device (a GPU, or a host's CPU)."""
@@ -74,8 +79,8 @@ class Slow:
         what, unit = METRICS[self.figure.metric]
         f = self.figure
         where = f.host if f.device == "cpu" else f"{f.host} {f.device}" + (f" ({f.uuid})" if f.uuid else "")
-        return (f"{where} is slow: {what} {f.value:.4g} {unit}, {self.ratio:.2f}x the fleet's median "
-                f"{self.median:.4g} {unit}")
+        return (f"{where} is slow: {what} {num(f.value)} {unit}, {self.ratio:.2f}x the fleet's median "
+                f"{num(self.median)} {unit}")
 
 
 @dataclass
@@ -267,10 +272,10 @@ def format_burnin_report(report: BurninReport, plan: Plan) -> list[str]:
         fine = [f for f in report.figures if f.metric == metric and (f.host, f.device, f.metric) not in slow]
         if metric not in report.medians:
             continue
-        line = f"{what:<10}  median {report.medians[metric]:.4g} {unit}"
+        line = f"{what:<10}  median {num(report.medians[metric])} {unit}"
         if fine:
             low, high = min(f.value for f in fine), max(f.value for f in fine)
-            span = f"{low:.4g}" if f"{low:.4g}" == f"{high:.4g}" else f"{low:.4g}-{high:.4g}"
+            span = num(low) if num(low) == num(high) else f"{num(low)}-{num(high)}"
             line += f"; {fold(f.host for f in fine)}{_devices({f.device for f in fine})}: {span} {unit}"
         lines.append(line)
     lines += [f"warning: {s.line()}" for s in report.slow]

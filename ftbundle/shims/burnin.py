@@ -170,6 +170,6 @@ path = os.path.join(args.out_dir, f"node-{result['node_rank']}.json")
 with open(path + ".tmp", "w") as f:
     json.dump(result, f)
 os.replace(path + ".tmp", path)
-print("ftb-burnin " + " ".join(f"{d['device']}: " + ", ".join(f"{k}={v:.1f}" for k, v in d.items()
+print("ftb-burnin " + " ".join(f"{d['device']}: " + ", ".join(f"{k}={v:.4g}" for k, v in d.items()
                                                            if k.endswith(("flops", "gbps")))
                                for d in result["devices"]), flush=True)
