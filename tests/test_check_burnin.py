@@ -147,9 +147,9 @@ SLOW_LINE = re.compile(r"^warning: (\S+) is slow: CPU GEMM ([0-9.]+) GFLOP/s, ([
                        r"([0-9.]+) GFLOP/s$", re.M)
 
 
-def burn_in(job_path, seconds: int = 5) -> tuple[subprocess.CompletedProcess, dict]:
-    """`ftbundle check JOB --burn-in SECONDS`, and the burnin.json it kept."""
-    proc = ftbundle("check", str(job_path), "--burn-in", str(seconds), timeout=240)
+def burn_in(job_path, seconds: int = 5, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`ftbundle check JOB --burn-in SECONDS [EXTRA...]`, and the burnin.json it kept."""
+    proc = ftbundle("check", str(job_path), "--burn-in", str(seconds), *extra, timeout=240)
     kept = re.search(r"figures in (\S+/burnin\.json)$", proc.stdout, re.M)
     assert kept, proc.stdout + proc.stderr
     with open(kept.group(1)) as f:
@@ -195,7 +195,7 @@ def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_clu
     tries = []
     for _ in range(2):
         started = time.monotonic()
-        proc, healthy = burn_in(job_path)
+        proc, healthy = burn_in(job_path, 5, "--net", "--min-gbps", "0.1")  # --net's figures kept beside
         took = time.monotonic() - started
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert sorted(f["host"] for f in healthy["figures"]) == ["node0", "node1", "node2"], proc.stdout
@@ -205,6 +205,8 @@ def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_clu
     assert not healthy["slow"], "a healthy fleet had a host named slow: " + "; ".join(tries)
     assert "no host is slow" in proc.stdout and not SLOW_LINE.search(proc.stdout), proc.stdout
     assert "CPU GEMM    median " in proc.stdout and "node[0-2]: " in proc.stdout, proc.stdout
+    assert sorted(healthy["net"]["throughput_gbps"]) == ["node1", "node2"] and healthy["net"]["busbw_gbps"] > 0
+    assert proc.stdout.index("network check done") < proc.stdout.index("ftbundle check --burn-in")
 
     capped = cluster.host("node2").container
     for cap in ("0.3", "0.1", "0.05"):
