@@ -230,3 +230,36 @@ def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_clu
     assert "node[0-1]: " in proc.stdout, proc.stdout  # the healthy ones, folded
     print("burn-in 5 s on 3 hosts: " + "; ".join(tries) + f"; node2 named at {slowed['slow'][0]['ratio']:.2f}x "
           "the median")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_host_whose_load_dies_is_named_not_measured_and_nothing_is_left(make_cluster, tmp_path):
+    """node1's burn-in killed (SIGKILL) while it measures: the check exits 2 naming node1 as
+    not measured, says the others were stopped with it rather than slow, and leaves no load
+    running on any host."""
+    from tests.helpers import start_ftbundle
+    from tests.test_check import leftovers
+
+    cluster = make_cluster(3)
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job_path = write_job(tmp_path / "job.yaml", base_job("burn", cluster.shared_dir, inventory, {"command": "true"}))
+    proc = start_ftbundle("check", str(job_path), "--burn-in", "30")
+    deadline = time.monotonic() + 120
+    while not cluster.pgrep("node1", "ftb_burnin") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cluster.pgrep("node1", "ftb_burnin"), "node1's burn-in never started"
+    time.sleep(2)
+    load = [line.split()[0] for line in cluster.pgrep("node1", "ftb_burnin")
+            if line.split()[1].rsplit("/", 1)[-1].startswith("python")]  # not the node program's shell
+    assert load, cluster.pgrep("node1", "ftb_burnin")
+    cluster.exec("node1", f"kill -KILL {' '.join(load)}")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out + err
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert any(e.startswith("error: node1: not measured: ") for e in errors), out
+    assert {e.split(":")[1].strip() for e in errors} == {"node0", "node1", "node2"}, out
+    assert all("stopped when node1 failed" in e for e in errors if not e.startswith("error: node1:")), out
+    assert "is slow" not in out and "burn-in incomplete" in out, out
+    assert leftovers(cluster) == {}
+    print("\n".join(errors))

@@ -202,13 +202,25 @@ def _bookkeeping(bench: Plan) -> tuple[str, ...]:
     return tuple(files)
 
 
+def _why(bench: Plan, cluster: Cluster, node, failure, answer) -> str:
+    """Why a node wrote no result: its own failure (the launcher's reason, and its log's last
+    line), or stopped with the one that failed (the launcher stops every node then)."""
+    from ..launch import read_tail
+
+    if failure is not None and failure.rank != node.rank:
+        return f"stopped when {failure.host} failed"
+    tail = [line.strip() for line in read_tail(bench, cluster, node.rank, node.log_path, 4) or [] if line.strip()]
+    said = failure.reason if failure is not None else (answer if isinstance(answer, str) else "no result written")
+    return f"{said}" + (f" ({tail[-1]})" if tail else "")
+
+
 def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
                slow_below: float = DEFAULT_SLOW_BELOW, out: TextIO | None = None, *,
                quiet: bool = False, net: dict | None = None) -> BurninReport:
     """Load every host at once, compare, keep burnin.json in the check's directory, print
     the report to ``out`` (default: stdout) unless ``quiet``; return it. ``net``: the
     figures of ``--net`` made just before, kept in the same file."""
-    from ..launch import Supervisor, read_tail, stage_files, stage_run_dir
+    from ..launch import Supervisor, stage_files, stage_run_dir
 
     started = time.monotonic()
     bench = burnin_plan(plan, seconds)
@@ -217,7 +229,7 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
     try:
         stage_run_dir(cluster, bench)
         stage_files(cluster, rank0, bench.run_dir, {SCRIPT: burnin_source()})
-        Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run()
+        failure = Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run().failure
         answers = parallel(lambda n: _read_node(cluster, n, bench.run_dir), list(bench.nodes))
         for node, answer in zip(bench.nodes, answers):
             name = node.host.name
@@ -226,10 +238,7 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
                     raise ValueError
                 result = json.loads(answer.stdout)
             except ValueError:
-                tail = read_tail(bench, cluster, node.rank, node.log_path, 4) or []
-                why = "; ".join(line.strip() for line in tail if line.strip()) or (
-                    answer if isinstance(answer, str) else "no result written")
-                report.errors.append(f"{name}: not measured: {why}")
+                report.errors.append(f"{name}: not measured: {_why(bench, cluster, node, failure, answer)}")
                 continue
             report.nodes[name] = result
             late = sorted({r for d in result.get("devices", []) for r in d.get("barrier", {}).get("not_ready", [])})
