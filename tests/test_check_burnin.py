@@ -105,6 +105,19 @@ def test_the_burnin_plan_runs_once_per_node_with_the_jobs_interpreter_in_the_che
     assert node.log_path.startswith(bench.run_dir + "/")
 
 
+def test_the_burnin_plan_on_the_docker_runtime_runs_in_containers_of_its_own(tmp_path):
+    from tests.test_check import local_job
+
+    job = local_job(tmp_path, train={"command": "true"}, runtime={"kind": "docker", "image": "reg/img@sha256:" + "0" * 64})
+    _, layout = load_layout(str(job), None)
+    plan = make_plan(layout)
+    node = burnin_plan(plan, 5).nodes[0]
+    assert node.container == plan.nodes[0].container + "-burnin" and node.stop_argv[-1] == node.container
+    argv = list(node.argv)
+    assert argv[argv.index("--name") + 1] == node.container and argv.index("docker") == 4
+    assert argv[argv.index("reg/img@sha256:" + "0" * 64) + 1] == "python3"
+
+
 # ---------------------------------------------------------------------------------------
 # for real: this machine alone
 

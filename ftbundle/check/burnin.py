@@ -166,8 +166,12 @@ def burnin_plan(plan: Plan, seconds: float) -> Plan:
         python = n.torchrun[0] if n.torchrun else "python3"
         program = (python, posixpath.join(run_dir, SCRIPT), "--seconds", f"{seconds:g}", "--out-dir", run_dir,
                    "--nodes", str(len(plan.nodes)), "--barrier-s", f"{barrier:g}")
+        wrapper, container = n.wrapper, n.container
+        if container:  # docker runtime: a name of its own (--net's bench may be leaving its containers)
+            container = f"{container}-burnin"
+            wrapper = tuple(container if w == n.container else w for w in wrapper)
         return dataclasses.replace(
-            n, program=program, per_node=True, wrapper=("timeout", "-k", "5", limit, *n.wrapper),
+            n, program=program, per_node=True, wrapper=("timeout", "-k", "5", limit, *wrapper), container=container,
             env={**n.env, "FTB_RUN_DIR": run_dir},
             log_path=posixpath.join(run_dir, posixpath.basename(n.log_path)))
 
