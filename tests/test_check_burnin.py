@@ -18,7 +18,7 @@ import time
 import pytest
 
 from ftbundle.check.burnin import (METRICS, BurninReport, Figure, burnin_plan, compare, figures_of,
-                                   format_burnin_report)
+                                   format_burnin_report, late_notes)
 from ftbundle.commands.common import load_layout, open_cluster
 from ftbundle.plan import make_plan
 from tests.helpers import base_job, ftbundle, write_job
@@ -89,6 +89,17 @@ def test_a_node_result_becomes_figures_and_a_failed_gpu_an_error():
     assert [(f.device, f.metric) for f in figures] == [("GPU 0", "gemm_bf16_tflops"), ("GPU 0", "hbm_copy_gbps")]
     assert errors == ["gpu-001 GPU 1: not measured: CUDA error: uncorrectable ECC error encountered"]
     assert set(METRICS) == {"gemm_bf16_tflops", "hbm_copy_gbps", "cpu_gemm_gflops"}
+
+
+def test_a_host_that_stopped_waiting_for_others_is_said_to_have_measured_alone():
+    names = ["node0", "node1", "node2", "node3"]
+    waited = {"devices": [{"device": "cpu", "barrier": {"waited_s": 60.0, "not_ready": [2, 3]}}]}
+    assert late_notes("node0", waited, names) == [
+        "node0 measured without waiting any longer for node[2-3] (not ready in time): its figures are not "
+        "from the same moment as theirs"]
+    assert late_notes("node1", {"devices": [{"device": "cpu", "barrier": {"waited_s": 0.4, "not_ready": []}}]},
+                      names) == []
+    assert late_notes("node1", {"devices": [{"device": "GPU 0", "error": "x"}]}, names) == []
 
 
 def test_the_burnin_plan_runs_once_per_node_with_the_jobs_interpreter_in_the_checks_directory(tmp_path):

@@ -145,6 +145,16 @@ def figures_of(host: str, result: dict) -> tuple[list[Figure], list[str]]:
     return figures, errors
 
 
+def late_notes(host: str, result: dict, names: list[str]) -> list[str]:
+    """A host that stopped waiting for others at the barrier measured at another moment: say so."""
+    late = sorted({r for d in result.get("devices", []) for r in (d.get("barrier") or {}).get("not_ready", [])
+                   if isinstance(r, int) and 0 <= r < len(names)})
+    if not late:
+        return []
+    return [f"{host} measured without waiting any longer for {fold(names[r] for r in late)} (not ready in time): "
+            "its figures are not from the same moment as theirs"]
+
+
 def burnin_source() -> str:
     return shipped.read_text("shims", "burnin.py")
 
@@ -245,11 +255,7 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
                 report.errors.append(f"{name}: not measured: {_why(bench, cluster, node, failure, answer)}")
                 continue
             report.nodes[name] = result
-            late = sorted({r for d in result.get("devices", []) for r in d.get("barrier", {}).get("not_ready", [])})
-            if late:
-                report.notes.append(f"{name} measured without waiting any longer for "
-                                    f"{fold(bench.nodes[r].host.name for r in late if r < len(bench.nodes))} "
-                                    "(not ready in time): its figures are not from the same moment")
+            report.notes += late_notes(name, result, [n.host.name for n in bench.nodes])
             figures, errors = figures_of(name, result)
             report.figures += figures
             report.errors += errors
