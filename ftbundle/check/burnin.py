@@ -234,7 +234,7 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
     """Load every host at once, compare, keep burnin.json in the check's directory, print
     the report to ``out`` (default: stdout) unless ``quiet``; return it. ``net``: the
     figures of ``--net`` made just before, kept in the same file."""
-    from ..launch import Supervisor, stage_files, stage_run_dir
+    from ..launch import StagingError, Supervisor, stage_files, stage_run_dir
 
     started = time.monotonic()
     bench = burnin_plan(plan, seconds)
@@ -243,7 +243,10 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
     try:
         stage_run_dir(cluster, bench)
         stage_files(cluster, rank0, bench.run_dir, {SCRIPT: burnin_source()})
-        failure = Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run().failure
+        outcome = Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run()
+        if outcome.interrupted:  # Ctrl-C: every node was stopped; the CLI says so and exits 130
+            raise KeyboardInterrupt
+        failure = outcome.failure
         answers = parallel(lambda n: _read_node(cluster, n, bench.run_dir), list(bench.nodes))
         for node, answer in zip(bench.nodes, answers):
             name = node.host.name
@@ -263,8 +266,8 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
         report.took = time.monotonic() - started
         stage_files(cluster, rank0, bench.run_dir, {RESULT: json.dumps(report.to_dict(), indent=2) + "\n"},
                     leftovers=_bookkeeping(bench))
-    except Exception as exc:  # noqa: BLE001 - staging or the launch itself failed: say so
-        report.errors.append(f"burn-in could not run: {first_line(exc)}")
+    except StagingError as exc:  # the check's directory could not be written: say so
+        report.errors.append(f"burn-in could not run: {exc}")
         report.took = time.monotonic() - started
     if not quiet:
         print_burnin_report(report, plan, out)
