@@ -8,11 +8,17 @@ peak RSS; then the same at a higher rate for 10 MB and 100 MB in all, to show me
 flat however much has streamed.
 
     .venv/bin/python bench/chatty.py [--seconds 60]
+
+On this shared machine the CPU per MB of one run moves a lot with the load (docs/PERFORMANCE.md):
+``--compare OTHER_CHECKOUT`` runs only the 1 MB/s x 20 s rows (display and -v), alternating this
+checkout's ftbundle with another's (e.g. `git worktree add /tmp/old COMMIT`) on one cluster,
+``--pairs`` times, and prints them (docs/PERFORMANCE.md is not written).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -37,9 +43,11 @@ sys.stdout.write(f'total {n}\\n')
 """
 
 
-def one(cluster: Cluster, shared: Path, tmp: Path, rate: float, seconds: float, verbose: bool = True) -> list:
+def one(cluster: Cluster, shared: Path, tmp: Path, rate: float, seconds: float, verbose: bool = True,
+        tree: Path | None = None) -> list:
     """One run; ``verbose``: `-v` (rank 0's raw lines on stdout), else the default progress
-    display (rank 0's lines still stream to ftbundle, which reads them for progress)."""
+    display (rank 0's lines still stream to ftbundle, which reads them for progress).
+    ``tree``: the checkout whose ftbundle runs (python -m ftbundle from there)."""
     for old in (shared / "runs").glob("*"):
         shutil.rmtree(old)
     inventory = cluster.write_inventory(tmp / "hosts.yml")
@@ -54,7 +62,7 @@ def one(cluster: Cluster, shared: Path, tmp: Path, rate: float, seconds: float, 
         shown[0] += sum(1 for line in lines if line.startswith(b"[node0 r0] 0"))
 
     m = measure([sys.executable, "-m", "ftbundle", "run", *(["-v"] if verbose else []), str(job), "--no-check"],
-                on_stdout=count)
+                on_stdout=count, cwd=tree)
     log = (only_run_dir(shared) / "node-0-node0.a1.log").read_text().splitlines()
     printed = int(log[-1].split()[1]) if log and log[-1].startswith("total") else -1
     mb = len(log) * 100 / 1e6
@@ -67,8 +75,13 @@ def one(cluster: Cluster, shared: Path, tmp: Path, rate: float, seconds: float, 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--compare", type=Path, help="another checkout, alternated with this one (see above)")
+    parser.add_argument("--pairs", type=int, default=2)
     args = parser.parse_args()
     ensure_image()
+    if args.compare:
+        compare(args.compare.resolve(), args.pairs)
+        return
     shared = Path(tempfile.mkdtemp(prefix="ftb-bench-chatty-", dir="/tmp"))
     tmp = Path(tempfile.mkdtemp(prefix="ftb-bench-chatty-jobs-"))
     (shared / "printer.py").write_text(PRINTER)
@@ -93,6 +106,27 @@ def main() -> None:
           table(["stream", "mode", "exit", "lines in log / printed", "MB", "ftbundle CPU s", "CPU s per MB",
                  "peak RSS MB", "lines shown on stdout", "declared lost"], rows)]
     write_section("chatty", "\n".join(md))
+
+
+def compare(other: Path, pairs: int) -> None:
+    shared = Path(tempfile.mkdtemp(prefix="ftb-bench-chatty-", dir="/tmp"))
+    tmp = Path(tempfile.mkdtemp(prefix="ftb-bench-chatty-jobs-"))
+    (shared / "printer.py").write_text(PRINTER)
+    rows = []
+    try:
+        with Cluster(2, shared_dir=shared) as cluster:
+            for _ in range(pairs):
+                for verbose in (False, True):
+                    for name, tree in (("this checkout", None), (str(other), other)):
+                        load = os.getloadavg()[0]
+                        row = one(cluster, shared, tmp, 10000, 20, verbose=verbose, tree=tree)
+                        rows.append([name, f"{load:.1f}"] + row)
+                        print(rows[-1], flush=True)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(table(["ftbundle of", "load (1 min) before", "stream", "mode", "exit", "lines in log / printed", "MB",
+                 "ftbundle CPU s", "CPU s per MB", "peak RSS MB", "lines shown on stdout", "declared lost"], rows))
 
 
 if __name__ == "__main__":
