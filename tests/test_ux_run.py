@@ -247,13 +247,19 @@ def test_a_rank_that_aborts_in_native_code_is_shown_by_its_last_words_not_torchr
 
 
 def test_llamafactory_failure_comes_from_the_torch_elastic_error_file(tmp_path, tiny_model):  # noqa: F811
-    job = quickstart_copy(tmp_path, tiny_model, model_name_or_path=str(tmp_path / "no-such-model"))
+    missing = quickstart_copy(tmp_path / "missing", tiny_model, model_name_or_path=str(tmp_path / "no-such-model"))
+    refused = ftb("run", str(missing), timeout=300)  # a model path on no host: refused by the check
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"model_name_or_path {tmp_path}/no-such-model on localhost: No such file or directory" in refused.stdout
+    (tmp_path / "empty-model").mkdir()  # there, but no model in it: the ranks fail loading it
+    job = quickstart_copy(tmp_path, tiny_model, model_name_or_path=str(tmp_path / "empty-model"))
     proc = ftb("run", str(job), timeout=300)
     out = proc.stdout
     assert proc.returncode == 1, out
     summary = out[out.index("failed: host"):]
     assert "its own traceback (torch elastic error file):" in summary, out
-    assert "OSError: Failed to load tokenizer." in summary and "ChildFailedError" not in summary
+    failure = "ValueError: Couldn't instantiate the backend tokenizer"  # transformers 5.6, a directory with no model
+    assert failure in summary and "ChildFailedError" not in summary
     run_dir = next((tmp_path / "quickstart/.shared/runs").iterdir())
     errors = list((run_dir / "ranks/node-0").glob("*/attempt_0/*/error.json"))
-    assert errors and "Failed to load tokenizer" in errors[0].read_text()
+    assert errors and failure in errors[0].read_text()
