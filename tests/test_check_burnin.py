@@ -204,10 +204,11 @@ def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_clu
     healthy host gets a share of a core that moves with the machine's load (measured: 0.9 down
     to 0.15 of a core, 90 to 15 GFLOP/s) and the hosts' figures differ by up to 13% when it is
     busiest. When a healthy host gets no more than 0.3 of a core itself, a 0.3 cap holds node2
-    back not at all (seen: node2 throttled 0.04 s of 5, all three at 15.5-17.3 GFLOP/s). So
-    each part is made again when the machine defeated it: the healthy fleet twice at most
-    (nobody named in one of them), and the capped one at 0.3, then 0.1, then 0.05 of a core,
-    until node2 is named. A healthy host named slow beside a capped node2 fails the test at
+    back not at all (seen: node2 throttled 0.04 s of 5, all three at 15.5-17.3 GFLOP/s), and
+    the three are a healthy fleet in all but name. So each part is made again when the
+    machine defeated it: the healthy fleet twice at most (nobody named in one of them), and
+    the capped one at 0.3, then 0.1, then 0.05 of a core, until node2 alone is named. Another
+    host named while the cap held node2 back (throttled a second or more) fails the test at
     once. What each try measured is printed."""
     cluster = make_cluster(3)
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
@@ -242,12 +243,13 @@ def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_clu
             subprocess.run(["docker", "update", "--cpu-quota", "-1", capped], check=True, capture_output=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr  # slow is a warning, not a failure
         named = SLOW_LINE.findall(proc.stdout)
-        assert {n[0] for n in named} <= {"node2"}, proc.stdout  # never a healthy host
         tries.append(f"node2 at --cpus {cap}: {figures(slowed)}, node2 throttled {throttled_s(capped) - before:.1f}s, "
-                     f"load {open('/proc/loadavg').read().split()[0]}")
+                     f"load {open('/proc/loadavg').read().split()[0]}, named {[n[0] for n in named]}")
         if named:
+            assert [n[0] for n in named] == ["node2"] or throttled_s(capped) - before < 1, proc.stdout
+        if [n[0] for n in named] == ["node2"]:
             break
-    assert named, "node2 (capped) never named: " + "; ".join(tries)
+    assert [n[0] for n in named] == ["node2"], "node2 (capped) never named alone: " + "; ".join(tries)
     assert [s["host"] for s in slowed["slow"]] == ["node2"]
     assert float(named[0][1]) == pytest.approx(slowed["slow"][0]["value"], rel=0.01)  # printed to 3 digits
     assert float(named[0][3]) == pytest.approx(slowed["medians"]["cpu_gemm_gflops"], rel=0.01)  # 3 digits

@@ -181,7 +181,9 @@ def burnin_plan(plan: Plan, seconds: float) -> Plan:
             container = f"{container}-burnin"
             wrapper = tuple(container if w == n.container else w for w in wrapper)
         return dataclasses.replace(
+            # stream=False: no host follows its log for the terminal (rank 0's would cost it CPU the others do not pay)
             n, program=program, per_node=True, wrapper=("timeout", "-k", "5", limit, *wrapper), container=container,
+            stream=False,
             env={**n.env, "FTB_RUN_DIR": run_dir},
             log_path=posixpath.join(run_dir, posixpath.basename(n.log_path)))
 
