@@ -14,11 +14,12 @@ import os
 import posixpath
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .cluster import Cluster
 from .errors import UserError
 from .inventory import Host
+from .plan import ATTEMPTS_FILE, attempts_said
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
@@ -55,6 +56,7 @@ class RunRow:
     final_loss: float | None
     output_dir: str | None
     samples_per_s: float | None = None  # over the steps trained (ui.progress.Progress.throughput)
+    attempts: list[str] = field(default_factory=list)  # where each attempt after a lost host ran, and why
 
 
 def _start_of(run_id: str, summary: dict) -> str:
@@ -99,10 +101,15 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
             state, code = "finished", 0
         else:
             state, code = "running?", None
+    try:
+        attempts = summary.get("attempts") or json.loads(files.get(ATTEMPTS_FILE) or "[]")
+    except ValueError:
+        attempts = []
     return RunRow(run_id=run_id, job=plan.get("job", ""), hosts=hosts, start=_start_of(run_id, summary),
                   duration_s=summary.get("duration_s"), state=state, exit_code=code,
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
-                  samples_per_s=summary.get("samples_per_s"))
+                  samples_per_s=summary.get("samples_per_s"),
+                  attempts=attempts_said(attempts if isinstance(attempts, list) else []))
 
 
 def split_tail_output(text: str, runs_dir: str) -> dict[str, dict[str, str]]:
@@ -162,7 +169,8 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
               host: Host | None = None) -> list[RunRow]:
     """Every run of ``job_name`` (every job's, with None), oldest first."""
     runs_dir = posixpath.join(shared_dir, "runs")
-    files = read_run_files(cluster, host, runs_dir, ("plan.json", SUMMARY_FILE, "*.exit", "*.stopped", "attempt"))
+    files = read_run_files(cluster, host, runs_dir, ("plan.json", SUMMARY_FILE, "*.exit", "*.stopped", "attempt",
+                                                     ATTEMPTS_FILE))
     rows = []
     for run_id in sorted(files):
         row = run_row(run_id, files[run_id])
@@ -187,7 +195,11 @@ def format_runs(rows: list[RunRow]) -> str:
         "-" if r.final_loss is None else f"{r.final_loss:.4f}",
         "-" if r.samples_per_s is None else f"{r.samples_per_s:.1f}", r.output_dir or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table)
+    lines = []
+    for i, row in enumerate(table):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        lines += [f"  {said}" for said in (rows[i - 1].attempts if i else [])]  # (under its run: a lost host)
+    return "\n".join(lines)
 
 
 def runs_json(rows: list[RunRow]) -> str:

@@ -84,6 +84,12 @@ class Job:
     check: bool = True
     stall_timeout: int = 600  # seconds without progress before a run is diagnosed and stopped; 0: never
     health: str = "refuse"  # GPU health in the check: refuse (a sick GPU stops the run) | warn | off
+    # a host lost for good (ftbundle.launch.attempts): stop | exclude (the next attempt runs on
+    # the hosts left) | spare (a host of the `spares` group takes its place, else exclude)
+    on_node_loss: str = "stop"
+    spares: str = "spares"  # the inventory group spares come from
+    min_nodes: int = 1  # fewer hosts left than this: the run stops (exit 255)
+    keep_global_batch: bool = True  # LlamaFactory: gradient_accumulation_steps rescaled to the new world
 
     @property
     def base_dir(self) -> Path:
@@ -96,8 +102,10 @@ class Job:
 _TOP_KEYS = {
     "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
     "env", "runtime", "train", "restarts", "check", "stall_timeout", "health",
+    "on_node_loss", "spares", "min_nodes", "keep_global_batch",
 }
 HEALTH_MODES = ("refuse", "warn", "off")
+NODE_LOSS_POLICIES = ("stop", "exclude", "spare")
 _RUNTIME_KEYS = {"kind", "python", "image", "gpus", "docker_args", "env_file"}
 _TRAIN_KEYS = {"llamafactory", "script", "args", "command", "deepspeed"}
 
@@ -219,6 +227,23 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         raise r.error("health", f"must be one of {', '.join(HEALTH_MODES)}"
                       f"{did_you_mean(str(health), HEALTH_MODES)}, got {show(health)}")
 
+    on_node_loss = data.get("on_node_loss", "stop")
+    if on_node_loss not in NODE_LOSS_POLICIES:
+        raise r.error("on_node_loss", f"must be one of {', '.join(NODE_LOSS_POLICIES)}"
+                      f"{did_you_mean(str(on_node_loss), NODE_LOSS_POLICIES)}, got {show(on_node_loss)}")
+    if on_node_loss != "stop" and restarts == 0:
+        raise r.error("on_node_loss", f"{on_node_loss} acts when the run starts again after a host was lost: "
+                      "set restarts: N (1 or more) beside it, or on_node_loss: stop")
+    spares = r.string(data, "spares", "spares", default="spares")
+    if "spares" in data and on_node_loss != "spare":
+        raise r.error("spares", f"only applies to on_node_loss: spare (it is {on_node_loss})")
+    min_nodes = r.integer(data, "min_nodes", "min_nodes", 1, 1, 100_000)
+    keep_global_batch = r.boolean(data, "keep_global_batch", "keep_global_batch", True)
+    for key in ("min_nodes", "keep_global_batch"):
+        if key in data and on_node_loss == "stop":
+            raise r.error(key, "only applies to on_node_loss: exclude or spare (with stop, a run never "
+                          "goes on with fewer hosts)")
+
     shared_dir = r.string(data, "shared_dir", "shared_dir")
     workdir = r.string(data, "workdir", "workdir")
 
@@ -257,6 +282,10 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         check=check,
         stall_timeout=stall_timeout,
         health=health,
+        on_node_loss=on_node_loss,
+        spares=spares,
+        min_nodes=min_nodes,
+        keep_global_batch=keep_global_batch,
     )
 
 

@@ -33,7 +33,7 @@ IMAGE_REF_FILE = "/etc/ftbundle/image.ref"  # written by site.yml (roles/trainin
 
 # Set by ftbundle on every node; a job's `env:` may not override them.
 RESERVED_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE",
-                "FTB_RUN_ID", "FTB_RUN_DIR")
+                "FTB_RUN_ID", "FTB_RUN_DIR", "FTB_ATTEMPT", "FTB_EXCLUDED_HOSTS")
 REDACTED = "<redacted>"
 
 
@@ -219,6 +219,13 @@ class NodeFiles:
 
 
 ATTEMPT_FILE = "attempt"  # in the run directory: the number of the attempt now running
+ATTEMPTS_FILE = "attempts.json"  # beside it: each attempt's hosts and why they changed (ftbundle.launch.attempts)
+
+
+def attempts_said(records: list | None) -> list[str]:
+    """The lines an attempts record says: for each attempt after a loss, where it ran and why
+    ("attempt 2 on node[0-1]: node2 lost (...); global batch 12 kept: ..."). Pure."""
+    return [str(r["why"]) for r in records or [] if isinstance(r, dict) and r.get("why")]
 
 
 @dataclass(frozen=True)
@@ -246,6 +253,9 @@ class Layout:
     # per-host settings from the inventory (host name -> value; absent: the job's)
     host_nprocs: dict[str, int] = field(default_factory=dict)  # ftb_nproc_per_node
     host_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # ftb_gpus
+    # hosts an earlier attempt lost and this one runs without (ftbundle.launch.attempts):
+    # FTB_EXCLUDED_HOSTS for every node
+    excluded: tuple[str, ...] = ()
 
     @property
     def master_port(self) -> int:
@@ -305,7 +315,7 @@ def make_layout(job: Job, hosts: list[Host], run_id: str) -> Layout:
     workdir = _resolve_dir(job, "workdir", job.workdir, all_local,
                            default=str(job.base_dir) if all_local else shared_dir)
     run_dir = posixpath.join(shared_dir, "runs", run_id)
-    master_addr = _master_addr(hosts, job)
+    master_addr = master_addr_of(hosts, job)
 
     clash = sorted(set(RESERVED_ENV) & set(job.env))
     if clash:
@@ -405,6 +415,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             "FTB_RUN_DIR": layout.run_dir,
             "PYTHONUNBUFFERED": "1",
             **(nccl_debug_env(layout.run_dir, _torch_version(facts)) if nccl else {}),
+            **({"FTB_EXCLUDED_HOSTS": ",".join(layout.excluded)} if layout.excluded else {}),
             **lf_env,
             **({"CUDA_VISIBLE_DEVICES": devices[host.name]} if host.name in devices else {}),
             **job.env,
@@ -647,7 +658,8 @@ def _resolve_dir(job: Job, key: str, value: str | None, all_local: bool, default
     return posixpath.normpath(posixpath.join(str(job.base_dir), value))
 
 
-def _master_addr(hosts: list[Host], job: Job) -> str:
+def master_addr_of(hosts: list[Host], job: Job) -> str:
+    """MASTER_ADDR of a run on ``hosts``: rank 0's (it moves when rank 0's host is lost)."""
     rank0 = hosts[0]
     if all(h.local for h in hosts):
         return "127.0.0.1"

@@ -20,7 +20,7 @@ from .hostlist import fold, fold_numbers
 from .inventory import Host
 from .launch.node import STOP_GRACE_S, STOP_REQUEST, node_argv
 from .launch.supervisor import stage_files
-from .plan import ATTEMPT_FILE, NodeFiles, NodePlan, shape_text
+from .plan import ATTEMPT_FILE, ATTEMPTS_FILE, NodeFiles, NodePlan, attempts_said, shape_text
 from .runtimes import RANKS_DIR
 
 
@@ -33,6 +33,7 @@ class RunRef:
     record: dict  # plan.json
     nodes: tuple[NodePlan, ...]
     attempt: int
+    attempts: tuple[str, ...] = ()  # where each attempt after a lost host ran, and why (attempts.json)
 
     def files(self, node: NodePlan) -> NodeFiles:
         return NodeFiles.of(self.run_dir, self.run_id, node.rank, node.host.name, self.attempt)
@@ -44,7 +45,8 @@ def _read(cluster: Cluster, host: Host, path: str) -> str | None:
 
 
 def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | None, cluster: Cluster) -> RunRef:
-    """The run `run_id`, or the job's latest run, read through rank 0's host."""
+    """The run `run_id`, or the job's latest run, read through ``hosts[0]`` (rank 0's host, or
+    the first that answers)."""
     runs_dir = posixpath.join(shared_dir, "runs")
     if run_id is None:
         listing = cluster.run(hosts[0], ["ls", "-1", "--", runs_dir], timeout=15).stdout.split()
@@ -59,6 +61,10 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
         raise UserError(f"no run {run_id!r} in {runs_dir} (no plan.json there)", key="--run")
     record = json.loads(text)
     attempt_text = (_read(cluster, hosts[0], posixpath.join(run_dir, ATTEMPT_FILE)) or "1").strip()
+    try:
+        attempts = attempts_said(json.loads(_read(cluster, hosts[0], posixpath.join(run_dir, ATTEMPTS_FILE)) or "[]"))
+    except (ValueError, TypeError):
+        attempts = []
     by_name = {h.name: h for h in hosts}
     nodes = []
     for entry in record["nodes"]:
@@ -72,7 +78,8 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
             nproc=int(entry.get("nproc") or record.get("nproc_per_node") or 1),
             first_rank=int((entry.get("ranks") or [entry["rank"] * int(record.get("nproc_per_node") or 1)])[0]),
         ))
-    return RunRef(run_id, run_dir, record, tuple(nodes), int(attempt_text) if attempt_text.isdigit() else 1)
+    return RunRef(run_id, run_dir, record, tuple(nodes), int(attempt_text) if attempt_text.isdigit() else 1,
+                  tuple(attempts))
 
 
 def node_states(ref: RunRef, cluster: Cluster) -> list[tuple[NodePlan, str, str]]:
@@ -141,6 +148,7 @@ def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[
     attempt = f", attempt {ref.attempt}" if ref.attempt > 1 else ""
     lines = [f"run {ref.run_id}  ({shape_text([n.nproc for n in ref.nodes])}{attempt})  "
              f"{ref.run_dir}"]
+    lines += [f"  {said}" for said in ref.attempts]  # (a lost host: which hosts each attempt ran on, and why)
     many = len(states) > STATUS_ROWS_MAX
     for node, state, last in states:
         if not many or state not in ("running", "exited 0"):

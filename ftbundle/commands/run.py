@@ -32,8 +32,9 @@ def _say(ui, message: str) -> None:
         say(message)
 
 
-def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None) -> tuple[Plan, tuple[str, ...]]:
-    """The plan to launch, and what the check left on rank 0's host for staging to remove.
+def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None):
+    """(the plan to launch, what the check left on rank 0's host for staging to remove, the
+    hosts' facts or None).
 
     The hosts are checked first unless the job says `check: false` or ``skip_check``;
     their facts resolve ``auto``, the docker runtime's GPUs and image, bf16 and whether
@@ -77,7 +78,7 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None) 
             if lost:
                 raise UserError("cannot ask every host, nothing was started: " + "; ".join(lost),
                                 file=str(job.inventory or job.path), key="hosts")
-    return make_plan(layout, facts), leftovers
+    return make_plan(layout, facts), leftovers, facts
 
 
 def _launch_imports(layout: Layout, *, skip_check: bool) -> None:
@@ -128,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys,
                       meanwhile=lambda: _launch_imports(layout, skip_check=args.no_check)) as cluster:
         if args.dry_run:  # starts nothing; the hosts are asked (read-only) what the plan needs
-            plan, _ = checked_plan(layout, cluster, skip_check=True)
+            plan, _, _ = checked_plan(layout, cluster, skip_check=True)
             print(format_plan(plan))
             return 0
         from ..ui import Phases
@@ -136,12 +137,70 @@ def cmd_run(args: argparse.Namespace) -> int:
         # -v: rank 0's raw output on stdout, so the phases are plain lines (no live line to fight it)
         ui = Phases(sys.stderr, tty=False if args.verbose else None, nnodes=len(layout.hosts))
         try:
-            plan, leftovers = checked_plan(layout, cluster, skip_check=args.no_check, ui=ui)
+            plan, leftovers, facts = checked_plan(layout, cluster, skip_check=args.no_check, ui=ui)
             resume = starting_point(plan, cluster, str(job.path), leftovers)
+            policy = node_loss_policy(layout, cluster, facts, args.inventory, ui=ui, skip_check=args.no_check)
             return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, verbose=args.verbose,
-                               leftovers=leftovers, ui=ui, resume=resume)
+                               leftovers=leftovers, ui=ui, resume=resume, policy=policy)
         finally:
             ui.stop()
+
+
+def node_loss_policy(layout: Layout, cluster, facts, inventory: str | None, *, ui=None, skip_check: bool = False):
+    """What the launch loop needs for the job's ``on_node_loss`` (:mod:`ftbundle.launch.attempts`):
+    a plan from another layout (these facts in it), and for ``spare`` the spares group's hosts
+    and their preflight, the same check a launch runs. None for ``stop``."""
+    job = layout.job
+    if job.on_node_loss == "stop":
+        return None
+    from ..launch import Policy
+
+    known = {"facts": facts}
+
+    def replan(other: Layout) -> Plan:
+        return make_plan(other, known["facts"])
+
+    def spares() -> list:
+        from ..inventory import load_hosts
+
+        source = inventory or job.inventory
+        if source is None:
+            return []
+        try:
+            return load_hosts(source, job.spares)
+        except UserError as exc:
+            _say(ui, f"no spare: group {job.spares}: {exc}")
+            return []
+
+    def preflight(candidate: Layout, hosts: list) -> dict[str, int]:
+        cluster.open(hosts)
+        unreachable = [h.name for h in hosts if h.name in cluster.errors]
+        if unreachable:
+            _say(ui, f"spare {', '.join(unreachable)} cannot be reached: " + cluster.errors_said())
+            return {}
+        try:
+            if job.check and not skip_check:
+                from ..check import print_report, run_checks
+
+                report, found = run_checks(candidate, cluster)
+                if not report.ok:
+                    print_report(report, sys.stderr)
+                    return {}
+            elif needs_facts(candidate):
+                from ..check import probe_hosts
+
+                found = probe_hosts(candidate, cluster, full=False)
+            else:
+                found = None
+            plan = make_plan(candidate, found)
+        except UserError as exc:
+            _say(ui, f"the spares' preflight: {exc}")
+            return {}
+        known["facts"] = found
+        names = {h.name for h in hosts}
+        return {n.host.name: n.nproc for n in plan.nodes if n.host.name in names}
+
+    return Policy(job=job, layout=layout, replan=replan, spares=spares, preflight=preflight)
 
 
 def starting_point(plan: Plan, cluster, job_path: str, leftovers: tuple[str, ...] = ()):
@@ -161,7 +220,7 @@ def starting_point(plan: Plan, cluster, job_path: str, leftovers: tuple[str, ...
 
 
 def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, verbose: bool = True,
-                leftovers: tuple[str, ...] = (), ui=None, resume=None) -> int:
+                leftovers: tuple[str, ...] = (), ui=None, resume=None, policy=None) -> int:
     """Stage the run directory (removing ``leftovers`` on rank 0's host in the same round
     trip) while the node channels open, then run or detach."""
     from ..launch import StagingError, launch, launch_detached, stage_run_dir
@@ -185,7 +244,7 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, v
     try:
         if not detach:
             return launch(plan, cluster, restarts=job.restarts, ui=ui, verbose=verbose, before=stage,
-                          start_step=resume.step if resume is not None else 0)
+                          start_step=resume.step if resume is not None else 0, policy=policy)
         if ui is not None:
             ui.stop()
         code = launch_detached(plan, cluster, before=stage)

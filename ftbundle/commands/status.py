@@ -15,10 +15,13 @@ def with_run(args: argparse.Namespace, action) -> int:
 
     job, layout = load_layout(args.job, args.inventory)
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
-        if layout.hosts[0].name in cluster.errors:
-            raise UserError(f"cannot read the run directory through rank 0's host: "
-                            f"{cluster.errors[layout.hosts[0].name]}", file=str(job.inventory or job.path))
-        ref = find_run(job.name, layout.shared_dir, list(layout.hosts), args.run, cluster)
+        # (through rank 0's host, else the first that answers: a run may have gone on without rank 0's)
+        reachable = [h for h in layout.hosts if h.name not in cluster.errors]
+        if not reachable:
+            raise UserError(f"cannot read the run directory through any host: {cluster.errors_said()}",
+                            file=str(job.inventory or job.path))
+        hosts = reachable + [h for h in layout.hosts if h.name in cluster.errors]
+        ref = find_run(job.name, layout.shared_dir, hosts, args.run, cluster)
         return action(ref, cluster)
 
 

@@ -12,9 +12,8 @@ that: the earliest failure, where a lost node counts from its last heartbeat (a 
 takes its peers down with "connection reset" a second or two later); a node is lost while
 stopping only when its host does not answer.
 
-Restarts (:func:`launch`) relaunch every node as a new attempt: new job marker, new pid,
-exit and log files, after the old attempt's processes were confirmed gone on every host
-(a host that cannot be reached is not restarted on).
+Restarts and the policy for a lost host are :mod:`.attempts`: each attempt is a
+:class:`Supervisor` of its own (new job marker, new pid, exit and log files).
 
 Timing (see docs/launcher.md): heartbeats every ``HEARTBEAT_S`` (1 s) on a channel that
 output cannot hold back; a running node is LOST after ``LOST_AFTER_S`` (5 s) of silence,
@@ -656,7 +655,7 @@ def read_tail(plan: Plan, cluster: Cluster, rank: int, path: str, lines: int, *,
 
 
 # ---------------------------------------------------------------------------------------
-# Staging, restarts, detach
+# Staging, detach (restarts: .attempts)
 
 
 class StagingError(RuntimeError):
@@ -701,153 +700,6 @@ def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = ())
     if plan.stall_timeout:  # a detached run's nodes collect their stacks with it (node.sh stall-watch)
         files[STACKS_PROGRAM] = collector_source().decode()
     stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, leftovers, min_free_mb=MIN_FREE_MB)
-
-
-def fence(plan: Plan, cluster: Cluster, attempt: int) -> list[str]:
-    """Make sure no process of ``attempt`` is left on any host; the problems, if any.
-
-    A host whose connection died (lost) is reconnected first. A host that still cannot be
-    reached, or whose old processes will not die, is named: relaunching beside them would
-    let two attempts collide (ports, GPUs, the same checkpoint directory)."""
-    def stop(node) -> bool:
-        files = NodeFiles.of(plan.run_dir, plan.run_id, node.rank, node.host.name, attempt)
-        return cluster.run(node.host, node_argv("stop", files.marker, node.container or ""),
-                           timeout=STOP_GRACE_S + 5).ok
-
-    def one(node) -> str | None:
-        host = node.host
-        try:
-            return None if stop(node) else f"{host.name}: processes of attempt {attempt} would not stop"
-        except (HostUnreachable, TimeoutError):
-            pass  # the transport may be dead without knowing it yet: one fresh connection
-        if not cluster.reconnect(host):
-            return f"{host.name} is unreachable ({cluster.errors.get(host.name, 'no connection')})"
-        try:
-            return None if stop(node) else f"{host.name}: processes of attempt {attempt} would not stop"
-        except (HostUnreachable, TimeoutError) as exc:
-            return f"{host.name} is unreachable ({first_line(exc)})"
-
-    return [p for p in parallel(one, plan.nodes) if p]
-
-
-def resume_point(plan: Plan, cluster: Cluster) -> tuple[str | None, list[str]]:
-    """(newest complete checkpoint name or None, what was cleaned up)."""
-    result = cluster.run(plan.nodes[0].host, node_argv("resume-point", plan.checkpoint_dir), timeout=30)
-    last = result.stdout.strip().splitlines()[-1:] or [None]
-    return last[0], [line for line in result.stderr.splitlines() if line.strip()]
-
-
-RESTART_DELAY_S = 1.0
-RECORD_TIMEOUT_S = 5.0  # writing summary.json at the end of a run
-
-
-def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | None = None,
-           err: TextIO | None = None, ui=None, verbose: bool = True, before=None, start_step: int = 0) -> int:
-    """Run the plan to its end, restarting every node up to ``restarts`` times; the exit code.
-
-    ``before`` (staging the run directory) runs while the first attempt's node channels
-    open; it raising means nothing was started. ``start_step``: the checkpoint's step the
-    first attempt resumes from (:mod:`.resume`); a restart reads its own.
-
-    With ``ui`` (:class:`ftbundle.ui.Phases`) the run shows its phases and ends with a
-    summary, and its record (summary.json, metrics.jsonl) is left in the run directory for
-    ``ftbundle runs`` and ``ftbundle plot``."""
-    err = err or sys.stderr
-    started_wall, started = time.time(), time.monotonic()
-
-    def say(message: str) -> None:
-        if ui is not None:
-            ui.say(message)
-        else:
-            print(f"ftbundle: {message}", file=err, flush=True)
-
-    def finish(outcome: Outcome, attempt: int) -> int:
-        if ui is not None:
-            record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
-                       duration_s=time.monotonic() - started)
-        return outcome.exit_code
-
-    attempts = restarts + 1
-    for attempt in range(1, attempts + 1):
-        if attempt > 1:
-            stage_files(cluster, plan.nodes[0].host, plan.run_dir, {ATTEMPT_FILE: f"{attempt}\n"})
-        outcome = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
-                             start_step=start_step).run(before if attempt == 1 else None)
-        if outcome.exit_code == 0:
-            if ui is not None:
-                ui.final_progress()
-                ui.done(closing_lines(plan, outcome, time.monotonic() - started, attempt))
-            else:
-                say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)"
-                    + (f" (attempt {attempt})" if attempt > 1 else ""))
-            return finish(outcome, attempt)
-        if outcome.interrupted or attempt == attempts:
-            if attempts > 1 and not outcome.interrupted:
-                say(f"giving up after {attempts} attempts")
-            return finish(outcome, attempt)
-        problems = fence(plan, cluster, attempt)
-        if problems:
-            say("not restarting: the old processes could not be confirmed gone on every host: "
-                + "; ".join(problems))
-            return outcome.exit_code
-        say(f"every process of attempt {attempt} is gone; restarting all nodes "
-            f"(restart {attempt} of {restarts})")
-        if plan.resumes:
-            from .resume import read_resume_state
-
-            state = read_resume_state(plan, cluster, writer=False)
-            for line in state.cleaned:
-                say(line)
-            say(state.announcement() or "no checkpoint yet: starting from the beginning")
-            start_step = state.step
-        elif plan.checkpoint_dir:
-            last, cleaned = resume_point(plan, cluster)
-            for line in cleaned:
-                say(line)
-            say(f"resuming from {plan.checkpoint_dir}/{last}" if last
-                else "no checkpoint yet: starting from the beginning")
-        time.sleep(RESTART_DELAY_S)
-    return 1
-
-
-def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int) -> list[str]:
-    from ..ui.summary import closing_summary
-
-    adapter = None
-    if plan.checkpoint_dir and plan.finetuning_type in ("lora", "oft", "freeze_lora", None):
-        adapter = posixpath.join(plan.checkpoint_dir, "adapter_model.safetensors")
-    lines = closing_summary(run_id=plan.run_id, run_dir=plan.run_dir, duration_s=duration_s,
-                            progress=outcome.progress or Progress(), output_dir=plan.checkpoint_dir,
-                            adapter=adapter, nnodes=plan.nnodes)
-    if attempt > 1:
-        lines[0] += f" (attempt {attempt})"
-    return lines
-
-
-def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, started_wall: float,
-               duration_s: float) -> None:
-    """The run's record beside its logs: summary.json (state, exit, duration, final loss)
-    and metrics.jsonl (the trainer's log records), for `ftbundle runs` and `ftbundle plot`.
-    Best effort: a run that could not be recorded has still run."""
-    import json
-
-    from ..history import SUMMARY_FILE, METRICS_FILE, run_summary
-
-    progress = outcome.progress or Progress()
-    summary = run_summary(plan, exit_code=outcome.exit_code, interrupted=outcome.interrupted,
-                          stalled=outcome.stalled,
-                          attempt=attempt, started=started_wall, duration_s=duration_s, progress=progress,
-                          failed_host=outcome.failure.host if outcome.failure else None)
-    files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
-    if progress.records:
-        files[METRICS_FILE] = "".join(json.dumps(r) + "\n" for r in progress.records)
-    # through a node the run could still reach (rank 0's host may be the one that was lost)
-    host = next((n.host for n in plan.nodes if n.rank not in outcome.lost and cluster.alive(n.host)),
-                plan.nodes[0].host)
-    try:  # (briefly: an interrupted ftbundle must not wait long on a record)
-        stage_files(cluster, host, plan.run_dir, files, timeout=RECORD_TIMEOUT_S)
-    except Exception:
-        pass
 
 
 def launch_detached(plan: Plan, cluster: Cluster, err: TextIO | None = None, before=None) -> int:

@@ -1,7 +1,7 @@
 """Entry point torchrun runs on every node for `train: llamafactory:` jobs.
 
 Staged by ftbundle into the run directory (shared storage), so nodes need nothing but
-LlamaFactory itself. It runs `llamafactory.launcher` unchanged, with:
+LlamaFactory itself. It runs what `llamafactory.launcher` runs under torchrun (`run_exp()`), with:
 
 * ``@record`` (torch elastic): a rank that dies of an exception writes its own traceback
   to ``TORCHELASTIC_ERROR_FILE`` (torchrun sets it per local rank under ``--log-dir``, in
@@ -17,6 +17,13 @@ Credentials (hf_hub_token, ...) are never in the staged config, which lives on s
 storage: ftbundle sends them in the environment (FTB_LF_<KEY>, listed by FTB_LF_FROM_ENV),
 and they are put back into the config here, in memory.
 
+* The attempt fence: at the end of every optimizer step (before the trainer saves a checkpoint
+  there) each rank reads the run directory's ``attempt`` file; once it names a later attempt
+  than the rank's own ``FTB_ATTEMPT`` (ftbundle went on without this rank's host: it was lost,
+  maybe only cut off), the rank ends at once (exit 97) without writing. Its node program's
+  watchdog stops it anyway within seconds of losing the launcher; this holds even where that
+  program is gone (docs/launcher.md, "A lost host").
+
 * A rank whose training has returned leaves through ``leave()``: Python's exit handlers run
   while the interpreter is whole, stdout and stderr are flushed, and the process ends with
   ``os._exit``, skipping interpreter finalization and C++ static destructors. There, torch
@@ -30,7 +37,6 @@ and they are put back into the config here, in memory.
 import atexit
 import logging
 import os
-import runpy
 import sys
 
 import torch.serialization
@@ -50,19 +56,51 @@ def _credentials():
     return {key: os.environ["FTB_LF_" + key.upper()] for key in keys if "FTB_LF_" + key.upper() in os.environ}
 
 
+FENCED_EXIT = 97  # a rank of an attempt ftbundle has gone on from
+
+
+def fenced() -> str | None:
+    """The later attempt the run directory names, when it is not this rank's own; None
+    while this rank's attempt is the current one (or outside ftbundle)."""
+    run_dir, mine = os.environ.get("FTB_RUN_DIR"), os.environ.get("FTB_ATTEMPT")
+    if not run_dir or not mine:
+        return None
+    try:
+        with open(os.path.join(run_dir, "attempt")) as f:
+            current = f.read().strip()
+    except OSError:
+        return None
+    return current if current.isdigit() and mine.isdigit() and int(current) > int(mine) else None
+
+
+def _attempt_fence():
+    from transformers import TrainerCallback
+
+    class AttemptFence(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            current = fenced()
+            if current is not None:
+                print(f"ftbundle: attempt {os.environ['FTB_ATTEMPT']} is over (the run is on attempt {current} "
+                      f"without this host): rank {os.environ.get('RANK', '?')} stops without writing",
+                      file=sys.stderr, flush=True)
+                os._exit(FENCED_EXIT)
+
+    return AttemptFence()
+
+
 @record
 def main() -> None:
+    from llamafactory.train.tuner import run_exp
+
     credentials = _credentials()
     if credentials:
         import yaml
-        from llamafactory.train.tuner import run_exp
 
         with open(sys.argv[1]) as f:
             config = yaml.safe_load(f) or {}
-        run_exp(args={**config, **credentials})
-    else:
-        sys.argv = ["llamafactory.launcher", *sys.argv[1:]]
-        runpy.run_module("llamafactory.launcher", run_name="__main__", alter_sys=True)
+        run_exp(args={**config, **credentials}, callbacks=[_attempt_fence()])
+    else:  # (what `python -m llamafactory.launcher CONFIG` runs under torchrun: run_exp() reads sys.argv)
+        run_exp(callbacks=[_attempt_fence()])
 
 
 def leave(code: int = 0) -> None:

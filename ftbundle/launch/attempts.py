@@ -1,0 +1,418 @@
+"""Attempts of a run: what the next one runs on after a failure, and the loop that runs them.
+
+The policy (the job's ``on_node_loss``, ``spares``, ``min_nodes``, ``keep_global_batch``) is
+the pure function :func:`next_attempt`: from the job, the previous attempt's layout and rank
+counts, the hosts that were lost and the spares that passed the preflight, it returns the
+next layout (hosts in rank order, MASTER_ADDR on the new rank 0, the LlamaFactory config
+with its gradient accumulation rescaled) and the line that says why; or a stop (exit 255)
+when fewer than ``min_nodes`` hosts are left.
+
+:func:`launch` is the loop: run an attempt (:class:`.supervisor.Supervisor`), and after a
+failure fence it (every process of it confirmed gone on every host it can reach), decide the
+next attempt, resume. A lost host may only be cut off, not dead: it is never waited on, and it
+cannot write into the next attempt (see :func:`_fence_lost` and docs/launcher.md, "A lost host").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+import yaml
+
+from .. import runtimes
+from ..cluster import Cluster, HostUnreachable, first_line, parallel
+from ..hostlist import fold
+from ..inventory import Host
+from ..job import Job
+from ..llamafactory import HF_DEFAULT_BATCH
+from ..plan import ATTEMPT_FILE, ATTEMPTS_FILE, Layout, NodeFiles, Plan, attempts_said, master_addr_of
+from ..ui.progress import Progress
+from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
+from .supervisor import LOST_EXIT_CODE, Outcome, State, Supervisor, stage_files
+
+RESTART_DELAY_S = 1.0
+RECORD_TIMEOUT_S = 5.0  # writing summary.json at the end of a run
+FENCE_MARGIN_S = 5.0  # beyond a lost node's watchdog and stop grace: its stop written, on a loaded host
+
+
+# ---------------------------------------------------------------------------------------
+# The policy (pure)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The global batch of a LlamaFactory attempt: per device x accumulation x world."""
+
+    per_device: int
+    accumulation: int
+    world: int
+
+    @property
+    def size(self) -> int:
+        return self.per_device * self.accumulation * self.world
+
+
+@dataclass(frozen=True)
+class NextAttempt:
+    """What the next attempt runs on, or why there is none (``stop``: the exit code)."""
+
+    attempt: int
+    hosts: tuple[str, ...]  # in rank order
+    lost: dict[str, str]  # host -> why it was left out
+    line: str  # "attempt 2 on node[0-1]: node2 lost (...); global batch 12 kept: accumulation 2 -> 3"
+    layout: Layout | None = field(default=None, repr=False)
+    replaced: dict[str, str] = field(default_factory=dict)  # lost host -> the spare in its place
+    batch: Batch | None = None
+    stop: int | None = None
+
+
+def asked_batch(job: Job, first_world: int) -> Batch | None:
+    """The global batch the job asked for: its LlamaFactory config on its first world."""
+    config = job.train.llamafactory
+    if config is None:
+        return None
+    return Batch(int(config.get("per_device_train_batch_size", HF_DEFAULT_BATCH)),
+                 int(config.get("gradient_accumulation_steps", 1)), first_world)
+
+
+def rescale(asked: Batch, world: int, keep: bool = True) -> tuple[Batch, str]:
+    """The batch on ``world`` ranks and what to say of it. Kept: the accumulation that gives
+    the asked global batch, or where none divides it, the nearest (the smaller of two equally
+    near; never below 1), and the new global batch said."""
+    if not keep:
+        new = Batch(asked.per_device, asked.accumulation, world)
+        return new, (f"global batch {asked.size} -> {new.size} (keep_global_batch: false; "
+                     f"accumulation {asked.accumulation} kept)")
+    per_step = asked.per_device * world
+    low = max(1, asked.size // per_step)
+    high = low + 1
+    accumulation = low if asked.size - low * per_step <= high * per_step - asked.size else high
+    new = Batch(asked.per_device, accumulation, world)
+    change = f"accumulation {asked.accumulation} -> {accumulation}"
+    if new.size == asked.size:
+        return new, f"global batch {asked.size} kept: {change}"
+    return new, (f"global batch {asked.size} cannot be kept on {world} rank(s) x {asked.per_device} per device: "
+                 f"{change}, global batch {new.size}")
+
+
+def next_attempt(job: Job, previous: Layout, nprocs: dict[str, int], lost: dict[str, str], *, attempt: int,
+                 first_world: int, spares: list[tuple[Host, int]] = ()) -> NextAttempt:
+    """The next attempt after ``lost`` (host name -> why) were lost from ``previous`` (whose
+    hosts ran ``nprocs`` ranks each). ``spares``: hosts of the spares group that passed the
+    preflight, with their rank counts, in the order they are taken. Pure.
+
+    The hosts left keep their rank order (node ranks renumbered from 0); a spare takes a lost
+    host's place in that order (``on_node_loss: spare``; lost hosts beyond the spares are left
+    out); MASTER_ADDR follows rank 0. Below ``min_nodes``: a stop (exit 255) naming every
+    lost host."""
+    said_lost = "; ".join(f"{h} lost ({why})" for h, why in lost.items())
+    every = fold((*previous.excluded, *lost))  # (a stop names every host lost so far)
+    free = list(spares) if job.on_node_loss == "spare" else []
+    hosts: list[Host] = []
+    counts = dict(nprocs)
+    replaced: dict[str, str] = {}
+    for host in previous.hosts:
+        if host.name not in lost:
+            hosts.append(host)
+        elif free:
+            spare, n = free.pop(0)
+            hosts.append(spare)
+            counts[spare.name] = n
+            replaced[host.name] = spare.name
+    left_out = [h for h in lost if h not in replaced]
+    if len(hosts) < job.min_nodes or not hosts:
+        return NextAttempt(attempt, tuple(h.name for h in hosts), dict(lost),
+                           f"stopping: {said_lost}; {len(hosts)} host(s) left, fewer than min_nodes "
+                           f"{job.min_nodes} (lost: {every})" if hosts else
+                           f"stopping: {said_lost}; no host left (lost: {every})",
+                           stop=LOST_EXIT_CODE)
+    parts = [f"attempt {attempt} on {fold(h.name for h in hosts)}: {said_lost}"]
+    if replaced:
+        parts[0] += "; " + ", ".join(f"{spare} in place of {h}" for h, spare in replaced.items())
+    if job.on_node_loss == "spare" and left_out:
+        parts[0] += f"; no spare left in group {job.spares}: {fold(left_out)} left out"
+    layout = dataclasses.replace(previous, hosts=tuple(hosts), master_addr=master_addr_of(hosts, job),
+                                 excluded=tuple(dict.fromkeys((*previous.excluded, *lost))))
+    world = sum(counts[h.name] for h in hosts)
+    batch = None
+    asked = asked_batch(job, first_world)
+    if asked is not None and previous.lf_config is not None:
+        batch, said = rescale(asked, world, job.keep_global_batch)
+        parts.append(said)
+        layout = with_accumulation(layout, batch.accumulation)
+    return NextAttempt(attempt, tuple(h.name for h in hosts), dict(lost), "; ".join(parts), layout=layout,
+                       replaced=replaced, batch=batch)
+
+
+def with_accumulation(layout: Layout, accumulation: int) -> Layout:
+    """The layout with LlamaFactory's gradient_accumulation_steps set, in the staged config and
+    in the job's (which the plan's effective batch line is made from)."""
+    job = layout.job
+    key = "gradient_accumulation_steps"
+    config = {**layout.lf_config, key: accumulation}
+    train = dataclasses.replace(job.train, llamafactory={**job.train.llamafactory, key: accumulation})
+    files = {**layout.files, runtimes.LLAMAFACTORY_CONFIG: yaml.safe_dump(config, sort_keys=False)}
+    return dataclasses.replace(layout, job=dataclasses.replace(job, train=train), lf_config=config, files=files)
+
+
+def short_reason(reason: str) -> str:
+    """The supervisor's words for a lost node, cut to what the attempt line needs."""
+    m = re.search(r"no heartbeat for (\d+)s", reason)
+    if m:
+        return f"no heartbeat {m.group(1)} s"
+    return reason.split(" (")[0][:80]
+
+
+# ---------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass
+class Policy:
+    """What the loop needs to make another attempt on other hosts: the job, the first
+    attempt's layout, a way to make a plan from a layout (the caller's facts in it), and for
+    ``spare``, the spares group's hosts and their preflight."""
+
+    job: Job
+    layout: Layout
+    replan: Callable[[Layout], Plan]
+    spares: Callable[[], list[Host]] = list
+    # (the candidate layout, the spares in it) -> {spare name: rank count} of those that passed
+    preflight: Callable[[Layout, list[Host]], dict[str, int]] | None = None
+
+
+def fence(plan: Plan, cluster: Cluster, attempt: int) -> dict[str, tuple[str, bool]]:
+    """Make sure no process of ``attempt`` is left on any host: {host: (problem, unreachable)}
+    for each host where that could not be confirmed.
+
+    A host whose connection died (lost) is reconnected first. A host that still cannot be
+    reached, or whose old processes will not die, is named: relaunching beside them would
+    let two attempts collide (ports, GPUs, the same checkpoint directory)."""
+    def stop(node) -> bool:
+        files = NodeFiles.of(plan.run_dir, plan.run_id, node.rank, node.host.name, attempt)
+        return cluster.run(node.host, node_argv("stop", files.marker, node.container or ""),
+                           timeout=STOP_GRACE_S + 5).ok
+
+    def one(node) -> tuple[str, bool] | None:
+        host = node.host
+        stuck = (f"processes of attempt {attempt} would not stop", False)
+        try:
+            return None if stop(node) else stuck
+        except (HostUnreachable, TimeoutError):
+            pass  # the transport may be dead without knowing it yet: one fresh connection
+        if not cluster.reconnect(host):
+            return f"unreachable ({cluster.errors.get(host.name, 'no connection')})", True
+        try:
+            return None if stop(node) else stuck
+        except (HostUnreachable, TimeoutError) as exc:
+            return f"unreachable ({first_line(exc)})", True
+
+    return {n.host.name: p for n, p in zip(plan.nodes, parallel(one, plan.nodes)) if p}
+
+
+def resume_point(plan: Plan, cluster: Cluster) -> tuple[str | None, list[str]]:
+    """(newest complete checkpoint name or None, what was cleaned up)."""
+    result = cluster.run(plan.nodes[0].host, node_argv("resume-point", plan.checkpoint_dir), timeout=30)
+    last = result.stdout.strip().splitlines()[-1:] or [None]
+    return last[0], [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def lost_hosts(plan: Plan, supervisor: Supervisor, problems: dict[str, tuple[str, bool]]) -> dict[str, str]:
+    """The hosts lost in an attempt: the node's connection and heartbeat gone (LOST), or its
+    host unreachable now that the next attempt is prepared; host -> why, in rank order."""
+    out: dict[str, str] = {}
+    for node, st in zip(plan.nodes, supervisor.status):
+        why = []
+        if st.state is State.LOST:
+            why.append(short_reason(st.reason))
+        problem = problems.get(node.host.name)
+        if problem and problem[1]:
+            why.append("host unreachable")
+        if why:
+            out[node.host.name] = ", ".join(why)
+    return out
+
+
+def _fence_lost(supervisor: Supervisor, plan: Plan, lost: dict[str, str], say) -> None:
+    """A lost host may be cut off, not dead: its node program stops its job by itself when
+    the pings stop (WATCHDOG_S, then STOP_GRACE_S to SIGKILL). The next attempt starts only
+    after that time has passed since the host's last heartbeat, so an old rank there is gone
+    before a new one runs (and the attempt file the old ranks check already says the new
+    attempt: :mod:`ftbundle.shims.llamafactory_entry`)."""
+    now = time.monotonic()
+    last = [st.last_heartbeat or st.since for n, st in zip(plan.nodes, supervisor.status) if n.host.name in lost]
+    until = max((t + WATCHDOG_S + STOP_GRACE_S + FENCE_MARGIN_S for t in last), default=now)
+    if until > now:
+        say(f"waiting {until - now:.0f}s more: a lost host's own watchdog stops its job {WATCHDOG_S}s after "
+            "its last ping, so nothing of the old attempt runs beside the new one")
+        time.sleep(until - now)
+
+
+def _next_plan(policy: Policy, plan: Plan, layout: Layout, lost: dict[str, str], attempt: int, first_world: int,
+               say) -> tuple[NextAttempt, Plan | None, Layout]:
+    """The next attempt's plan after hosts were lost (spares preflighted first)."""
+    job = policy.job
+    nprocs = {n.host.name: n.nproc for n in plan.nodes}
+    spares: list[tuple[Host, int]] = []
+    if job.on_node_loss == "spare":
+        used = {h.name for h in layout.hosts} | set(layout.excluded)
+        candidates = [h for h in policy.spares() if h.name not in used][:len(lost)]
+        if candidates and policy.preflight is not None:
+            trial = next_attempt(job, layout, nprocs, lost, attempt=attempt, first_world=first_world,
+                                 spares=[(h, 1) for h in candidates])
+            passed = policy.preflight(trial.layout, candidates) if trial.layout is not None else {}
+            refused = [h.name for h in candidates if h.name not in passed]
+            if refused:
+                say(f"spare {fold(refused)} did not pass the preflight (see above): not taken")
+            spares = [(h, passed[h.name]) for h in candidates if h.name in passed]
+    nxt = next_attempt(job, layout, nprocs, lost, attempt=attempt, first_world=first_world, spares=spares)
+    if nxt.layout is None:
+        return nxt, None, layout
+    return nxt, policy.replan(nxt.layout), nxt.layout
+
+
+def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | None = None,
+           err: TextIO | None = None, ui=None, verbose: bool = True, before=None, start_step: int = 0,
+           policy: Policy | None = None) -> int:
+    """Run the plan to its end, restarting up to ``restarts`` times; the exit code.
+
+    ``before`` (staging the run directory) runs while the first attempt's node channels
+    open; it raising means nothing was started. ``start_step``: the checkpoint's step the
+    first attempt resumes from (:mod:`.resume`); a restart reads its own. ``policy``: what a
+    lost host leads to (the job's ``on_node_loss``); None: every attempt on the same hosts.
+
+    With ``ui`` (:class:`ftbundle.ui.Phases`) the run shows its phases and ends with a
+    summary, and its record (summary.json, metrics.jsonl, attempts.json) is left in the run
+    directory for ``ftbundle runs``, ``status`` and ``plot``."""
+    err = err or sys.stderr
+    started_wall, started = time.time(), time.monotonic()
+    layout = policy.layout if policy is not None else None
+    first_world = plan.world_size  # (the world the job's global batch was asked on)
+    history = [{"attempt": 1, "hosts": [n.host.name for n in plan.nodes], "why": ""}]
+
+    def say(message: str) -> None:
+        if ui is not None:
+            ui.say(message)
+        else:
+            print(f"ftbundle: {message}", file=err, flush=True)
+
+    def finish(outcome: Outcome, attempt: int) -> int:
+        if ui is not None:
+            record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
+                       duration_s=time.monotonic() - started, attempts=history)
+        return outcome.exit_code
+
+    attempts = restarts + 1
+    for attempt in range(1, attempts + 1):
+        if attempt > 1:
+            files = {ATTEMPT_FILE: f"{attempt}\n"}
+            if len(history) > 1:
+                import json
+
+                files["plan.json"] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
+                files[ATTEMPTS_FILE] = json.dumps(history, indent=2) + "\n"
+                files.update(plan.files)  # (the config with its rescaled accumulation)
+            stage_files(cluster, plan.nodes[0].host, plan.run_dir, files)
+        supervisor = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
+                                start_step=start_step)
+        outcome = supervisor.run(before if attempt == 1 else None)
+        if outcome.exit_code == 0:
+            if ui is not None:
+                ui.final_progress()
+                ui.done(closing_lines(plan, outcome, time.monotonic() - started, attempt, history))
+            else:
+                say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)"
+                    + (f" (attempt {attempt})" if attempt > 1 else ""))
+            return finish(outcome, attempt)
+        if outcome.interrupted or attempt == attempts:
+            if attempts > 1 and not outcome.interrupted:
+                say(f"giving up after {attempts} attempts")
+            return finish(outcome, attempt)
+        problems = fence(plan, cluster, attempt)
+        acts = policy is not None and policy.job.on_node_loss != "stop"
+        if any(not unreachable for _, unreachable in problems.values()) or (problems and not acts):
+            say("not restarting: the old processes could not be confirmed gone on every host: "
+                + "; ".join(f"{h} is {p}" if unreachable else f"{h}: {p}"
+                            for h, (p, unreachable) in problems.items()))
+            return outcome.exit_code
+        lost = lost_hosts(plan, supervisor, problems) if acts else {}
+        if lost:
+            nxt, new_plan, new_layout = _next_plan(policy, plan, layout, lost, attempt + 1, first_world, say)
+            say(nxt.line)
+            if nxt.stop is not None:
+                outcome = dataclasses.replace(outcome, exit_code=nxt.stop)
+                return finish(outcome, attempt)
+            _fence_lost(supervisor, plan, lost, say)
+            plan, layout = new_plan, new_layout
+            history.append({"attempt": attempt + 1, "hosts": list(nxt.hosts), "why": nxt.line,
+                            "lost": nxt.lost, "replaced": nxt.replaced})
+            say(f"every process of attempt {attempt} is gone on the hosts left; restarting on "
+                f"{plan.nnodes} node(s) (restart {attempt} of {restarts})")
+        else:
+            say(f"every process of attempt {attempt} is gone; restarting all nodes "
+                f"(restart {attempt} of {restarts})")
+        if plan.resumes:
+            from .resume import read_resume_state
+
+            state = read_resume_state(plan, cluster, writer=False)
+            for line in state.cleaned:
+                say(line)
+            say(state.announcement() or "no checkpoint yet: starting from the beginning")
+            start_step = state.step
+        elif plan.checkpoint_dir:
+            last, cleaned = resume_point(plan, cluster)
+            for line in cleaned:
+                say(line)
+            say(f"resuming from {plan.checkpoint_dir}/{last}" if last
+                else "no checkpoint yet: starting from the beginning")
+        time.sleep(RESTART_DELAY_S)
+    return 1
+
+
+def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
+                  history: list[dict] = ()) -> list[str]:
+    from ..ui.summary import closing_summary
+
+    adapter = None
+    if plan.checkpoint_dir and plan.finetuning_type in ("lora", "oft", "freeze_lora", None):
+        adapter = posixpath.join(plan.checkpoint_dir, "adapter_model.safetensors")
+    lines = closing_summary(run_id=plan.run_id, run_dir=plan.run_dir, duration_s=duration_s,
+                            progress=outcome.progress or Progress(), output_dir=plan.checkpoint_dir,
+                            adapter=adapter, nnodes=plan.nnodes)
+    if attempt > 1:
+        lines[0] += f" (attempt {attempt})"
+    return lines + attempts_said(list(history))
+
+
+def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, started_wall: float,
+               duration_s: float, attempts: list[dict] = ()) -> None:
+    """The run's record beside its logs: summary.json (state, exit, duration, final loss,
+    each attempt's hosts) and metrics.jsonl (the trainer's log records), for `ftbundle runs`
+    and `ftbundle plot`. Best effort: a run that could not be recorded has still run."""
+    import json
+
+    from ..history import METRICS_FILE, SUMMARY_FILE, run_summary
+
+    progress = outcome.progress or Progress()
+    summary = run_summary(plan, exit_code=outcome.exit_code, interrupted=outcome.interrupted,
+                          stalled=outcome.stalled,
+                          attempt=attempt, started=started_wall, duration_s=duration_s, progress=progress,
+                          failed_host=outcome.failure.host if outcome.failure else None)
+    if len(attempts) > 1:
+        summary["attempts"] = list(attempts)
+    files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
+    if progress.records:
+        files[METRICS_FILE] = "".join(json.dumps(r) + "\n" for r in progress.records)
+    # through a node the run could still reach (rank 0's host may be the one that was lost)
+    host = next((n.host for n in plan.nodes if n.rank not in outcome.lost and cluster.alive(n.host)),
+                plan.nodes[0].host)
+    try:  # (briefly: an interrupted ftbundle must not wait long on a record)
+        stage_files(cluster, host, plan.run_dir, files, timeout=RECORD_TIMEOUT_S)
+    except Exception:
+        pass
