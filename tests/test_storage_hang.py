@@ -5,10 +5,12 @@ at shared_dir (no NFS in this kernel; docs: ../shared/ENVIRONMENT.md), and `dock
 node2` freezes it: on node0 and node1 every process that touches shared_dir then waits in the
 kernel until node2 is unpaused (a signal turns it to D state; kill -9 leaves it there).
 
-- a run (2 nodes x 1 rank, gloo, tests/assets/stall.py, its script on a bind mount, its run
-  directory on the sshfs) frozen mid-training is named "shared storage <path> on node... not
-  answering for N s" within stall_timeout + 30 s, stops with 124 (a stall), and once the
-  storage answers again nothing of the job is left;
+- a run (2 nodes x 1 rank, gloo, an all-reduce loop whose rank 0 saves a file under shared_dir
+  every step, as a checkpoint save does; its script on a bind mount, its run directory on the
+  sshfs) frozen mid-training is named "shared storage <path> on node... not answering for N s"
+  within stall_timeout + 30 s and stops with 124 (a stall); rank 0, caught in its save, cannot
+  be killed while the freeze lasts (D state) and is named so; once the storage answers again
+  nothing of the job is left;
 - `ftbundle check` on frozen storage exits 2 naming it, within a bounded time (the probe
   stats from a child it abandons).
 """
@@ -28,7 +30,6 @@ import yaml
 
 from tests.cluster import Cluster
 from tests.helpers import (
-    ASSETS,
     base_job,
     ftbundle,
     job_processes,
@@ -43,12 +44,28 @@ STALL_TIMEOUT = 10
 STALLED = 124  # ftbundle.launch.stall.STALLED_EXIT_CODE
 MOUNT = "/mnt/ftb-sshfs"  # shared_dir on node0 and node1; nothing at that path on this machine
 SSHFS_OPTIONS = "StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,IdentityFile=/root/.ssh/sshfs_key"
+# (sshfs writes asynchronously: an open() is what waits for the server, as a checkpoint save does)
+SAVER = """
+import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, step = dist.get_rank(), 0
+while True:
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 0:
+        with open(os.path.join(sys.argv[1], "saved.txt"), "w") as f:
+            f.write(str(step))
+        print(f"step {step} allreduce ok", flush=True)
+    step += 1
+    time.sleep(0.5)
+"""
 
 
 @pytest.fixture(scope="module")
 def cluster(testhost_image):
     local = Path(tempfile.mkdtemp(prefix="ftb-storage-", dir="/tmp"))
-    shutil.copy(ASSETS / "stall.py", local / "stall.py")
+    (local / "saver.py").write_text(SAVER)
     c = Cluster(3, shared_dir=local, image=testhost_image,
                 docker_args=["--device", "/dev/fuse", "--cap-add", "SYS_ADMIN"]).up()
     try:
@@ -75,7 +92,7 @@ def write_two_node_job(cluster, tmp_path, name: str, **extra) -> str:
     inv = yaml.safe_load(path.read_text())
     del inv["all"]["children"]["trainers"]["hosts"][cluster.hosts[2].name]
     path.write_text(yaml.safe_dump(inv, sort_keys=False))
-    job = base_job(name, Path(MOUNT), path, {"script": "stall.py", "args": ["--sleep", "0.5"]},
+    job = base_job(name, Path(MOUNT), path, {"script": "saver.py", "args": [MOUNT]},
                    workdir=str(cluster.shared_dir), stall_timeout=STALL_TIMEOUT, **extra)
     return str(write_job(tmp_path / "job.yaml", job))
 
@@ -91,6 +108,20 @@ def thaw(cluster) -> None:
 
 def trainers_processes(cluster) -> dict[str, list[str]]:
     return {h: p for h, p in job_processes(cluster).items() if h != cluster.hosts[2].name}
+
+
+def unstopped(cluster) -> dict[str, list[str]]:
+    """The job's processes on node0 and node1 that are not in D state: a process the storage
+    holds turns to D at the signal that would end it, so these are the ones nobody stopped."""
+    left = {}
+    for host in cluster.hosts[:2]:
+        out = cluster.exec(host, "for p in $(grep -lz FTB_JOB= /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do "
+                                 "read -r s < /proc/$p/stat && s=${s##*) } && [ \"${s%% *}\" != D ] && "
+                                 "echo \"$p ${s%% *} $(tr '\\0' ' ' < /proc/$p/cmdline | cut -c1-80)\"; done",
+                           check=False).stdout.splitlines()
+        if out:
+            left[host.name] = out
+    return left
 
 
 def test_check_names_frozen_shared_storage_and_returns(cluster, tmp_path):
@@ -144,6 +175,9 @@ def test_frozen_storage_during_a_run_is_named_and_the_run_stops(cluster, tmp_pat
     assert named and stalled, err
     assert stalled[0][0] - frozen_at < STALL_TIMEOUT + 30, f"{stalled[0][0] - frozen_at:.1f}s\n{err}"
     assert "frozen or starved of CPU" not in err and "odd one out" not in err, err
+    # rank 0 waits in its save: no signal ends it while the freeze lasts, and that is said
+    assert "node0" in left_frozen, left_frozen
+    assert re.search(r"still there on node0 after SIGKILL: \d+ \(D\)", err), err
     # once it answers, what waited on it ends (its SIGKILL was waiting): nothing is left
     deadline = time.monotonic() + 30
     while (left := trainers_processes(cluster)) and time.monotonic() < deadline:
@@ -153,3 +187,43 @@ def test_frozen_storage_during_a_run_is_named_and_the_run_stops(cluster, tmp_pat
     print(f"frozen -> first named {named[0][0] - frozen_at:.1f}s, stopped as stalled {stalled[0][0] - frozen_at:.1f}s, "
           f"ftbundle ended {ended:.1f}s after the freeze (stall_timeout {STALL_TIMEOUT}s); "
           f"left while frozen: {left_frozen}")
+
+
+def test_detached_nodes_stop_their_jobs_and_say_why_once_the_storage_answers(cluster, tmp_path):
+    job = write_two_node_job(cluster, tmp_path, "storage-detached")
+    started = ftbundle("run", "--detach", job, timeout=180)
+    assert started.returncode == 0, started.stderr
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # training: rank 0 has saved a step
+        found = cluster.exec(cluster.hosts[0], f"cat {MOUNT}/saved.txt 2>/dev/null", check=False).stdout.strip()
+        if found.isdigit() and int(found) >= 2:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("the detached job never saved a step")
+    frozen_at = freeze(cluster)
+    try:
+        # each node stops its job by itself: what is left is only what the storage holds (D state)
+        while time.monotonic() - frozen_at < STALL_TIMEOUT + 30:
+            if not unstopped(cluster):
+                break
+            time.sleep(1)
+        stopped_after = time.monotonic() - frozen_at
+        left_frozen = trainers_processes(cluster)
+        seen = {h.name: cluster.exec(h, "ps -eo pid,ppid,stat,wchan:28,args | cut -c1-150", check=False).stdout
+                for h in cluster.hosts[:2]}
+    finally:
+        thaw(cluster)
+    assert stopped_after < STALL_TIMEOUT + 30, seen
+    deadline = time.monotonic() + 30
+    while (left := trainers_processes(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == {}, left
+    status = ftbundle("status", job, timeout=60)
+    out = status.stdout + status.stderr
+    assert re.search(rf"stopped: shared storage {MOUNT} on node[01] not answering for \d+s "
+                     rf"\(stall_timeout {STALL_TIMEOUT}s\)", out), out
+    assert status.returncode == 1, out
+    print(out)
+    print(f"detached: frozen -> both nodes' jobs stopped by themselves within {stopped_after:.1f}s "
+          f"(stall_timeout {STALL_TIMEOUT}s); left while frozen: {left_frozen}")

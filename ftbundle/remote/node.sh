@@ -121,12 +121,13 @@ ftb_ask() {  # start a reading: FTB_ASK_FD (its stdout), FTB_ASKED (when, $SECON
     ${FTB_PROGRESS_FILES:-} ${FTB_PROGRESS_STEPS:+"$FTB_PROGRESS_STEPS"} </dev/null 2>/dev/null)
 }
 
-ftb_answered() {  # whether the reading asked by ftb_ask has answered; its progress into FTB_P
+ftb_answered() {  # [WAIT]: whether the reading asked by ftb_ask has answered (waiting for it up to
+  # WAIT seconds; none: only a look); its progress into FTB_P
   # (stat's output is one write at its exit: lines ready means its end is a moment away)
   local line rc
-  read -r -t 0 -u "$FTB_ASK_FD" || return 1
+  [ -n "${1:-}" ] || read -r -t 0 -u "$FTB_ASK_FD" || return 1
   while :; do
-    IFS= read -r -t 1 -u "$FTB_ASK_FD" line; rc=$?
+    IFS= read -r -t "${1:-1}" -u "$FTB_ASK_FD" line; rc=$?
     [ "$rc" -gt 128 ] && return 1  # (not ended yet: looked at again next beat)
     if [ -n "$line" ]; then
       if [ "${line#* }" = "${FTB_PROGRESS_STEPS:-}" ]; then FTB_PSTEPS=${line%% *}
@@ -296,12 +297,22 @@ mode_stall_watch() {  # PID BASE: every node writes its ranks' progress to node-
   # first "moved") and it writes stalled.aN; every node then collects its ranks' state and stacks
   # (FTB_RUN_DIR/stacks.py, staged at launch) into stacks/aN-stall-detached/, and rank 0
   # asks every node to stop (FTB_STOP_REQUEST, which each node's watcher obeys).
+  # The reading is asked of a child (ftb_ask) and nothing else here touches shared storage until
+  # it has answered, and then at once (a freeze in those milliseconds holds this loop like any
+  # other): storage that does not answer for FTB_STALL_TIMEOUT seconds stops this node's job by
+  # itself (ftb_storage_stopped), the nodes' one way to tell a frozen network filesystem.
   local pid=$1 base=${2-} v mark last="" all prev="" changed=$SECONDS started=0 n continue_wait
   local -a files
   local progress="${FTB_HBFILE%.hb}.progress" request="$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
   local out="$FTB_RUN_DIR/stacks/a$FTB_ATTEMPT-stall-detached"
+  FTB_ASK_FD=""
   while kill -0 "$pid" 2>/dev/null; do
-    ftb_progress; v=$FTB_P
+    ftb_ask
+    until ftb_answered 2; do
+      if [ $((SECONDS - FTB_ASKED)) -ge "$FTB_STALL_TIMEOUT" ]; then ftb_storage_stopped $((SECONDS - FTB_ASKED)); exit 0; fi
+      kill -0 "$pid" 2>/dev/null || exit 0
+    done
+    v=$FTB_P
     case $v in *" "*" "0|*" "*" ") continue_wait=1 ;; *) continue_wait=0 ;; esac  # (no trainer step yet)
     mark=""
     if [ "$v" != "$base" ] && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then mark=" moved"; fi
@@ -340,6 +351,16 @@ mode_stall_watch() {  # PID BASE: every node writes its ranks' progress to node-
     ftb_sleep 2
   done
   exit 0
+}
+
+ftb_storage_stopped() {  # WAITED: a detached node's shared storage has not answered for
+  # stall_timeout: its job is stopped (no rank can move), and why is written beside its exit file
+  # (`ftbundle status`: "stopped: shared storage ...") and into its log, once the storage answers
+  local why="shared storage ${FTB_SHARED_DIR:-$FTB_RUN_DIR} on $HOSTNAME not answering for ${1}s"
+  logger -t ftbundle "$why: stopping the job $FTB_MARKER" 2>/dev/null
+  ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}" 2>/dev/null
+  ftb_write "${FTB_EXIT%.exit}.stopped" "$why (stall_timeout ${FTB_STALL_TIMEOUT}s)"  # (these wait for it)
+  echo "ftbundle: $why (stall_timeout ${FTB_STALL_TIMEOUT}s): stopped the job on $HOSTNAME" >>"$FTB_LOG"
 }
 
 mode_node() {
