@@ -460,8 +460,8 @@ class Supervisor:
         took = time.monotonic() - t0
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         if lost:
-            self.say("a process waiting on that storage ends only once it answers (or its mount is forced "
-                     "off: umount -f / -l); `ftbundle status` shows what is left")
+            self.say("a process waiting on that storage cannot be killed: its SIGKILL waits until the storage "
+                     "answers (or its mount is forced off: umount -f / -l)")
         failure = Failure(stuck[0], self.plan.nodes[stuck[0]].host.name, f"stalled: {what}", STALLED_EXIT_CODE, t0)
         return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress,
                        stalled=True)
