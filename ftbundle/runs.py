@@ -39,8 +39,25 @@ class RunRef:
         return NodeFiles.of(self.run_dir, self.run_id, node.rank, node.host.name, self.attempt)
 
 
+READ_S = 15  # a read of the run directory through a host
+
+
+def _run_dir_command(cluster: Cluster, host: Host, argv: list[str], path: str):
+    """A short command on the run directory; one that outlasts READ_S while its host answers is
+    shared storage that does not answer there (a hung network filesystem holds the command, not
+    the host), said so instead of a traceback."""
+    try:
+        return cluster.run(host, argv, timeout=READ_S)
+    except TimeoutError:
+        if not cluster.answers(host, 1.5):
+            raise
+        raise UserError(f"shared storage does not answer on {host.name}: reading {path} took more than {READ_S}s "
+                        "while the host answers (a hung network filesystem? every node's job waits on it "
+                        "too)") from None
+
+
 def _read(cluster: Cluster, host: Host, path: str) -> str | None:
-    result = cluster.run(host, ["cat", "--", path], timeout=15)
+    result = _run_dir_command(cluster, host, ["cat", "--", path], path)
     return result.stdout if result.ok else None
 
 
@@ -49,7 +66,7 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
     the first that answers)."""
     runs_dir = posixpath.join(shared_dir, "runs")
     if run_id is None:
-        listing = cluster.run(hosts[0], ["ls", "-1", "--", runs_dir], timeout=15).stdout.split()
+        listing = _run_dir_command(cluster, hosts[0], ["ls", "-1", "--", runs_dir], runs_dir).stdout.split()
         pattern = re.compile(re.escape(job_name) + r"-\d{8}-\d{6}-[0-9a-f]+$")
         mine = sorted(name for name in listing if pattern.match(name))
         if not mine:
@@ -87,7 +104,11 @@ def node_states(ref: RunRef, cluster: Cluster) -> list[tuple[NodePlan, str, str]
     def ask(node: NodePlan) -> tuple[NodePlan, str, str]:
         files = ref.files(node)
         try:
-            result = cluster.run(node.host, node_argv("state", files.marker, files.exit, files.log), timeout=15)
+            result = cluster.run(node.host, node_argv("state", files.marker, files.exit, files.log), timeout=READ_S)
+        except TimeoutError as exc:  # the host answers, its run directory does not?
+            if not cluster.answers(node.host, 1.5):
+                return node, "unreachable", first_line(exc)
+            return node, "unknown", f"no answer within {READ_S}s while its host answers: its shared storage hung?"
         except Exception as exc:  # unreachable host: say so, keep going
             return node, "unreachable", first_line(exc)
         lines = result.stdout.splitlines() + ["", ""]

@@ -212,8 +212,14 @@ def test_detached_nodes_stop_their_jobs_and_say_why_once_the_storage_answers(clu
         left_frozen = trainers_processes(cluster)
         seen = {h.name: cluster.exec(h, "ps -eo pid,ppid,stat,wchan:28,args | cut -c1-150", check=False).stdout
                 for h in cluster.hosts[:2]}
+        # `ftbundle status` reads the run directory on that storage: it says so, no traceback
+        frozen_status = ftbundle("status", job, timeout=120)
     finally:
         thaw(cluster)
+    said = frozen_status.stdout + frozen_status.stderr
+    assert frozen_status.returncode == 2 and "Traceback" not in said, said
+    assert re.search(r"shared storage does not answer on node0: reading \S+ took more than 15s while the host "
+                     r"answers", said), said
     assert stopped_after < STALL_TIMEOUT + 30, seen
     deadline = time.monotonic() + 30
     while (left := trainers_processes(cluster)) and time.monotonic() < deadline:
@@ -224,6 +230,7 @@ def test_detached_nodes_stop_their_jobs_and_say_why_once_the_storage_answers(clu
     assert re.search(rf"stopped: shared storage {MOUNT} on node[01] not answering for \d+s "
                      rf"\(stall_timeout {STALL_TIMEOUT}s\)", out), out
     assert status.returncode == 1, out
+    print(said)
     print(out)
     print(f"detached: frozen -> both nodes' jobs stopped by themselves within {stopped_after:.1f}s "
           f"(stall_timeout {STALL_TIMEOUT}s); left while frozen: {left_frozen}")
