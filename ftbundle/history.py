@@ -20,6 +20,7 @@ from .cluster import Cluster
 from .errors import UserError
 from .inventory import Host
 from .plan import ATTEMPTS_FILE, attempts_said
+from .ui import stragglers
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
@@ -41,6 +42,8 @@ def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, starte
         "train_loss": progress.train_loss, "resumed_at": progress.start_step or None,
         "samples_per_s": progress.throughput(),  # (the live line's and the summary's figure)
         "output_dir": plan.checkpoint_dir, "failed_host": failed_host,
+        # every node's median and p90 step compute time, and the stragglers named (ui.stragglers)
+        "step_times": stragglers.as_record(progress.node_steps.values(), progress.straggler_factor),
     }
 
 
@@ -57,6 +60,7 @@ class RunRow:
     output_dir: str | None
     samples_per_s: float | None = None  # over the steps trained (ui.progress.Progress.throughput)
     attempts: list[str] = field(default_factory=list)  # where each attempt after a lost host ran, and why
+    step_times: dict | None = None  # every node's median and p90 step time, the stragglers (ui.stragglers)
 
 
 def _start_of(run_id: str, summary: dict) -> str:
@@ -109,6 +113,7 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   duration_s=summary.get("duration_s"), state=state, exit_code=code,
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
                   samples_per_s=summary.get("samples_per_s"),
+                  step_times=summary.get("step_times"),
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []))
 
 

@@ -84,6 +84,8 @@ class Job:
     check: bool = True
     stall_timeout: int = 600  # seconds without progress before a run is diagnosed and stopped; 0: never
     health: str = "refuse"  # GPU health in the check: refuse (a sick GPU stops the run) | warn | off
+    # a node whose median step time is above this x the fleet's median is named a straggler (ui.stragglers)
+    straggler_factor: float = 1.15
     # a host lost for good (ftbundle.launch.attempts): stop | exclude (the next attempt runs on
     # the hosts left) | spare (a host of the `spares` group takes its place, else exclude)
     on_node_loss: str = "stop"
@@ -101,7 +103,7 @@ class Job:
 
 _TOP_KEYS = {
     "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
-    "env", "runtime", "train", "restarts", "check", "stall_timeout", "health",
+    "env", "runtime", "train", "restarts", "check", "stall_timeout", "health", "straggler_factor",
     "on_node_loss", "spares", "min_nodes", "keep_global_batch",
 }
 HEALTH_MODES = ("refuse", "warn", "off")
@@ -244,6 +246,12 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
             raise r.error(key, "only applies to on_node_loss: exclude or spare (with stop, a run never "
                           "goes on with fewer hosts)")
 
+    straggler_factor = data.get("straggler_factor", 1.15)
+    if (isinstance(straggler_factor, bool) or not isinstance(straggler_factor, (int, float))
+            or not 1 < straggler_factor <= 100):
+        raise r.error("straggler_factor", "must be a number above 1 (a node this many times slower than the "
+                      f"fleet's median step time is named a straggler; 1.15 by default), got {show(straggler_factor)}")
+
     shared_dir = r.string(data, "shared_dir", "shared_dir")
     workdir = r.string(data, "workdir", "workdir")
 
@@ -282,6 +290,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         check=check,
         stall_timeout=stall_timeout,
         health=health,
+        straggler_factor=float(straggler_factor),
         on_node_loss=on_node_loss,
         spares=spares,
         min_nodes=min_nodes,

@@ -93,6 +93,7 @@ class Plan:
     # false, no resume_from_checkpoint): ftbundle says so before launch, or refuses a finished one
     resumes: bool = False
     stall_timeout: int = 0  # seconds without progress before the run is diagnosed and stopped; 0: never
+    straggler_factor: float = 1.15  # a node's median step time above this x the fleet's: named (ui.stragglers)
 
     @property
     def nprocs(self) -> tuple[int, ...]:
@@ -345,6 +346,8 @@ def make_layout(job: Job, hosts: list[Host], run_id: str) -> Layout:
             config = {**config, "deepspeed": posixpath.join(run_dir, runtimes.DEEPSPEED_CONFIG)}
         files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(config, sort_keys=False)
         files[runtimes.LLAMAFACTORY_ENTRY] = runtimes.llamafactory_entry_source()
+    if job.train.mode in ("llamafactory", "script"):  # (a script adds its callback itself: shims/steptimes.py)
+        files[runtimes.STEPTIMES] = runtimes.steptimes_source()
 
     host_nprocs, gpus = _host_settings(job, hosts)
     return Layout(job=job, hosts=tuple(hosts), run_id=run_id, run_dir=run_dir, shared_dir=shared_dir,
@@ -454,7 +457,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         nodes=tuple(nodes), files=dict(layout.files), warnings=tuple(warnings),
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
         finetuning_type=finetuning_type, resumes=resumes,
-        stall_timeout=job.stall_timeout,
+        stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor,
     )
 
 

@@ -13,8 +13,14 @@ def llamafactory_entry_source() -> str:
     """The entry script torchrun runs for LlamaFactory jobs (see shims/llamafactory_entry.py)."""
     return shipped.read_text("shims", "llamafactory_entry.py")
 
+def steptimes_source() -> str:
+    """Each rank's step-time callback (see shims/steptimes.py), staged for every trainer job."""
+    return shipped.read_text("shims", "steptimes.py")
+
+
 LLAMAFACTORY_CONFIG = "llamafactory.yaml"  # staged into the run directory
 LLAMAFACTORY_ENTRY = "ftb_llamafactory.py"  # ftbundle/shims/llamafactory_entry.py, staged beside it
+STEPTIMES = "ftb_steptimes.py"  # ftbundle/shims/steptimes.py: the ranks' step times (stragglers)
 DEEPSPEED_CONFIG = "deepspeed.json"  # the config's `deepspeed:` file, when it is beside the config
 
 

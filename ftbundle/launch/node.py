@@ -50,6 +50,7 @@ PROGRESS_EVERY_S = 1.0  # how often a carriage-return progress bar is shown
 STOP_LINE = b"stop\n"  # on the node's stdin: the launcher stops the job (see node.sh's watchdog)
 HEARTBEAT = b"ftb-hb"
 PID = b"ftb-pid "
+STEPS = b"ftb-steps "  # `ftb-steps LOCAL_RANK STEPS MEDIAN P90[;...]`: the ranks' step times (ui.stragglers)
 STORAGE = b"ftb-storage "  # `ftb-storage SECONDS` while shared storage does not answer, then `ftb-storage ok`
 
 
@@ -103,8 +104,17 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_PROGRESS_EVERY": str(progress_every(plan.stall_timeout)),
         "FTB_SHARED_DIR": plan.shared_dir,  # probed with every progress reading (.storage)
         "FTB_STORAGE_SLOW": str(STORAGE_SLOW_S),
+        # each local rank's step times (shims/steptimes.py), read with every heartbeat (ui.stragglers):
+        # a file of this host's own, never one on shared storage that could hang the heartbeat
+        "FTB_STEPS_FILE": steps_file_of(files.marker),
     }
     return {**control, **node.env}
+
+
+def steps_file_of(marker: str) -> str:
+    """Where a node's local ranks write their step times (``<this>.<LOCAL_RANK>``): /tmp of
+    its host, one name per run, attempt and node."""
+    return f"/tmp/ftb-{marker}.steps"
 
 
 def progress_every(stall_timeout: int) -> int:
@@ -129,7 +139,7 @@ def env_payload(env: dict[str, str]) -> bytes:
 
 @dataclass
 class Event:
-    kind: str  # pid | hb | storage | msg | exit | lost | fenced | killed
+    kind: str  # pid | hb | steps | storage | msg | exit | lost | fenced | killed
     rank: int
     text: str = ""
     code: int | None = None
@@ -299,6 +309,8 @@ class NodeRunner:
     def _on_line(self, line: bytes) -> None:
         if line == HEARTBEAT or line.startswith(HEARTBEAT + b" "):
             self._emit("hb", line[len(HEARTBEAT):].decode(errors="replace").strip())  # (the ranks' output size)
+        elif line.startswith(STEPS):
+            self._emit("steps", line[len(STEPS):].decode(errors="replace").strip())
         elif line.startswith(STORAGE):
             self._emit("storage", line[len(STORAGE):].decode(errors="replace").strip())
         elif line.startswith(PID):

@@ -118,7 +118,8 @@ class Supervisor:
         # feeds a progress display instead of the terminal (the log keeps every line).
         self.ui = ui
         self.progress = Progress(effective_batch=plan.effective_batch,  # LlamaFactory: trainer_log.jsonl
-                                 from_jsonl=bool(plan.checkpoint_dir), start_step=start_step)
+                                 from_jsonl=bool(plan.checkpoint_dir), start_step=start_step,
+                                 straggler_factor=plan.straggler_factor)
         self._log_follower: threading.Thread | None = None
         if ui is not None and not verbose:
             self.display = ProgressFeed(ui, self.progress, self._show_progress)
@@ -304,6 +305,9 @@ class Supervisor:
             if st.state is State.STARTING:
                 self._set(event.rank, State.RUNNING)
                 self._show_nodes()
+        elif event.kind == "steps":  # the node's ranks' step times (ui.stragglers)
+            if self.progress.feed_steps(self.plan.nodes[event.rank].host.name, event.text):
+                self._show_progress()
         elif event.kind == "storage":
             said = self.storage.observe(event.rank, event.text, event.at)
             if said and self.storage.since.get(event.rank) is not None:

@@ -28,6 +28,8 @@
 #           finds `stop` or a closed stdin already waiting never starts its job.
 #   stderr  `ftb-pid PID` once the job runs, then `ftb-hb [BYTES]` every FTB_HEARTBEAT seconds
 #           (BYTES: how much the ranks have written so far, for the stall watchdog),
+#           `ftb-steps LOCAL_RANK STEPS MEDIAN P90[;...]` when the ranks' step times changed
+#           (FTB_STEPS_FILE.<LOCAL_RANK>, local files; ftbundle/ui/stragglers.py),
 #           `ftb-storage SECONDS` while shared storage does not answer, `ftb-storage ok` after,
 #           and `ftbundle: ...` messages. Rank 0's log travels on a channel of its own
 #           (`tail`), so output can never hold a heartbeat back.
@@ -139,6 +141,19 @@ ftb_answered() {  # [WAIT]: whether the reading asked by ftb_ask has answered (w
   FTB_P=""
   [ -z "${FTB_PROGRESS_FILES:-}" ] || FTB_P=" $FTB_PSUM${FTB_PROGRESS_STEPS:+ ${FTB_PSTEPS:-0}}"
   return 0
+}
+
+ftb_steps() {  # FTB_S: the local ranks' step times, "LOCAL_RANK STEPS MEDIAN P90" joined by ';'
+  # (shims/steptimes.py writes FTB_STEPS_FILE.<LOCAL_RANK> on this host's own disk, never on shared
+  # storage: a read here cannot hang the heartbeat; a glob and bash's `read`, no process)
+  FTB_S=""
+  [ -n "${FTB_STEPS_FILE:-}" ] || return 0
+  local f l
+  for f in "$FTB_STEPS_FILE".[0-9]*; do
+    case $f in *.tmp|*"]"*) continue ;; esac
+    l=""; { IFS= read -r l <"$f"; } 2>/dev/null
+    [ -n "$l" ] && FTB_S+="${FTB_S:+;}$l"
+  done
 }
 
 ftb_env() {  # read the environment from stdin (up to the empty pair) and export it
@@ -402,8 +417,10 @@ mode_node() {
   # all of an idle node's CPU (3 ms a second). A reading not answered for FTB_STORAGE_SLOW
   # seconds is shared storage not answering: every beat says so (`ftb-storage SECONDS`) until it
   # answers (`ftb-storage ok`); the heartbeat itself goes on (launch/storage.py).
-  ( beats=0 said=0 FTB_ASK_FD="" waited=0
+  ( beats=0 said=0 FTB_ASK_FD="" waited=0 steps_said=""
     while kill -0 "$pid" 2>/dev/null; do
+      ftb_steps
+      [ "$FTB_S" = "$steps_said" ] || { echo "ftb-steps $FTB_S" >&2; steps_said=$FTB_S; }
       FTB_P=""
       if [ -n "$FTB_ASK_FD" ]; then
         if ftb_answered; then
@@ -448,6 +465,10 @@ mode_node() {
   # second wait: the job itself had ended with 138)
   if [ "$rc" = 138 ] && [ "$stopping" = 1 ]; then wait "$pid"; local again=$?; [ "$again" = 127 ] || rc=$again; fi
   kill "$hbpid" 2>/dev/null
+  if [ -n "${FTB_STEPS_FILE:-}" ]; then  # the ranks' last step times (written at the trainer's end), then away
+    ftb_steps; [ -z "$FTB_S" ] || echo "ftb-steps $FTB_S" >&2
+    rm -f -- "$FTB_STEPS_FILE".[0-9]* 2>/dev/null
+  fi
   if [ "$stopping" = 1 ]; then
     wait "$wdpid"  # its stop ends with a SIGKILL to whatever is left
   else

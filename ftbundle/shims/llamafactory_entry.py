@@ -88,6 +88,16 @@ def _attempt_fence():
     return AttemptFence()
 
 
+def _step_times() -> list:
+    """Each rank's step times for ftbundle's straggler detection (ftb_steptimes.py, staged
+    beside this file: ftbundle/shims/steptimes.py); none where it is not there."""
+    try:
+        from ftb_steptimes import StepTimes
+    except ImportError:
+        return []
+    return [StepTimes()]
+
+
 @record
 def main() -> None:
     from llamafactory.train.tuner import run_exp
@@ -98,9 +108,9 @@ def main() -> None:
 
         with open(sys.argv[1]) as f:
             config = yaml.safe_load(f) or {}
-        run_exp(args={**config, **credentials}, callbacks=[_attempt_fence()])
+        run_exp(args={**config, **credentials}, callbacks=[_attempt_fence(), *_step_times()])
     else:  # (what `python -m llamafactory.launcher CONFIG` runs under torchrun: run_exp() reads sys.argv)
-        run_exp(callbacks=[_attempt_fence()])
+        run_exp(callbacks=[_attempt_fence(), *_step_times()])
 
 
 def leave(code: int = 0) -> None:

@@ -16,6 +16,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from . import stragglers
+
 SMOOTHING = 0.3  # weight of the newest loss in the smoothed loss (an EMA)
 # the Trainer's own bar has no description ("35%|###5   | 21/60 [00:03<...]"); a dataset's
 # ("Running tokenizer on dataset: 100%|...| 21/21") says nothing about training steps
@@ -134,6 +136,9 @@ class Progress:
     start_step: int = 0
     # without the trainer's clock (stdout only): (monotonic time, step) when a step was first seen
     first_step: tuple[float, int] | None = None
+    # every node's step times, as its node program forwards them (ui.stragglers), by host
+    node_steps: dict[str, stragglers.NodeSteps] = field(default_factory=dict)
+    straggler_factor: float = stragglers.STRAGGLER_FACTOR
 
     def _loss(self, value) -> None:
         if isinstance(value, (int, float)):
@@ -158,6 +163,20 @@ class Progress:
         self.remaining_s = _seconds(record.get("remaining_time"))
         if "loss" in record:  # the last record (the trainer's end) has none: nothing to plot
             self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
+
+    def feed_steps(self, host: str, text: str) -> bool:
+        """A node's ``ftb-steps`` line; True when it changed what is shown (who is slowest)."""
+        node = stragglers.node_steps(host, stragglers.parse_steps_line(text))
+        if node is None:
+            return False
+        before = self.slowest
+        self.node_steps[host] = node
+        return self.slowest != before
+
+    @property
+    def slowest(self) -> str | None:
+        """The live line's "node2 1.4x" (None: nobody is a straggler)."""
+        return stragglers.live_field(self.node_steps.values(), self.straggler_factor)
 
     def feed_line(self, line: str) -> bool:
         """A line of rank 0's output; True when it told us something about training (or a
@@ -317,6 +336,8 @@ def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None =
     fields.append(("elapsed", clock(p.elapsed(now))))
     fields.append(("eta", clock(p.eta(now))))
     fields.append(("nodes", nodes_field(alive, total_nodes, finished)))
+    if (slowest := p.slowest) is not None:
+        fields.append(("slowest", slowest))
     return fields
 
 

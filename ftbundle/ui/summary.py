@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from . import stragglers
 from .progress import Progress, clock
 
 
@@ -158,6 +159,7 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
         lines.append(f"  throughput   {rate:.1f} samples/s")
     elif progress.steps_per_s():
         lines.append(f"  throughput   {progress.steps_per_s():.2f} steps/s")
+    lines += stragglers.summary_lines(progress.node_steps.values(), progress.straggler_factor)
     if output_dir:
         lines.append(f"  output dir   {output_dir}")
     if adapter:
