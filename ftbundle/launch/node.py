@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import functools
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -146,9 +147,38 @@ class Event:
     at: float = field(default_factory=time.monotonic)
 
 
+# A tqdm bar at the start of a carriage-return segment: "desc:  6%|▋  | 5/80 [00:04<00:37, 2.03it/s]",
+# a bar cut short ("Running tokenizer on dataset (num_proc=4):   0%|"), or one without a total
+# ("Converting format of dataset: 368 examples [00:00, 16670.67 examples/s]"). tqdm writes "\r" and
+# the bar, never a newline: whatever the job prints next (a warning, a log line) is glued to it.
+_BAR = re.compile(
+    r"(?:[^|\r\n]{0,200}?: *)?(?:"
+    r"\s*\d{1,3}%\|[ \u2580-\u259f#0-9]*(?:\|(?:\s*[\d.]+[kMG]?/[\d.]+[kMG]?(?: \[[^\]\r\n]*\])?)?)?"
+    r"|\s*[\d.]+[kMG]? \w+(?:/\w+)? \[\d+:\d\d[<,][^\]\r\n]*\])")
+
+
+def split_bars(text: str) -> tuple[list[str], str, bool]:
+    """A line holding carriage returns -> (what the job printed glued after a bar, each piece a
+    line of its own; the state a terminal would end on, "" for none; whether that state is a
+    bar whose glued text is in the first). No piece of a bar is ever in the first."""
+    glued, last, last_glued = [], "", False
+    for segment in text.split("\r"):
+        if not segment.strip():
+            continue
+        match = _BAR.match(segment) if "%|" in segment or " [" in segment else None
+        if match is not None and segment[match.end():].strip():
+            glued.append(segment[match.end():])
+            last, last_glued = match.group(0), True
+        else:
+            last, last_glued = segment, False
+    return glued, last, last_glued
+
+
 class LineSplitter:
     """Bytes in, display lines out: UTF-8 decoded incrementally, carriage-return progress
-    bars reduced to their latest state, memory bounded whatever arrives."""
+    bars reduced to their latest state (never a line: a bar's state goes to ``progress``,
+    and what the job printed right after a bar, on the same line, is a line of its own),
+    memory bounded whatever arrives. A line without a carriage return costs one test."""
 
     def __init__(self, emit, progress):
         self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
@@ -157,20 +187,38 @@ class LineSplitter:
         self._progress = progress  # the latest state of a line still being redrawn
         self._last_progress: float | None = None  # (not 0: monotonic time starts at boot)
 
+    def _bar(self, bar: str, final: bool = False) -> None:
+        """A bar's state, at most every PROGRESS_EVERY_S (``final``: its last, always)."""
+        now = time.monotonic()
+        if bar and (final or self._last_progress is None or now - self._last_progress >= PROGRESS_EVERY_S):
+            self._last_progress = now
+            self._progress(bar)
+
+    def _redrawn(self, line: str, final: bool) -> None:
+        """A bar's redraws (``final``: the line ended): text glued after a bar is a line; the
+        last state is the line itself once it ended (what a terminal ends on), unless it is a
+        bar that text was glued to; else the bar's latest state."""
+        glued, last, last_glued = split_bars(line)
+        for text in glued:
+            self._emit(text)
+        if final and not last_glued:
+            if last:
+                self._emit(last)
+        else:
+            self._bar(last, final)
+
     def feed(self, data: bytes) -> None:
         text = self._pending + self._decode(data)
         *lines, rest = text.split("\n")
         for line in lines:
-            if "\r" in line:  # a bar's redraws: what a terminal would end on
-                line = next((s for s in reversed(line.split("\r")) if s.strip()), "")
-            self._emit(line)
+            if "\r" in line:  # a bar's redraws, maybe with a line glued after one
+                self._redrawn(line, final=True)
+            else:
+                self._emit(line)
         if "\r" in rest:
             done, _, rest = rest.rpartition("\r")
-            latest = next((s for s in reversed(done.split("\r")) if s.strip()), "")
-            now = time.monotonic()
-            if latest and (self._last_progress is None or now - self._last_progress >= PROGRESS_EVERY_S):
-                self._last_progress = now
-                self._progress(latest)
+            self._redrawn(done, final=False)
+            rest = "\r" + rest  # (still a redraw: what follows on its line may be glued to a bar)
         if len(rest) > LINE_MAX:
             self._emit(rest)
             rest = ""
@@ -181,8 +229,8 @@ class LineSplitter:
         rest = self._pending + self._decode(b"", final=True)
         self._pending = ""
         if "\r" in rest:
-            rest = next((s for s in reversed(rest.split("\r")) if s.strip()), "")
-        if rest:
+            self._redrawn(rest, final=True)
+        elif rest:
             self._emit(rest)
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TextIO
 
-from .progress import Progress, status_fields
+from .progress import Progress, stage_name, startup_text, status_fields
 
 PLAIN_EVERY_S = 5.0  # plain output: a progress line at most this often
 MAX_WARNINGS = 20  # distinct warnings shown from rank 0's log before the rest are only counted
@@ -76,6 +76,7 @@ class Phases:
         self._last_plain_step: int | None = None
         self._last_plain_said: tuple | None = None  # what the last plain progress line said (but the clocks)
         self._last_plain_stage: str | None = None
+        self._startup_said = False  # the start-up's parts, said once the first step is seen
         self._live = None
         self._console = None
         if self.tty:
@@ -126,10 +127,13 @@ class Phases:
             grid.add_row(*row)
             return Group(grid, second)
         detail = self.detail
+        now = time.monotonic()
+        took = f"{now - self._phase_started:.0f}s"
         if self.phase == "training" and p is not None and p.stage:
             detail = p.stage  # a phrase, never a raw line of the log
-        row.append(Text(f"{detail}  {time.monotonic() - self._phase_started:.0f}s", style="dim",
-                        no_wrap=True, overflow="ellipsis"))
+            if p.stages:  # (this stage's own time, then the whole wait's)
+                took = f"{now - p.stages[-1][1]:.0f}s  ({now - p.started:.0f}s since launch)"
+        row.append(Text(f"{detail}  {took}", style="dim", no_wrap=True, overflow="ellipsis"))
         grid.add_row(*row)
         return grid
 
@@ -195,12 +199,21 @@ class Phases:
             if self.phase != "training":
                 self._enter("training", "starting the ranks", plain="training: ranks starting")
                 return
+            if progress.known and not self._startup_said:
+                self._startup_said = True
+                parts = progress.startup()
+                if parts:  # once: where the wait for the first step went (also in the summary)
+                    self.say("before the first step " + startup_text(parts))
             if self._console is not None:
                 return  # the live line redraws itself
             if not progress.known:
                 if progress.stage and progress.stage != self._last_plain_stage:
                     self._last_plain_stage = progress.stage
-                    self.say(f"training: {progress.stage}")
+                    took = ""
+                    if len(progress.stages) >= 2:  # (the stage before this one, and its time)
+                        (before, began), (_, ended) = progress.stages[-2], progress.stages[-1]
+                        took = f"  ({stage_name(before)}: {ended - began:.1f} s)"
+                    self.say(f"training: {progress.stage}{took}")
                 return
             now = time.monotonic()
             if progress.step == self._last_plain_step or now - self._last_plain < PLAIN_EVERY_S:

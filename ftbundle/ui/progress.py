@@ -33,6 +33,8 @@ _CLOSING = re.compile(r"\b(train_samples_per_second|train_loss)\s*=\s*([\d.]+)")
 # Each pattern comes with the plain substrings one of which every line it matches holds: a
 # chatty rank 0 prints millions of lines, and a substring test costs a tenth of a regex search.
 _STAGES = (
+    # ftbundle's LlamaFactory entry (shims/llamafactory_entry.py), once its imports are done
+    (("ftbundle: imported ",), re.compile(r"ftbundle: imported "), "starting LlamaFactory"),
     (("Running training",), re.compile(r"\*\*\*\*\* Running training \*\*\*\*\*"), "starting the first step"),
     (("Fine-tuning method: ",), re.compile(r"Fine-tuning method: (\w+)"), "preparing the model ({0})"),
     (("oading weights", "Loading checkpoint shards", "Instantiating "),
@@ -65,6 +67,40 @@ def stage_of(line: str) -> str | None:
         if match:
             return text.format(*match.groups())
     return None
+
+
+IMPORTED = re.compile(r"ftbundle: imported .* in ([\d.]+) ?s\b")  # the entry's own import time
+LAUNCH_PART = "launch and start-up"  # before the first stage line: nodes up, torchrun, Python starting
+IMPORT_PART = "imports (torch, transformers, LlamaFactory)"
+
+
+def stage_name(stage: str) -> str:
+    """A stage as a part of the start-up: "loading tokenizer (6 ranks connected)" -> "loading tokenizer"."""
+    return stage.split(" (", 1)[0]
+
+
+def startup_parts(started: float, stages: list[tuple[str, float]], end: float,
+                  import_s: float | None = None) -> list[tuple[str, float]]:
+    """Where the time before the first step went: (part, seconds) in the order they came, a stage
+    seen twice counted once with both times; the entry's own import time split off the part
+    its line ended. Pure."""
+    if not stages:
+        return []
+    parts: dict[str, float] = {LAUNCH_PART: max(0.0, stages[0][1] - started)}
+    for (stage, at), (_, until) in zip(stages, [*stages[1:], ("", end)]):
+        name = stage_name(stage)
+        if name == "starting LlamaFactory" and import_s is not None:
+            before = list(parts)[-1]  # (the part its line ended: it held the import)
+            parts[before] = max(0.0, parts[before] - import_s)
+            parts[IMPORT_PART] = parts.get(IMPORT_PART, 0.0) + import_s
+        parts[name] = parts.get(name, 0.0) + max(0.0, until - at)
+    return [(name, seconds) for name, seconds in parts.items() if name != "starting the first step" or seconds]
+
+
+def startup_text(parts: list[tuple[str, float]]) -> str:
+    """"32.1 s: imports (torch, ...) 21.8 s, loading model 2.1 s, ..." """
+    total = sum(seconds for _, seconds in parts)
+    return f"{total:.1f} s: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts)
 
 
 def parse_trainer_log(line: str) -> dict | None:
@@ -131,6 +167,9 @@ class Progress:
     last_line: str = ""
     from_jsonl: bool = False  # trainer_log.jsonl seen, or expected (LlamaFactory): it wins over stdout
     stage: str | None = None  # before the first step: what the ranks are doing (stage_of)
+    stages: list[tuple[str, float]] = field(default_factory=list)  # (stage, monotonic time it began)
+    import_s: float | None = None  # the LlamaFactory entry's own import time, as it said
+    first_step_at: float | None = None  # (monotonic) when the first step was seen: the start-up's end
     # the step this attempt resumed from (a checkpoint's global_step): rates count from here,
     # as the trainer's own numbers do not (its samples/s counts every step since 0)
     start_step: int = 0
@@ -151,6 +190,8 @@ class Progress:
         if not self.from_jsonl:
             self.records.clear()  # what stdout said before the first record: this says it better
         self.from_jsonl = True
+        if self.first_step_at is None:
+            self.first_step_at = time.monotonic()
         self.step = int(record.get("current_steps") or 0)
         self.total = int(record.get("total_steps") or 0) or self.total
         if "loss" in record:
@@ -173,6 +214,10 @@ class Progress:
         self.node_steps[host] = node
         return self.slowest != before
 
+    def startup(self, now: float | None = None) -> list[tuple[str, float]]:
+        """Where the time before the first step went (so far, before it): see startup_parts."""
+        return startup_parts(self.started, self.stages, self.first_step_at or now or time.monotonic(), self.import_s)
+
     @property
     def slowest(self) -> str | None:
         """The live line's "node2 1.4x" (None: nobody is a straggler)."""
@@ -190,6 +235,10 @@ class Progress:
         told = False
         if not self.known and (stage := stage_of(stripped)) is not None:
             told, self.stage = stage != self.stage, stage
+            if told:
+                self.stages.append((stage, time.monotonic()))
+                if self.import_s is None and (imported := IMPORTED.search(stripped)):
+                    self.import_s = float(imported.group(1))
         closing = _CLOSING.search(line) if "train_" in line else None
         if closing:  # the trainer's closing metrics table
             self._closing(closing.group(1), closing.group(2))
@@ -203,6 +252,8 @@ class Progress:
                 return True
             if self.from_jsonl:
                 return True
+            if self.first_step_at is None:
+                self.first_step_at = time.monotonic()
             self._loss(values.get("loss"))
             if values.get("learning_rate") is not None:
                 self.lr = float(values["learning_rate"])
@@ -217,6 +268,8 @@ class Progress:
             self.step, self.total = bar
             if self.first_step is None:
                 self.first_step = (time.monotonic(), bar[0])
+            if self.first_step_at is None:
+                self.first_step_at = self.first_step[0]
             return True
         return told
 

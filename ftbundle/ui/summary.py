@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from . import stragglers
-from .progress import Progress, clock
+from .progress import Progress, clock, startup_text
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,8 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
     elif progress.final_loss is not None:
         # (a run shorter than logging_steps logs no loss: the trainer's own mean is all there is)
         lines.append(f"  final loss   {progress.final_loss:.4f} (train_loss, the mean over the run: no step logged)")
+    if progress.first_step_at is not None and (parts := progress.startup()):
+        lines.append(f"  before step  {startup_text(parts)}")
     rate = progress.throughput()
     if rate:
         lines.append(f"  throughput   {rate:.1f} samples/s")
