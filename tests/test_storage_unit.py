@@ -28,68 +28,90 @@ def test_a_node_that_reports_its_storage_stuck_is_named_once_with_path_and_host(
 
 
 FAKE_STAT = r"""#!/bin/bash
-# stat, but a name under the frozen directory waits while $FREEZE exists (deaf to SIGTERM)
+# stat, but a never-used name under the frozen directory (the storage probe), or the frozen
+# filesystem itself (stat -f), waits while $FREEZE exists, deaf to SIGTERM as a process in D state
+# is deaf to everything
 trap '' TERM
 for a; do
-  case $a in "$FROZEN"/*) while [ -e "$FREEZE" ]; do sleep 0.05; done ;; esac
+  case $1:$a in *:"$FROZEN"/.ftb-probe-*|-f:"$FROZEN") while [ -e "$FREEZE" ]; do sleep 0.05; done ;; esac
 done
 exec /usr/bin/stat "$@"
 """
 
 
 def test_node_program_beats_on_and_says_its_storage_does_not_answer(tmp_path):
+    import threading
+
     bin_dir, shared = tmp_path / "bin", tmp_path / "shared"
     bin_dir.mkdir()
     shared.mkdir()
     (bin_dir / "stat").write_text(FAKE_STAT)
     (bin_dir / "stat").chmod(0o755)
     freeze = tmp_path / "freeze"
-    freeze.touch()  # frozen from the start
     (shared / "rank.log").write_text("x" * 7)
     env = {"FTB_RUN_DIR": str(shared), "FTB_WORKDIR": str(tmp_path), "FTB_LOG": str(tmp_path / "job.log"),
            "FTB_EXIT": str(tmp_path / "node.exit"), "FTB_PIDFILE": str(tmp_path / "node.pid"),
            "FTB_HBFILE": str(tmp_path / "node.hb"), "FTB_MARKER": "ftb-test-storage", "FTB_ATTEMPT": "1",
-           "FTB_WATCHDOG": "10", "FTB_HEARTBEAT": "0.2", "FTB_STOP_GRACE": "1", "FTB_DETACH": "0",
+           "FTB_WATCHDOG": "30", "FTB_HEARTBEAT": "0.2", "FTB_STOP_GRACE": "1", "FTB_DETACH": "0",
            "FTB_PROGRESS_FILES": f"{shared}/*.log", "FTB_PROGRESS_EVERY": "1", "FTB_SHARED_DIR": str(shared),
            "FTB_STORAGE_SLOW": "1"}
-    proc = subprocess.Popen(["bash", "-c", program(), "ftb", "node", "sh", "-c", "sleep 5; exit 3"],
+    proc = subprocess.Popen(["bash", "-c", program(), "ftb", "node", "sh", "-c", f"while [ ! -e {tmp_path}/end ]; "
+                             "do sleep 0.1; done; exit 3"],
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path),
                                  "FROZEN": str(shared), "FREEZE": str(freeze)})
-    # (the baseline before the job is read in the node program itself: not frozen yet for it)
-    freeze.rename(tmp_path / "thawed")
-    proc.stdin.write(env_payload(env))
-    proc.stdin.flush()
-    time.sleep(0.3)
-    (tmp_path / "thawed").rename(freeze)
-    most = 0
-    for _ in range(40):  # 2 s frozen: the stand-in stats that wait, at most one at a time
-        ps = subprocess.run(["pgrep", "-f", f"{bin_dir}/stat"], capture_output=True, text=True,
-                            check=False).stdout.split()
-        most = max(most, len(ps))
-        time.sleep(0.05)
-    freeze.unlink()
-    time.sleep(1.5)
-    freeze.touch()  # frozen again when the job ends (exit 3): the node program still ends
-    t0 = time.monotonic()
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(line.decode().rstrip("\n") for line in proc.stderr),
+                              daemon=True)
+    reader.start()
+
+    def wait_for(text: str, timeout: float = 20) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [i for i, line in enumerate(list(lines)) if line == text]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} in {timeout}s: {lines}")
+
     try:
-        code = proc.wait(timeout=15)
+        proc.stdin.write(env_payload(env))
+        proc.stdin.flush()
+        wait_for("ftb-hb 7")  # beating, with readings
+        freeze.touch()
+        most = 0
+        frozen_at = time.monotonic()
+        while time.monotonic() - frozen_at < 3:  # the stand-in stats that wait: at most one at a time
+            ps = [line.split(None, 2) for line in subprocess.run(
+                ["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=False).stdout.splitlines()]
+            fakes = {pid: ppid for pid, ppid, *args in ps if args and f"{bin_dir}/stat" in args[0]}
+            most = max(most, sum(ppid not in fakes for ppid in fakes.values()))  # (not its own `sleep`s)
+            time.sleep(0.05)
+        first = next(i for i, line in enumerate(list(lines)) if line.startswith("ftb-storage "))
+        freeze.unlink()
+        ok = wait_for("ftb-storage ok")
+        deadline = time.monotonic() + 10
+        while "ftb-hb 7" not in lines[ok:] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        freeze.touch()  # frozen again when the job ends (exit 3): the node program still ends
+        (tmp_path / "end").touch()
+        t0 = time.monotonic()
+        code = proc.wait(timeout=20)
+        ended_after = time.monotonic() - t0
     finally:
         freeze.unlink(missing_ok=True)
-    ended_after = time.monotonic() - t0
-    out = proc.stderr.read().decode().splitlines()
+        (tmp_path / "end").touch()
+        proc.kill()
+    reader.join(5)
     proc.stdin.close()
-    assert code == 3, out
+    assert code == 3, lines
     assert most == 1, most
-    storage = [line for line in out if line.startswith("ftb-storage")]
-    assert storage and storage[0] in ("ftb-storage 1", "ftb-storage 2"), out
-    ok = out.index("ftb-storage ok")
-    frozen = out[out.index(storage[0]):ok]
+    assert lines[first] in ("ftb-storage 1", "ftb-storage 2"), lines
+    frozen = lines[first:ok]
     # beats went on meanwhile, without progress readings (those wait on the storage)
-    assert sum(line == "ftb-hb" for line in frozen) >= 3, out
-    assert any(line == "ftb-hb 7" for line in out[ok:]), out  # readings again once it answers
-    assert ended_after < 8, (ended_after, out)  # (its disk-full look at the end waits 2 s at most)
-
+    assert sum(line == "ftb-hb" for line in frozen) >= 3, lines
+    assert "ftb-hb 7" in lines[ok:], lines  # readings again once it answers
+    assert 2 <= ended_after < 8, (ended_after, lines)  # (its disk-full look at the end waits 2 s, no more)
 
 def test_check_names_storage_that_does_not_answer_and_not_as_a_missing_directory():
     from ftbundle.check.facts import parse_facts
