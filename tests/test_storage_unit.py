@@ -55,8 +55,8 @@ def test_node_program_beats_on_and_says_its_storage_does_not_answer(tmp_path):
            "FTB_WATCHDOG": "30", "FTB_HEARTBEAT": "0.2", "FTB_STOP_GRACE": "1", "FTB_DETACH": "0",
            "FTB_PROGRESS_FILES": f"{shared}/*.log", "FTB_PROGRESS_EVERY": "1", "FTB_SHARED_DIR": str(shared),
            "FTB_STORAGE_SLOW": "1"}
-    proc = subprocess.Popen(["bash", "-c", program(), "ftb", "node", "sh", "-c", f"while [ ! -e {tmp_path}/end ]; "
-                             "do sleep 0.1; done; exit 3"],
+    job = f"while [ ! -e {tmp_path}/end ]; do sleep 0.1; done; exit 3"
+    proc = subprocess.Popen(["bash", "-c", program(), "ftb", "node", "sh", "-c", job],
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path),
                                  "FROZEN": str(shared), "FREEZE": str(freeze)})
