@@ -198,7 +198,9 @@ def test_ftbundle_runs_on_the_pinned_image_site_yml_made_ready(molecule, tmp_pat
     check = ftbundle("check", str(job), timeout=300)
     assert check.returncode == 0, tail(check)
     image_id = docker_exec(HOSTS[0], f"docker image inspect -f '{{{{.Id}}}}' {recorded}").stdout.strip()
-    assert f"{recorded} (ID {image_id}): node[0-2]" in check.stdout, check.stdout  # same digest and ID
+    # same digest and ID, and the packages inside it (read by a run of the image's python3)
+    assert re.search(rf"{re.escape(recorded)} \(ID {image_id}\) python=3\.11\.\d+ torch=2\.13\.0\S* "
+                     r"transformers=absent llamafactory=absent: node\[0-2\]", check.stdout), check.stdout
 
     proc = ftbundle("run", "-v", str(job), timeout=600)  # -v: rank 0's raw output on stdout
     assert proc.returncode == 0, tail(proc)
