@@ -64,7 +64,7 @@ def test_the_capped_host_is_named_the_straggler_and_no_healthy_one(make_cluster,
     ratios = {host: node["median_s"] / fleet for host, node in times["nodes"].items()}
     print(f"cap {CAP}, load {os.getloadavg()}; median / fleet median:", {h: round(r, 2) for h, r in ratios.items()})
     assert [s["host"] for s in times["stragglers"]] == ["node2"], times
-    assert ratios["node2"] > 1.5 and ratios["node0"] < 1.15 and ratios["node1"] < 1.15, ratios
+    assert ratios["node2"] > 1.15 and ratios["node0"] < 1.15 and ratios["node1"] < 1.15, ratios
     for node in times["nodes"].values():
         assert node["steps"] >= 30 and node["p90_s"] >= node["median_s"] > 0
     # the live line named it, and the summary, with every node's figures

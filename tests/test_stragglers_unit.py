@@ -179,3 +179,33 @@ def test_job_straggler_factor_reaches_the_plan(tmp_path):
     hosts = load_hosts(tmp_path / "hosts.yml")
     assert plan_of(load_job(tmp_path / "default.yaml"), hosts).straggler_factor == 1.15
     assert plan_of(load_job(tmp_path / "job.yaml"), hosts).straggler_factor == 1.3
+
+
+def test_cuda_steps_are_read_once_the_gpu_has_passed_them_never_waited_for(tmp_path):
+    from ftbundle.shims.steptimes import StepClock
+
+    class Event:  # (a CUDA event's stand-in: done when the test says)
+        def __init__(self, ms: float = 0.0):
+            self.ms, self.done = ms, False
+
+        def query(self) -> bool:
+            return self.done
+
+        def elapsed_time(self, stop) -> float:
+            return stop.ms - self.ms
+
+        def synchronize(self):
+            raise AssertionError("waited for the GPU")
+
+    clock = StepClock(str(tmp_path / "s"), local_rank="0")
+    first, second = (Event(0), Event(30)), (Event(0), Event(50))
+    clock._events = [first]
+    clock.step_done()
+    assert clock.times == []  # the GPU is not there yet: read later
+    first[1].done = True
+    clock._events = [second]
+    clock.step_done()
+    assert clock.times == [0.030]
+    second[1].done = True
+    clock.step_done()
+    assert clock.times == [0.030, 0.050]

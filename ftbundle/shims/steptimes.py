@@ -15,7 +15,7 @@ synchronous data-parallel training the whole step takes as long on every rank (e
 the slowest at the gradients' all-reduce), so only this part tells a slow node from the others:
 DDP's buffer broadcast comes before the model's own forward, and its gradient all-reduce runs
 beside the backward (asynchronously) and is waited for after the last gradient. On a GPU the
-same two moments are CUDA events, read after the step (no synchronisation added). Under ZeRO-3
+same two moments are CUDA events, read once the GPU has passed them (no wait added). Under ZeRO-3
 or FSDP the forward and backward gather parameters: a slow network then shows in it too.
 
 Every second at most, the rank writes "LOCAL_RANK STEPS MEDIAN_S P90_S" to
@@ -44,7 +44,8 @@ class StepClock:
         self._step = 0.0  # this step's compute so far (seconds)
         self._began = None  # the micro-batch's start: perf_counter(), or CUDA (start, end) events
         self._marked = None  # its last gradient's moment (CUDA: True, the end event holds it)
-        self._events: list = []  # CUDA (start, end) event pairs of this step, read at its end
+        self._events: list = []  # CUDA (start, end) event pairs of this step, read later
+        self._waiting: list[list] = []  # CUDA: steps' event pairs the GPU has not passed yet
         self._written = 0.0
 
     # -- a micro-batch: its forward begins, its gradients come -------------------------------
@@ -96,13 +97,14 @@ class StepClock:
     def step_done(self) -> None:
         """The optimizer step ended: this step's compute joins the others."""
         self._close()
-        for start, stop in self._events:
-            stop.synchronize()  # (long done: the optimizer step came after it)
-            self._step += start.elapsed_time(stop) / 1000
-        self._events.clear()
+        if self._events:  # CUDA: read once the GPU has passed them, a step or two later (no wait)
+            self._waiting.append(self._events)
+            self._events = []
+        while self._waiting and all(stop.query() for _, stop in self._waiting[0]):
+            self.times.append(sum(start.elapsed_time(stop) for start, stop in self._waiting.pop(0)) / 1000)
         if self._step > 0:
             self.times.append(self._step)
-            del self.times[:-KEEP]
+        del self.times[:-KEEP]
         self._step = 0.0
         now = time.monotonic()
         if now - self._written >= WRITE_EVERY_S:
