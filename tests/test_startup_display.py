@@ -115,3 +115,16 @@ def test_the_entrys_import_line_and_the_stages_reach_the_summary():
                             nnodes=1)
     [startup] = [line for line in lines if line.startswith("  before step ")]
     assert f"{IMPORT_PART} 21.8 s" in startup and "loading model " in startup and "loading tokenizer " in startup
+
+
+def test_the_first_stage_line_says_the_start_and_its_imports():
+    out = io.StringIO()
+    ui = Phases(out, tty=False, nnodes=1)
+    p = Progress(from_jsonl=True)
+    ui.launching(1, 1)
+    ui.training(p, 1)
+    p.feed_line("ftbundle: imported torch, transformers and LlamaFactory in 21.8 s")
+    ui.training(p, 1)
+    [line] = [x for x in out.getvalue().splitlines() if "starting LlamaFactory" in x]
+    assert line.startswith("ftbundle: training: starting LlamaFactory  (") and line.endswith(
+        " s since launch, imports 21.8 s of it)"), line

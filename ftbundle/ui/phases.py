@@ -210,7 +210,10 @@ class Phases:
                 if progress.stage and progress.stage != self._last_plain_stage:
                     self._last_plain_stage = progress.stage
                     took = ""
-                    if len(progress.stages) >= 2:  # (the stage before this one, and its time)
+                    if len(progress.stages) == 1:  # (the first: how long the start took, imports included)
+                        took = f"  ({progress.stages[0][1] - progress.started:.1f} s since launch" + (
+                            f", imports {progress.import_s:.1f} s of it)" if progress.import_s is not None else ")")
+                    elif len(progress.stages) >= 2:  # (the stage before this one, and its time)
                         (before, began), (_, ended) = progress.stages[-2], progress.stages[-1]
                         took = f"  ({stage_name(before)}: {ended - began:.1f} s)"
                     self.say(f"training: {progress.stage}{took}")
