@@ -57,6 +57,7 @@ LONGEST_FIRST = (
     "test_provisioning_systemd.py",
     "test_export_slurm.py",
     "test_day_zero.py",
+    "test_node_loss.py",  # (five LlamaFactory runs, 3-4 hosts; 12.5 min of one worker at a load of 13-18)
     "test_detach_restart.py",
     "test_stall.py",
     "test_resume.py",
