@@ -98,8 +98,15 @@ def write_two_node_job(cluster, tmp_path, name: str, **extra) -> str:
 
 
 def freeze(cluster) -> float:
-    subprocess.run(["docker", "pause", cluster.hosts[2].container], check=True, capture_output=True)
-    return time.monotonic()
+    """docker pause the server (cgroup freezer); a pause that did not take is tried again, then
+    named with docker's own words."""
+    for _ in range(3):
+        p = subprocess.run(["docker", "pause", cluster.hosts[2].container], capture_output=True, text=True,
+                           check=False)
+        if p.returncode == 0 or "already paused" in p.stderr:
+            return time.monotonic()
+        time.sleep(1)
+    raise AssertionError(f"docker pause {cluster.hosts[2].container}: {p.stderr.strip()}")
 
 
 def thaw(cluster) -> None:
