@@ -84,15 +84,26 @@ def test_record_is_json():
 
 def test_progress_live_line_and_closing_summary():
     p = Progress()
-    assert p.feed_steps("node0", "0 20 0.030 0.036") is False  # (one node: nobody to name yet)
-    assert p.feed_steps("node1", "0 20 0.031 0.037") is False
+    assert p.feed_steps("node0", "0 20 0.030 0.036", now=0) is False  # (one node: nobody to name yet)
+    assert p.feed_steps("node1", "0 20 0.031 0.037", now=1) is False
     assert "slowest" not in status_line(p, 3, 3)
-    assert p.feed_steps("node2", "0 20 0.045 0.050") is True
+    assert p.feed_steps("node2", "0 20 0.045 0.050", now=2) is True
     assert status_line(p, 3, 3).endswith("nodes 3/3  slowest node2 1.5x")
-    assert p.feed_steps("node2", "garbage") is False
+    assert p.feed_steps("node2", "garbage", now=3) is False
     lines = closing_summary(run_id="r", run_dir="/d", duration_s=9, progress=p, output_dir=None, adapter=None,
                             nnodes=3)
     assert "  stragglers   node2 1.45x the fleet's median (straggler_factor 1.15)" in lines
+
+
+def test_the_fleet_is_judged_at_most_once_a_second_however_many_nodes_speak():
+    p = Progress()
+    for i in range(1024):  # (a thousand nodes, each saying its figure within the same second)
+        p.feed_steps(f"node{i}", f"0 20 {0.090 if i == 7 else 0.030} 0.04", now=100 + i / 2048)
+    assert p.slowest is None and len(p.node_steps) == 1024  # (judged at the first line only)
+    assert p.feed_steps("node0", "0 21 0.030 0.04", now=101.0) is True
+    assert p.slowest == "node7 3.0x"
+    # the summary judges every node's latest figure, whenever the live line last looked
+    assert "node7 3.00x" in stragglers.summary_lines(p.node_steps.values())[0]
 
 
 def test_run_summary_and_runs_json_carry_the_step_times():

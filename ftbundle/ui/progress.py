@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from . import stragglers
 
+STRAGGLERS_EVERY_S = 1.0  # the fleet's step times are judged again at most this often (feed_steps)
 SMOOTHING = 0.3  # weight of the newest loss in the smoothed loss (an EMA)
 # the Trainer's own bar has no description ("35%|###5   | 21/60 [00:03<...]"); a dataset's
 # ("Running tokenizer on dataset: 100%|...| 21/21") says nothing about training steps
@@ -178,6 +179,8 @@ class Progress:
     # every node's step times, as its node program forwards them (ui.stragglers), by host
     node_steps: dict[str, stragglers.NodeSteps] = field(default_factory=dict)
     straggler_factor: float = stragglers.STRAGGLER_FACTOR
+    _slowest: str | None = None  # the live line's straggler, as last judged (feed_steps)
+    _judged_at: float | None = None
 
     def _loss(self, value) -> None:
         if isinstance(value, (int, float)):
@@ -205,14 +208,20 @@ class Progress:
         if "loss" in record:  # the last record (the trainer's end) has none: nothing to plot
             self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
 
-    def feed_steps(self, host: str, text: str) -> bool:
-        """A node's ``ftb-steps`` line; True when it changed what is shown (who is slowest)."""
+    def feed_steps(self, host: str, text: str, now: float | None = None) -> bool:
+        """A node's ``ftb-steps`` line; True when it changed what is shown (who is slowest). The
+        fleet is judged again at most every STRAGGLERS_EVERY_S: every node says its figure about
+        once a second, and at 1,024 nodes a judgement per line would be a sort per millisecond."""
         node = stragglers.node_steps(host, stragglers.parse_steps_line(text))
         if node is None:
             return False
-        before = self.slowest
         self.node_steps[host] = node
-        return self.slowest != before
+        now = time.monotonic() if now is None else now
+        if self._judged_at is not None and now - self._judged_at < STRAGGLERS_EVERY_S:
+            return False
+        self._judged_at = now
+        before, self._slowest = self._slowest, stragglers.live_field(self.node_steps.values(), self.straggler_factor)
+        return self._slowest != before
 
     def startup(self, now: float | None = None) -> list[tuple[str, float]]:
         """Where the time before the first step went (so far, before it): see startup_parts."""
@@ -220,8 +229,8 @@ class Progress:
 
     @property
     def slowest(self) -> str | None:
-        """The live line's "node2 1.4x" (None: nobody is a straggler)."""
-        return stragglers.live_field(self.node_steps.values(), self.straggler_factor)
+        """The live line's "node2 1.4x" (None: nobody is a straggler), as last judged."""
+        return self._slowest
 
     def feed_line(self, line: str) -> bool:
         """A line of rank 0's output; True when it told us something about training (or a
