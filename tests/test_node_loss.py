@@ -209,3 +209,27 @@ def test_below_min_nodes_the_run_stops_with_255_naming_the_lost_host(make_cluste
     assert not list(run.glob("*.a2.*"))
     assert json.loads((run / "summary.json").read_text())["exit_code"] == 255
     assert job_processes(cluster) == {}
+
+
+def test_a_command_job_is_told_its_new_world_and_the_hosts_left_out(make_cluster, tmp_path):
+    """`command:` mode: attempt 2 gets the new NNODES and NODE_RANK, FTB_ATTEMPT and
+    FTB_EXCLUDED_HOSTS (what it must adjust itself by)."""
+    cluster = make_cluster(3)
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    command = ('echo "world $FTB_ATTEMPT $NNODES $NODE_RANK [${FTB_EXCLUDED_HOSTS:-}] $(hostname)" '
+               '>> "$FTB_RUN_DIR/world.txt"; if [ "$FTB_ATTEMPT" = 1 ]; then sleep 120; fi')
+    job = write_job(tmp_path / "job.yaml", base_job("told", cluster.shared_dir, inventory, {"command": command},
+                                                    restarts=1, on_node_loss="exclude"))
+    proc = start_ftbundle("run", str(job))
+    try:
+        wait_for(proc, lambda: len(list(cluster.shared_dir.glob("runs/*/world.txt"))) == 1 and len(
+            next(cluster.shared_dir.glob("runs/*/world.txt")).read_text().splitlines()) == 3, 120, "3 nodes up")
+        cluster.kill("node1")
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "attempt 2 on node[0,2]: node1 lost (" in err and "batch" not in err.split("attempt 2 on")[1].splitlines()[0]
+    lines = (only_run_dir(cluster.shared_dir) / "world.txt").read_text().splitlines()
+    assert sorted(lines[3:]) == ["world 2 2 0 [node1] node0", "world 2 2 1 [node1] node2"], lines
+    assert job_processes(cluster) == {}
