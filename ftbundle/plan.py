@@ -438,7 +438,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             wrapper = tuple(runtimes.docker_prefix(
                 image=image, name=container, shared_dir=layout.shared_dir, workdir=layout.workdir,
                 env_names=list(env), env_file=job.runtime.env_file, gpus=gpus.get(host.name), infiniband=infiniband,
-                extra=job.runtime.docker_args,
+                extra=job.runtime.docker_args, steps=runtimes.steps_dir(layout.run_id, rank),
             ))
         elif layout.python and "/" in layout.python:
             path_prepend = posixpath.dirname(layout.python)

@@ -27,6 +27,14 @@ DEEPSPEED_CONFIG = "deepspeed.json"  # the config's `deepspeed:` file, when it i
 RANKS_DIR = "ranks"  # in the run directory: torchrun's --log-dir, one folder per node
 
 
+def steps_dir(run_id: str, rank: int) -> str:
+    """Where a node's local ranks write their step times (shims/steptimes.py): /tmp of its host,
+    one folder per run and node (each attempt's files in it), never shared storage (the node
+    program reads them with every heartbeat, which must not hang). The docker runtime mounts it
+    into the container at the same path."""
+    return f"/tmp/ftb-steps-{run_id}-{rank}"
+
+
 def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, node_rank: int,
                   master_addr: str, master_port: int, log_dir: str | None = None) -> list[str]:
     """`python -m torch.distributed.run` (torchrun) with a static rendezvous on rank 0.
@@ -77,11 +85,12 @@ def container_name(run_id: str, rank: int) -> str:
 
 def docker_prefix(*, image: str, name: str, shared_dir: str, workdir: str, env_names: list[str],
                   env_file: str | None, gpus: str | None, infiniband: bool = False,
-                  extra: tuple[str, ...] = ()) -> list[str]:
+                  extra: tuple[str, ...] = (), steps: str | None = None) -> list[str]:
     """`docker run ... IMAGE` for one node (the command follows): host network and IPC (NCCL
     needs both), the shared directory at the same path, the image by digest, the GPUs, the
     InfiniBand devices with the locked memory RDMA needs, and the environment passed by name
-    so values (secrets included) never appear on a command line."""
+    so values (secrets included) never appear on a command line. ``steps``: the ranks' step-time
+    folder (:func:`steps_dir`), mounted at its own path, FTB_STEPS_FILE passed in."""
     argv = [
         "docker", "run", "--rm", "--init", "--name", name,
         "--network", "host", "--ipc", "host",
@@ -89,6 +98,8 @@ def docker_prefix(*, image: str, name: str, shared_dir: str, workdir: str, env_n
     ]
     if not _is_under(workdir, shared_dir):
         argv += ["-v", f"{workdir}:{workdir}"]
+    if steps:
+        argv += ["-v", f"{steps}:{steps}", "-e", "FTB_STEPS_FILE"]
     argv += ["-w", workdir]
     if gpus:
         argv += ["--gpus", gpus, "--ulimit", "stack=67108864"]

@@ -220,3 +220,33 @@ def test_cuda_steps_are_read_once_the_gpu_has_passed_them_never_waited_for(tmp_p
     second[1].done = True
     clock.step_done()
     assert clock.times == [0.030, 0.050]
+
+
+def test_the_step_files_folder_is_the_hosts_own_and_mounted_into_a_container(tmp_path):
+    from ftbundle.launch.node import node_env
+    from ftbundle.plan import NodeFiles
+    from ftbundle.runtimes import docker_prefix, steps_dir
+    from ftbundle.shims.steptimes import StepClock
+
+    assert steps_dir("j-1", 2) == "/tmp/ftb-steps-j-1-2"
+    argv = docker_prefix(image="img@sha256:0", name="c", shared_dir="/s", workdir="/s/w", env_names=[],
+                         env_file=None, gpus=None, steps="/tmp/ftb-steps-j-1-2")
+    assert argv[argv.index("/tmp/ftb-steps-j-1-2:/tmp/ftb-steps-j-1-2") - 1] == "-v"
+    assert argv[argv.index("FTB_STEPS_FILE") - 1] == "-e" and argv[-1] == "img@sha256:0"
+    assert "FTB_STEPS_FILE" not in docker_prefix(image="i", name="c", shared_dir="/s", workdir="/s", env_names=[],
+                                                 env_file=None, gpus=None)
+    from ftbundle.inventory import load_hosts
+    from ftbundle.job import load_job
+    from tests.helpers import plan_of
+
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    a: {ansible_host: 10.9.0.1}\n    b: {ansible_host: 10.9.0.2}\n")
+    (tmp_path / "job.yaml").write_text("name: j\ninventory: hosts.yml\nshared_dir: /s\ntrain: {command: x}\n")
+    plan = plan_of(load_job(tmp_path / "job.yaml"), load_hosts(tmp_path / "hosts.yml"))
+    node = plan.nodes[1]
+    env = node_env(node, plan, NodeFiles.of(plan.run_dir, plan.run_id, 1, node.host.name, 3), 3, detach=False)
+    assert env["FTB_STEPS_FILE"] == f"/tmp/ftb-steps-{plan.run_id}-1/a3.steps"
+    # the rank makes the folder on a host runtime (docker's mount makes it for a container)
+    clock = StepClock(str(tmp_path / "new" / "a1.steps"), local_rank="0")
+    clock.times = [0.01]
+    clock.write()
+    assert (tmp_path / "new" / "a1.steps.0").read_text().startswith("0 1 ")

@@ -28,6 +28,7 @@ from .. import shipped
 from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
 from ..job import MIN_SECRET_LEN, is_secret
 from ..plan import NodeFiles, NodePlan, Plan
+from ..runtimes import steps_dir
 from .stall import progress_globs, steps_file
 from .storage import STORAGE_SLOW_S
 
@@ -107,15 +108,9 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STORAGE_SLOW": str(STORAGE_SLOW_S),
         # each local rank's step times (shims/steptimes.py), read with every heartbeat (ui.stragglers):
         # a file of this host's own, never one on shared storage that could hang the heartbeat
-        "FTB_STEPS_FILE": steps_file_of(files.marker),
+        "FTB_STEPS_FILE": f"{steps_dir(plan.run_id, node.rank)}/a{attempt}.steps",
     }
     return {**control, **node.env}
-
-
-def steps_file_of(marker: str) -> str:
-    """Where a node's local ranks write their step times (``<this>.<LOCAL_RANK>``): /tmp of
-    its host, one name per run, attempt and node."""
-    return f"/tmp/ftb-{marker}.steps"
 
 
 def progress_every(stall_timeout: int) -> int:

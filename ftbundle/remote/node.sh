@@ -468,6 +468,7 @@ mode_node() {
   if [ -n "${FTB_STEPS_FILE:-}" ]; then  # the ranks' last step times (written at the trainer's end), then away
     ftb_steps; [ -z "$FTB_S" ] || echo "ftb-steps $FTB_S" >&2
     rm -f -- "$FTB_STEPS_FILE".[0-9]* 2>/dev/null
+    case ${FTB_STEPS_FILE%/*} in /tmp/ftb-steps-?*) rmdir -- "${FTB_STEPS_FILE%/*}" 2>/dev/null ;; esac
   fi
   if [ "$stopping" = 1 ]; then
     wait "$wdpid"  # its stop ends with a SIGKILL to whatever is left

@@ -126,6 +126,7 @@ class StepClock:
         if self.path is None or line is None:
             return
         try:  # whole or not at all: the node program may read it at any moment
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             with open(self.path + ".tmp", "w") as f:
                 f.write(line + "\n")
             os.replace(self.path + ".tmp", self.path)
