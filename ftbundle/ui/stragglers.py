@@ -124,9 +124,9 @@ def _ms(seconds: float) -> str:
 
 def summary_lines(nodes: Iterable[NodeSteps], factor: float = STRAGGLER_FACTOR) -> list[str]:
     """The closing summary's lines: the straggler(s) named (or nobody), then every node's
-    median and p90 compute time per step."""
+    median and p90 compute time per step; none for a run of one node (no fleet to compare)."""
     nodes = sorted(nodes, key=lambda n: n.host)
-    if not nodes:
+    if len(nodes) < MIN_NODES:
         return []
     fleet = fleet_median(nodes)
     found = stragglers(nodes, factor)
