@@ -113,7 +113,7 @@ def one_gpu(index: int) -> dict:
     print("ready", flush=True)  # to the parent, which answers once every host is ready
     sys.stdin.readline()
     gemm_iters, gemm_s = timed(lambda: torch.matmul(a, b, out=c), half, sync)
-    del a, b, c
+    a = b = c = None  # the GEMM operands freed before the copy buffers (the lambda above holds the names)
     nbytes = args.copy_mib * 2 ** 20
     x = torch.empty(nbytes, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
