@@ -162,7 +162,9 @@ def test_terminal_shows_live_progress_and_the_quickstart_fits_a_screen(tmp_path,
             for line in screen.splitlines():
                 body = line.strip()
                 if body[:1] in SPINNER and body[1:].strip().startswith("training") and "step " not in body:
-                    before_steps.add(re.sub(r"\s+\d+s$", "", body[1:].strip()[len("training"):].strip()))
+                    # (the stage, its own seconds, then the whole wait's: "loading model  2s  (31s since launch)")
+                    before_steps.add(re.sub(r"\s+\d+s(\s+\(\d+s since launch\))?$", "",
+                                            body[1:].strip()[len("training"):].strip()))
             time.sleep(0.25)
         whole = _tmux("capture-pane", "-p", "-S", "-", "-t", session).stdout
     finally:
@@ -179,9 +181,10 @@ def test_terminal_shows_live_progress_and_the_quickstart_fits_a_screen(tmp_path,
     shown = "\n".join(lines[:end])
     assert "finished run quickstart-lora-" in shown and "final loss" in shown and "adapter" in shown
     assert "{'loss'" not in shown
+    assert "ftbundle: before the first step " in shown and "imports (torch, transformers, LlamaFactory) " in shown
     # before the first step: phases from what the ranks do, never a (truncated) raw log line
     assert before_steps, whole
-    phases = ("starting the ranks", "waiting for ranks", "loading tokenizer (2 ranks connected)", "loading dataset",
+    phases = ("starting the ranks", "starting LlamaFactory", "waiting for ranks", "loading tokenizer (2 ranks connected)", "loading dataset",
               "tokenizing dataset", "loading model", "preparing the model (LoRA)", "starting the first step")
     assert before_steps <= set(phases), before_steps
     print(f"quickstart on a terminal: {end} lines; {len(live)} live progress frames seen; "
