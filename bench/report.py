@@ -6,7 +6,8 @@ import time
 
 from common import OUT_DIR, REPO, machine
 
-ORDER = ["launch", "launch_sim", "check", "chatty", "teardown", "teardown_scale", "stall", "overhead", "provision"]
+ORDER = ["launch", "launch_sim", "check", "health", "chatty", "teardown", "teardown_scale", "stall", "overhead",
+         "provision"]
 
 
 def main() -> None:
