@@ -6,8 +6,8 @@ import time
 
 from common import OUT_DIR, REPO, machine
 
-ORDER = ["launch", "launch_sim", "check", "health", "chatty", "teardown", "teardown_scale", "stall", "overhead",
-         "provision"]
+ORDER = ["launch", "launch_sim", "check", "health", "chatty", "teardown", "teardown_scale", "stall", "node_loss",
+         "overhead", "provision"]
 
 
 def main() -> None:

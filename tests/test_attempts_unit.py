@@ -246,3 +246,31 @@ def test_the_attempt_fence_of_a_llamafactory_rank(tmp_path, monkeypatch):
     assert entry.fenced() is None
     monkeypatch.delenv("FTB_RUN_DIR")
     assert entry.fenced() is None
+
+
+def test_where_the_time_from_a_loss_to_the_next_first_step_went():
+    """The launcher's monotonic marks -> the recovery's parts, each between two marks, in order;
+    they add up to the total; a part whose end was never seen is None, and so is the total
+    then; the line says each known part."""
+    from ftbundle.launch.attempts import recovery
+    from ftbundle.plan import RECOVERY_PARTS, attempts_said, recovery_said
+
+    marks = {"loss": 100.0, "failed": 106.5, "stopped": 107.0, "fenced": 108.0, "planned": 109.25,
+             "waited": 118.0, "begin": 119.0, "up": 121.5, "first_step": 140.0}
+    parts = recovery(marks, wall_offset=1_000_000.0)
+    assert [parts[p] for p in RECOVERY_PARTS] == [6.5, 1.5, 1.25, 8.75, 3.5, 18.5]
+    assert parts["total"] == 40.0 == sum(parts[p] for p in RECOVERY_PARTS)
+    assert parts["loss_at"] == 1_000_100.0 and parts["failed_at"] == 1_000_106.5 and parts["first_step_at"] == 1_000_140.0
+    said = recovery_said(2, parts)
+    assert said == ("attempt 2 trained again 40 s after the failure: detection 6 s, teardown 2 s, preflight 1 s, "
+                    "fence wait 9 s, start 4 s, resume 18 s"), said
+
+    no_step = recovery({k: v for k, v in marks.items() if k != "first_step"})
+    assert no_step["resume"] is None and no_step["total"] is None and no_step["start"] == 3.5
+    assert recovery_said(2, no_step) is None  # (a command job: no step is ever seen)
+    assert recovery({"loss": 1.0}) is None  # (nothing failed: no restart)
+    assert recovery_said(2, {"total": "40", "detection": 6}) is None  # (a record hand-edited or cut: not said)
+
+    record = [{"attempt": 1, "hosts": ["node0", "node1", "node2"], "why": ""},
+              {"attempt": 2, "hosts": ["node0", "node1"], "why": LINE, "recovery": parts}]
+    assert attempts_said(record) == [LINE, "  " + said]

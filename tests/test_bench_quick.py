@@ -53,3 +53,27 @@ def test_launch_bench_fills_its_8_and_16_host_rows(testhost_image, tmp_path):
         assert all(re.fullmatch(r"\d+\.\d\d / \d+ / \d+ / \d+", c) for c in cells[:-1]), (n, cells)
     fixed = rows(md, "| step | s |")
     assert number.search(fixed["sum"][0]) and len(fixed) == 4, fixed
+
+
+def test_node_loss_bench_fills_its_row_and_never_starts_before_the_lost_hosts_watchdog(testhost_image, tmp_path):
+    """bench/node_loss.py at 3 hosts, one host cut off (silent, as one that lost power),
+    `exclude`: its row is filled, its parts add up to its total (the bench refuses otherwise),
+    and attempt 2's ranks began no earlier than the cut-off host's own watchdog had stopped its
+    job (WATCHDOG_S + STOP_GRACE_S after its last ping, which came at most a heartbeat and a
+    ping before the cut)."""
+    from ftbundle.launch.node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S
+
+    env = dict(os.environ, FTB_BENCH_OUT=str(tmp_path))
+    done = subprocess.run([sys.executable, "node_loss.py", "--sizes", "3", "--policies", "exclude", "--how", "cut",
+                           "--no-lf"], cwd=REPO / "bench", env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = rows((tmp_path / "node_loss.md").read_text(), "| hosts | policy | loss |")["3"]
+    policy, how, job, trials, *cells = row
+    assert (policy, how, job, trials) == ("exclude", "cut", "DDP script", "1"), row
+    detection, teardown, preflight, fence_wait, start, resume, total = map(float, cells)
+    assert detection >= 4  # (5 s of silence, less the heartbeat's age at the cut)
+    assert detection + teardown + preflight + fence_wait >= WATCHDOG_S + STOP_GRACE_S - 2 * HEARTBEAT_S, row
+    assert resume > 0 and total > detection + teardown + fence_wait, row
+    log = (tmp_path / "node_loss-3-exclude-cut.log").read_text()
+    assert "attempt 2 on node[0,2]: node1 lost (no heartbeat 5 s, host unreachable)" in log, log
+    assert "attempt 2 trained again" in log, log

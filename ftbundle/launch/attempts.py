@@ -31,7 +31,8 @@ from ..hostlist import fold
 from ..inventory import Host
 from ..job import Job
 from ..llamafactory import HF_DEFAULT_BATCH
-from ..plan import ATTEMPT_FILE, ATTEMPTS_FILE, Layout, NodeFiles, Plan, attempts_said, master_addr_of
+from ..plan import (ATTEMPT_FILE, ATTEMPTS_FILE, RECOVERY_PARTS, Layout, NodeFiles, Plan, attempts_said,
+                    master_addr_of, recovery_said)
 from ..ui.progress import Progress
 from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
 from .supervisor import LOST_EXIT_CODE, Outcome, State, Supervisor, stage_files
@@ -169,6 +170,32 @@ def short_reason(reason: str) -> str:
     return reason.split(" (")[0][:80]
 
 
+def recovery(marks: dict[str, float], *, wall_offset: float = 0.0) -> dict | None:
+    """Where the time from a failure to the next attempt's first step went, from the
+    launcher's monotonic ``marks``: ``loss`` (the lost or failed node's last sign of life),
+    ``failed`` (the supervisor acted), ``fenced`` (every process of the old attempt confirmed
+    gone where reachable), ``planned`` (the next attempt's hosts chosen, a spare preflighted),
+    ``waited`` (a lost host's watchdog waited out), then the new attempt's ``begin``, ``up``
+    (every node's program running) and ``first_step``. Parts in seconds, in that order:
+    detection, teardown, preflight, fence_wait, start (resume point read, staging, channels,
+    node programs), resume (the ranks' start, rendezvous, checkpoint load, first step); a part
+    whose ends are not both known is None, and so is the total. ``wall_offset`` (time.time()
+    - time.monotonic()) dates ``loss_at``/``failed_at``/``first_step_at`` for a reader with a
+    clock of its own (bench/node_loss.py). Pure."""
+    if "failed" not in marks:
+        return None
+    order = [("loss", "failed"), ("failed", "fenced"), ("fenced", "planned"), ("planned", "waited"),
+             ("waited", "up"), ("up", "first_step")]
+    parts = {name: (round(marks[b] - marks[a], 2) if a in marks and b in marks else None)
+             for name, (a, b) in zip(RECOVERY_PARTS, order)}
+    total = marks["first_step"] - marks["loss"] if "first_step" in marks and "loss" in marks else None
+    out = {**parts, "total": None if total is None else round(total, 2)}
+    for mark in ("loss", "failed", "first_step"):
+        if mark in marks:
+            out[f"{mark}_at"] = round(marks[mark] + wall_offset, 3)
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # The loop
 
@@ -187,13 +214,17 @@ class Policy:
     preflight: Callable[[Layout, list[Host]], dict[str, int]] | None = None
 
 
-def fence(plan: Plan, cluster: Cluster, attempt: int) -> dict[str, tuple[str, bool]]:
+def fence(plan: Plan, cluster: Cluster, attempt: int,
+          gone: frozenset[int] = frozenset()) -> dict[str, tuple[str, bool]]:
     """Make sure no process of ``attempt`` is left on any host: {host: (problem, unreachable)}
     for each host where that could not be confirmed.
 
-    A host whose connection died (lost) is reconnected first. A host that still cannot be
-    reached, or whose old processes will not die, is named: relaunching beside them would
-    let two attempts collide (ports, GPUs, the same checkpoint directory)."""
+    A host whose connection died is reconnected first; one the supervisor gave up on
+    (``gone``: ranks LOST, their host did not answer) is not asked over its old transport at
+    all, which stays "active" long after a silent host died and would cost the `stop`'s whole
+    timeout (8 s in bench/node_loss.py's cut-off host) before the reconnect. A host that still
+    cannot be reached, or whose old processes will not die, is named: relaunching beside them
+    would let two attempts collide (ports, GPUs, the same checkpoint directory)."""
     def stop(node) -> bool:
         files = NodeFiles.of(plan.run_dir, plan.run_id, node.rank, node.host.name, attempt)
         return cluster.run(node.host, node_argv("stop", files.marker, node.container or ""),
@@ -202,10 +233,11 @@ def fence(plan: Plan, cluster: Cluster, attempt: int) -> dict[str, tuple[str, bo
     def one(node) -> tuple[str, bool] | None:
         host = node.host
         stuck = (f"processes of attempt {attempt} would not stop", False)
-        try:
-            return None if stop(node) else stuck
-        except (HostUnreachable, TimeoutError):
-            pass  # the transport may be dead without knowing it yet: one fresh connection
+        if node.rank not in gone:
+            try:
+                return None if stop(node) else stuck
+            except (HostUnreachable, TimeoutError):
+                pass  # the transport may be dead without knowing it yet: one fresh connection
         if not cluster.reconnect(host):
             return f"unreachable ({cluster.errors.get(host.name, 'no connection')})", True
         try:
@@ -292,6 +324,9 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
     directory for ``ftbundle runs``, ``status`` and ``plot``."""
     err = err or sys.stderr
     started_wall, started = time.time(), time.monotonic()
+    wall_offset = started_wall - started
+    recoveries: list[dict] = []  # each restart's parts (:func:`recovery`), for summary.json
+    pending: dict[str, float] = {}  # the marks of the restart under way, before its attempt's own
     layout = policy.layout if policy is not None else None
     first_world = plan.world_size  # (the world the job's global batch was asked on)
     history = [{"attempt": 1, "hosts": [n.host.name for n in plan.nodes], "why": ""}]
@@ -305,7 +340,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
     def finish(outcome: Outcome, attempt: int) -> int:
         if ui is not None:
             record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
-                       duration_s=time.monotonic() - started, attempts=history)
+                       duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries)
         return outcome.exit_code
 
     attempts = restarts + 1
@@ -322,10 +357,16 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         supervisor = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
                                 start_step=start_step)
         outcome = supervisor.run(before if attempt == 1 else None)
+        if pending:  # (a restart: where the time from the failure to this attempt's first step went)
+            parts = recovery({**pending, **outcome.marks}, wall_offset=wall_offset)
+            recoveries.append({"attempt": attempt, **parts})
+            if history[-1]["attempt"] == attempt:
+                history[-1]["recovery"] = parts
+            pending = {}
         if outcome.exit_code == 0:
             if ui is not None:
                 ui.final_progress()
-                ui.done(closing_lines(plan, outcome, time.monotonic() - started, attempt, history))
+                ui.done(closing_lines(plan, outcome, time.monotonic() - started, attempt, history, recoveries))
             else:
                 say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)"
                     + (f" (attempt {attempt})" if attempt > 1 else ""))
@@ -334,7 +375,12 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             if attempts > 1 and not outcome.interrupted:
                 say(f"giving up after {attempts} attempts")
             return finish(outcome, attempt)
-        problems = fence(plan, cluster, attempt)
+        pending = {**outcome.marks, "loss": outcome.failure.at if outcome.failure else outcome.marks.get(
+            "failed", time.monotonic())}
+        pending.setdefault("failed", pending["loss"])
+        problems = fence(plan, cluster, attempt, frozenset(
+            rank for rank, st in enumerate(supervisor.status) if st.state is State.LOST))
+        pending["fenced"] = time.monotonic()
         acts = policy is not None and policy.job.on_node_loss != "stop"
         if any(not unreachable for _, unreachable in problems.values()) or (problems and not acts):
             say("not restarting: the old processes could not be confirmed gone on every host: "
@@ -344,17 +390,20 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         lost = lost_hosts(plan, supervisor, problems) if acts else {}
         if lost:
             nxt, new_plan, new_layout = _next_plan(policy, plan, layout, lost, attempt + 1, first_world, say)
+            pending["planned"] = time.monotonic()
             say(nxt.line)
             if nxt.stop is not None:
                 outcome = dataclasses.replace(outcome, exit_code=nxt.stop)
                 return finish(outcome, attempt)
             _fence_lost(supervisor, plan, lost, say)
+            pending["waited"] = time.monotonic()
             plan, layout = new_plan, new_layout
             history.append({"attempt": attempt + 1, "hosts": list(nxt.hosts), "why": nxt.line,
                             "lost": nxt.lost, "replaced": nxt.replaced})
             say(f"every process of attempt {attempt} is gone on the hosts left; restarting on "
                 f"{plan.nnodes} node(s) (restart {attempt} of {restarts})")
         else:
+            pending["planned"] = pending["waited"] = pending["fenced"]
             say(f"every process of attempt {attempt} is gone; restarting all nodes "
                 f"(restart {attempt} of {restarts})")
         if plan.resumes:
@@ -376,7 +425,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
 
 
 def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
-                  history: list[dict] = ()) -> list[str]:
+                  history: list[dict] = (), recoveries: list[dict] = ()) -> list[str]:
     from ..ui.summary import closing_summary
 
     adapter = None
@@ -387,11 +436,13 @@ def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
                             adapter=adapter, nnodes=plan.nnodes)
     if attempt > 1:
         lines[0] += f" (attempt {attempt})"
-    return lines + attempts_said(list(history))
+    told = {r["attempt"] for r in history if r.get("why")}  # (a loss's attempt says its recovery with its line)
+    return lines + attempts_said(list(history)) + [
+        said for r in recoveries if r["attempt"] not in told and (said := recovery_said(r["attempt"], r))]
 
 
 def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, started_wall: float,
-               duration_s: float, attempts: list[dict] = ()) -> None:
+               duration_s: float, attempts: list[dict] = (), recoveries: list[dict] = ()) -> None:
     """The run's record beside its logs: summary.json (state, exit, duration, final loss,
     each attempt's hosts) and metrics.jsonl (the trainer's log records), for `ftbundle runs`
     and `ftbundle plot`. Best effort: a run that could not be recorded has still run."""
@@ -406,7 +457,11 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
                           failed_host=outcome.failure.host if outcome.failure else None)
     if len(attempts) > 1:
         summary["attempts"] = list(attempts)
+    if recoveries:
+        summary["recovery"] = list(recoveries)
     files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
+    if len(attempts) > 1:  # (`ftbundle status` reads it: each attempt's recovery, now known)
+        files[ATTEMPTS_FILE] = json.dumps(list(attempts), indent=2) + "\n"
     if progress.records:
         files[METRICS_FILE] = "".join(json.dumps(r) + "\n" for r in progress.records)
     # through a node the run could still reach (rank 0's host may be the one that was lost)

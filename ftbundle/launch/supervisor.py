@@ -32,7 +32,7 @@ import sys
 import tarfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from ..cluster import Cluster, HostUnreachable, first_line, parallel
@@ -97,6 +97,9 @@ class Outcome:
     lost: tuple[int, ...] = ()  # ranks that could not be confirmed stopped
     progress: Progress | None = None  # what rank 0 said about training (without -v)
     stalled: bool = False  # stopped by the stall watchdog (not a job's own exit code 124)
+    # (monotonic) when the attempt began, had every node up, saw its first step, acted on a
+    # failure and had stopped every node: the recovery's parts (attempts.recovery)
+    marks: dict[str, float] = field(default_factory=dict)
 
 
 class Supervisor:
@@ -129,6 +132,7 @@ class Supervisor:
         self.runners = [NodeRunner(n, plan, cluster, self.events, attempt=attempt, display=self.display,
                                    fence=self.fence) for n in plan.nodes]
         self.status = [NodeStatus() for _ in plan.nodes]
+        self.marks: dict[str, float] = {}  # Outcome.marks
         self._running = 0  # nodes RUNNING, kept by _set (read for every progress update)
         self._finished = 0  # nodes EXITED with code 0, likewise
         self.failures: list[Failure] = []
@@ -192,6 +196,7 @@ class Supervisor:
     def run(self, before=None) -> Outcome:
         """The attempt, to its end. ``before`` (staging the run directory) runs first, while
         the node channels open (:func:`.node.start_behind`); if it fails, nothing started."""
+        self.marks["begin"] = time.monotonic()
         start_behind(self.runners, before)
         started = self._awake = time.monotonic()
         for st in self.status:
@@ -215,6 +220,10 @@ class Supervisor:
         finally:
             self._stop_pinging.set()
             self.display.close(timeout=2)
+        if self.progress.first_step_at is not None:  # (rank 0's output may have said it before any node's steps)
+            self.marks["first_step"] = min(self.marks.get("first_step", self.progress.first_step_at),
+                                           self.progress.first_step_at)
+        outcome.marks = self.marks
         return outcome
 
     def _pinger(self, rank: int) -> None:
@@ -282,6 +291,8 @@ class Supervisor:
         for name, value in fields.items():
             setattr(st, name, value)
         self._finished += st.state is State.EXITED and st.code == 0
+        if self._running == len(self.status) and "up" not in self.marks:
+            self.marks["up"] = st.since
 
     def _fail_node(self, rank: int, reason: str, code: int, at: float) -> None:
         self.failures.append(Failure(rank, self.plan.nodes[rank].host.name, reason, code, at))
@@ -308,6 +319,8 @@ class Supervisor:
         elif event.kind == "steps":  # the node's ranks' step times (ui.stragglers)
             if self.progress.feed_steps(self.plan.nodes[event.rank].host.name, event.text):
                 self._show_progress()
+            if "first_step" not in self.marks and self.progress.node_steps:  # (a node's ranks made a step)
+                self.marks["first_step"] = event.at
         elif event.kind == "storage":
             said = self.storage.observe(event.rank, event.text, event.at)
             if said and self.storage.since.get(event.rank) is not None:
@@ -384,9 +397,10 @@ class Supervisor:
 
     # -- failure and teardown ---------------------------------------------------------
     def _fail(self) -> Outcome:
-        t0 = time.monotonic()
+        t0 = self.marks["failed"] = time.monotonic()
         lost = self._teardown()
         took = time.monotonic() - t0
+        self.marks["stopped"] = t0 + took
         first = min(self.failures, key=lambda f: f.at)
         node = self.plan.nodes[first.rank]
         if self.ui is not None:
@@ -439,9 +453,10 @@ class Supervisor:
                  "every rank's state and stack:")
         for line in lines:
             self.say(self.redact(line))
-        t0 = time.monotonic()
+        t0 = self.marks["failed"] = time.monotonic()
         lost = self._teardown()
         took = time.monotonic() - t0
+        self.marks["stopped"] = t0 + took
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         failure = Failure(culprit.node_rank if culprit else 0, culprit.host if culprit else self.plan.nodes[0].host.name,
                           f"stalled: no progress for {silent:.0f}s", STALLED_EXIT_CODE, t0)
@@ -459,9 +474,10 @@ class Supervisor:
         what = self.storage.describe(now)
         self.say(f"stalled: {what}; no progress from any rank for {silent:.0f}s "
                  f"(stall_timeout {self.plan.stall_timeout}s)")
-        t0 = time.monotonic()
+        t0 = self.marks["failed"] = time.monotonic()
         lost = self._teardown()
         took = time.monotonic() - t0
+        self.marks["stopped"] = t0 + took
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         if lost:
             self.say("a process waiting on that storage cannot be killed: its SIGKILL waits until the storage "
