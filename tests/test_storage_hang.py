@@ -196,12 +196,10 @@ def test_frozen_storage_during_a_run_is_named_and_the_run_stops(cluster, tmp_pat
           f"left while frozen: {left_frozen}")
 
 
-# Known race, open (issue 37 item 4): in the clean-clone run of ace46c4 a detached node's watcher
-# was itself caught in a readdir of the frozen storage (D, iterate_dir), so its job was never
-# stopped (40.1 s > 40). It passed in the run before and in the helper's runs. Not strict: it
-# still runs and must pass where the watcher is not caught; the fix is the watcher's readdir
-# moved into the child it never waits for, as its stat already is.
-@pytest.mark.xfail(strict=False, reason="detached watcher can be caught in a readdir of the frozen storage")
+# (In the clean-clone run of ace46c4 a detached node's stall watchdog was caught in a readdir of the
+# frozen storage, D in iterate_dir, between a reading that answered and the next one, and never
+# stopped its job: 40.1 s. Issue 37 item 4: now nothing a detached watcher runs itself touches the
+# storage; tests/test_storage_unit.py freezes it in exactly that moment.)
 def test_detached_nodes_stop_their_jobs_and_say_why_once_the_storage_answers(cluster, tmp_path):
     job = write_two_node_job(cluster, tmp_path, "storage-detached")
     started = ftbundle("run", "--detach", job, timeout=180)

@@ -6,6 +6,7 @@ containers, is tests/test_storage_hang.py."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -131,3 +132,87 @@ def test_check_names_storage_that_does_not_answer_and_not_as_a_missing_directory
     class Layout:
         workdir = shared_dir = "/shared"
     assert check_dirs(facts, Layout()).ok  # (not "does not exist": it did not answer)
+
+
+FAKE_MV = r"""#!/bin/bash
+# mv, but into the frozen directory it waits while $FREEZE exists, deaf to SIGTERM (D state): a
+# freeze that began just after a reading answered (the stall watchdog's progress file, the
+# watcher's heartbeat and verdict)
+trap '' TERM
+for a; do
+  case $a in "$FROZEN"/*) while [ -e "$FREEZE" ]; do sleep 0.05; done ;; esac
+done
+exec /usr/bin/mv "$@"
+"""
+
+
+def marked(marker: str, name: str = "FTB_JOB") -> list[int]:
+    """The processes with NAME=MARKER in their environment."""
+    import os
+
+    want = f"{name}={marker}".encode()
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_detached_node_stops_its_job_when_the_storage_freezes_after_a_reading(tmp_path):
+    """A detached node's stall watchdog whose reading answered and whose next step (writing its
+    progress file) then waits on the storage: the watchdog itself never waits there, so it still
+    stops the job at stall_timeout, and says why once the storage answers."""
+    bin_dir, shared = tmp_path / "bin", tmp_path / "shared"
+    bin_dir.mkdir()
+    shared.mkdir()
+    (bin_dir / "mv").write_text(FAKE_MV)
+    (bin_dir / "mv").chmod(0o755)
+    freeze = tmp_path / "freeze"
+    marker = f"ftb-test-detached-{time.time_ns()}"
+    env = {"FTB_RUN_DIR": str(shared), "FTB_WORKDIR": str(tmp_path), "FTB_LOG": str(shared / "node-0.a1.log"),
+           "FTB_EXIT": str(shared / "node-0.a1.exit"), "FTB_PIDFILE": str(shared / "node-0.a1.pid"),
+           "FTB_HBFILE": str(shared / "node-0.a1.hb"), "FTB_MARKER": marker, "FTB_ATTEMPT": "1",
+           "FTB_WATCHDOG": "30", "FTB_HEARTBEAT": "0.5", "FTB_STOP_GRACE": "1", "FTB_DETACH": "1",
+           "FTB_STALE": "600", "FTB_STOP_REQUEST": str(shared / "stop-request"), "FTB_STALL_TIMEOUT": "3",
+           "FTB_PROGRESS_FILES": f"{shared}/rank*.out", "FTB_SHARED_DIR": str(shared)}
+    job = f"while :; do echo step >> {shared}/rank0.out; sleep 0.2; done"
+    run_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "FROZEN": str(shared),
+               "FREEZE": str(freeze)}
+    try:
+        node = subprocess.Popen(["bash", "-c", program(), "ftb", "node", "sh", "-c", job], stdin=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=run_env)
+        node.stdin.write(env_payload(env))
+        node.stdin.flush()  # (kept open: a closed one before the job starts means the launcher is gone)
+        assert node.wait(timeout=20) == 0, node.stderr.read()
+        node.stdin.close()
+        node.stderr.close()
+        deadline = time.monotonic() + 20
+        while not (shared / "node-0.a1.progress").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # the watchdog writes its progress file again at its next reading: it changed
+        freeze.touch()
+        frozen_at = time.monotonic()
+        while marked(marker) and time.monotonic() - frozen_at < 20:
+            time.sleep(0.2)
+        stopped_after = time.monotonic() - frozen_at
+        left_frozen = marked(marker)
+        assert not (shared / "node-0.a1.stopped").exists()  # (written once the storage answers)
+        freeze.unlink()
+        deadline = time.monotonic() + 15
+        while (marked(marker, "FTB_MARKER") or not (shared / "node-0.a1.stopped").exists()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        freeze.unlink(missing_ok=True)
+        for pid in marked(marker, "FTB_MARKER"):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+    assert left_frozen == [], left_frozen
+    assert 3 <= stopped_after < 12, stopped_after
+    why = (shared / "node-0.a1.stopped").read_text()
+    assert re.fullmatch(rf"shared storage {shared} on \S+ not answering for [3-9]s \(stall_timeout 3s\)\n", why), why
+    assert "stopped the job on" in (shared / "node-0.a1.log").read_text()
+    assert marked(marker, "FTB_MARKER") == []  # the watchers too, once it answered

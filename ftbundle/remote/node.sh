@@ -143,6 +143,35 @@ ftb_answered() {  # [WAIT]: whether the reading asked by ftb_ask has answered (w
   return 0
 }
 
+ftb_do() {  # FUNCTION ARGS...: the rest of a detached watcher's work on shared storage, asked of a
+  # child as ftb_ask asks its reading (never waited for: abandoned if it does not answer; no second
+  # one while it hangs): FTB_DO_FD (its stdout), FTB_DID (when, $SECONDS). FUNCTION says what it
+  # found on stdout, all of it in one write at its end.
+  FTB_DID=$SECONDS FTB_SAID=()
+  exec {FTB_DO_FD}< <("$@" </dev/null 2>/dev/null)
+}
+
+ftb_done() {  # [WAIT]: whether the child asked by ftb_do has ended (waiting for it up to WAIT
+  # seconds, 1 by default); its lines into FTB_SAID
+  local line rc
+  while :; do
+    IFS= read -r -t "${1:-1}" -u "$FTB_DO_FD" line; rc=$?
+    [ "$rc" -gt 128 ] && return 1  # (not ended yet)
+    [ "$rc" = 0 ] || [ -n "$line" ] && FTB_SAID+=("$line")
+    [ "$rc" = 0 ] || break
+  done
+  exec {FTB_DO_FD}<&-; FTB_DO_FD=""
+  return 0
+}
+
+ftb_hashed() {  # the commands a detached watcher runs itself, looked up on PATH now, while the
+  # storage answers: PATH may start with a folder on it (path_prepend: the host interpreter's bin/),
+  # and a lookup there (in ftb_stop's $(...) too: a child has the table the watcher had) would wait
+  # on a frozen one like any other read
+  hash grep cut sleep logger docker mv 2>/dev/null
+  return 0
+}
+
 ftb_steps() {  # FTB_S: the local ranks' step times, "LOCAL_RANK STEPS MEDIAN P90" joined by ';'
   # (shims/steptimes.py writes FTB_STEPS_FILE.<LOCAL_RANK> on this host's own disk, never on shared
   # storage: a read here cannot hang the heartbeat; a glob and bash's `read`, no process)
@@ -222,7 +251,25 @@ ftb_disk_full() {  # DIR: say so (exit 0) when the filesystem under DIR has less
 # when the verdict says stop, when the referee's beat stops changing for FTB_STALE s (rank 0
 # gone: the job cannot go on without its master anyway), or on a stop request. Reads are
 # bash's own `read`, no process per file. (docs/launcher.md, "Detached runs".)
+# The watcher itself never touches shared storage (a frozen one would hold it in the kernel): every
+# reading and writing of it is its worker's (ftb_watching, one child for the watcher's life, never
+# waited for: the watcher only looks whether it has ended, once a second). The worker ends when it
+# decides to stop (its reasons written first, as before), and the watcher then stops the job.
 mode_watch() {
+  local pid=$1 fd _
+  ftb_hashed
+  exec {fd}< <(ftb_watching "$pid" </dev/null >/dev/null 2>/dev/null)  # (the pipe: bash keeps it, its commands never get it)
+  while kill -0 "$pid" 2>/dev/null; do
+    read -r -t 1 -u "$fd" _
+    [ $? -gt 128 ] || break  # (the worker ended: nothing writes there, so its end is the one answer)
+  done
+  # (the job ended by itself: a referee caught by the storage writes its last verdict once it answers)
+  kill -0 "$pid" 2>/dev/null && ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}"
+  exit 0
+}
+
+ftb_watching() {  # PID: a detached node's watching (mode_watch's worker): ends when the job does or
+  # when it must be stopped
   local pid=$1 beat=0 now
   local verdict="$FTB_RUN_DIR/watch.a$FTB_ATTEMPT"
   if [ "${FTB_HBFILE##*/}" = "node-0.a$FTB_ATTEMPT.hb" ]; then
@@ -252,8 +299,6 @@ mode_watch() {
       ftb_sleep "$FTB_HEARTBEAT"
     done
   fi
-  kill -0 "$pid" 2>/dev/null && ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}"
-  exit 0
 }
 
 ftb_referee() {  # PID VERDICT: rank 0's watcher (see mode_watch)
@@ -312,36 +357,38 @@ mode_stall_watch() {  # PID BASE: every node writes its ranks' progress to node-
   # first "moved") and it writes stalled.aN; every node then collects its ranks' state and stacks
   # (FTB_RUN_DIR/stacks.py, staged at launch) into stacks/aN-stall-detached/, and rank 0
   # asks every node to stop (FTB_STOP_REQUEST, which each node's watcher obeys).
-  # The reading is asked of a child (ftb_ask) and nothing else here touches shared storage until
-  # it has answered, and then at once (a freeze in those milliseconds holds this loop like any
-  # other): storage that does not answer for FTB_STALL_TIMEOUT seconds stops this node's job by
-  # itself (ftb_storage_stopped), the nodes' one way to tell a frozen network filesystem.
-  local pid=$1 base=${2-} v mark last="" all prev="" changed=$SECONDS started=0 n continue_wait
-  local -a files
+  # Nothing here touches shared storage itself: the reading is asked of a child (ftb_ask), and once
+  # it has answered the rest (the progress file written, the request looked for, the nodes' files
+  # read) of a second one (ftb_do: ftb_stall_look), the stacks' collection of a third (ftb_collect,
+  # probed beside it). Storage that does not answer either for FTB_STALL_TIMEOUT seconds stops this
+  # node's job by itself (ftb_storage_stopped), the nodes' one way to tell a frozen network filesystem.
+  local pid=$1 base=${2-} v mark last="" all prev="" changed=$SECONDS started=0 continue_wait peers said line
   local progress="${FTB_HBFILE%.hb}.progress" request="$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
   local out="$FTB_RUN_DIR/stacks/a$FTB_ATTEMPT-stall-detached"
-  FTB_ASK_FD=""
+  ftb_hashed
+  FTB_ASK_FD="" FTB_DO_FD=""
   while kill -0 "$pid" 2>/dev/null; do
     ftb_ask
-    until ftb_answered 2; do
-      if [ $((SECONDS - FTB_ASKED)) -ge "$FTB_STALL_TIMEOUT" ]; then ftb_storage_stopped $((SECONDS - FTB_ASKED)); exit 0; fi
-      kill -0 "$pid" 2>/dev/null || exit 0
-    done
+    ftb_hold "$pid" "$FTB_ASKED" ftb_answered
     v=$FTB_P
     case $v in *" "*" "0|*" "*" ") continue_wait=1 ;; *) continue_wait=0 ;; esac  # (no trainer step yet)
     mark=""
     if [ "$v" != "$base" ] && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then mark=" moved"; fi
-    if [ "$v$mark" != "$last" ]; then echo "$v$mark" >"$progress.tmp" && mv -f "$progress.tmp" "$progress"; last=$v$mark; fi
-    if [ -e "$request" ]; then
-      python3 -S - --env "$out" <"$FTB_RUN_DIR/stacks.py" >/dev/null 2>&1
-      echo done >"${FTB_HBFILE%.hb}.stacked"
-      break
-    fi
-    files=("$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".progress)
-    if [ "${NODE_RANK:-}" = 0 ] && [ -e "${files[0]}" ] && [ "${#files[@]}" -ge "${NNODES:-1}" ] \
-        && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then
+    peers=0
+    if [ "${NODE_RANK:-}" = 0 ] && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then peers=1; fi
+    ftb_do ftb_stall_look "$progress" "$v$mark" "$last" "$request" "$peers"
+    ftb_hold "$pid" "$FTB_DID" ftb_done
+    all="" said=""
+    for line in "${FTB_SAID[@]}"; do
+      case $said:$line in
+        :wrote) last=$v$mark ;;
+        :request) ftb_do ftb_collect "$out"; ftb_hold_collecting "$pid"; exit 0 ;;
+        :peers) said=peers ;;
+        peers:*) all+="${all:+$'\n'}$line" ;;
+      esac
+    done
+    if [ "$said" = peers ]; then
       # (only once every node has written one: a node's first file is not progress)
-      all=$(cat -- "${files[@]}" 2>/dev/null)
       if [ "$all" != "$prev" ]; then
         if [ -n "$prev" ] || [[ $all == *moved* ]]; then started=1; fi
         prev=$all; changed=$SECONDS
@@ -349,23 +396,75 @@ mode_stall_watch() {  # PID BASE: every node writes its ranks' progress to node-
         if [ -z "${FTB_CONTAINER:-}" ] && [ "${FTB_PER_NODE:-0}" != 1 ] && ! ftb_has_ranks; then
           # ranks done, torchrun ending: not a stall (a `command:` job's processes need not carry
           # LOCAL_RANK: no such shortcut for them)
-          changed=$SECONDS; sleep 2; continue
+          changed=$SECONDS; ftb_sleep 2; continue
         fi
-        echo "ftbundle: no progress from any rank for ${FTB_STALL_TIMEOUT}s: stalled; every rank's stack into $out, then every node stops" >>"$FTB_LOG"
-        echo "$((SECONDS - changed))" >"$request"
-        python3 -S - --env "$out" <"$FTB_RUN_DIR/stacks.py" >/dev/null 2>&1
-        echo done >"${FTB_HBFILE%.hb}.stacked"
-        for n in $(seq 60); do  # the other nodes' collections, for at most a minute
-          [ "$(ls "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".stacked 2>/dev/null | wc -l)" -ge "${NNODES:-1}" ] && break
-          sleep 1
-        done
-        echo "stalled" >"$FTB_STOP_REQUEST"
-        break
+        ftb_do ftb_collect "$out" "$((SECONDS - changed))"; ftb_hold_collecting "$pid"
+        exit 0
       fi
     fi
     ftb_sleep 2
   done
   exit 0
+}
+
+ftb_hold() {  # PID SINCE ANSWERED: wait for the child asked at SINCE ($SECONDS) until ANSWERED
+  # (ftb_answered, ftb_done) says it has; not answered for FTB_STALL_TIMEOUT seconds: the job is
+  # stopped (ftb_storage_stopped) and so is this program, as it is when the job ends meanwhile
+  until "$3" 2; do
+    if [ $((SECONDS - $2)) -ge "$FTB_STALL_TIMEOUT" ]; then ftb_storage_stopped $((SECONDS - $2)); exit 0; fi
+    kill -0 "$1" 2>/dev/null || exit 0
+  done
+}
+
+ftb_hold_collecting() {  # PID: wait for the collection asked by ftb_do however long it takes (py-spy,
+  # the other nodes'), while the storage answers: a reading (ftb_ask) asked beside it every 2 s,
+  # one not answered for FTB_STALL_TIMEOUT seconds stops the job as ftb_hold does
+  FTB_ASK_FD=""
+  until ftb_done 2; do
+    if [ -z "$FTB_ASK_FD" ]; then ftb_ask
+    elif ftb_answered; then :  # (answered: another one next time)
+    elif [ $((SECONDS - FTB_ASKED)) -ge "$FTB_STALL_TIMEOUT" ]; then
+      kill -0 "$1" 2>/dev/null && ftb_storage_stopped $((SECONDS - FTB_ASKED))
+      exit 0
+    fi
+  done
+}
+
+ftb_stall_look() {  # PROGRESS NEW LAST REQUEST PEERS: a reading's work on shared storage (a child of
+  # stall-watch, ftb_do): PROGRESS written when NEW differs from LAST ("wrote"); "request" if REQUEST
+  # is there; with PEERS (rank 0), once every node has written its progress file: "peers", then
+  # each one's line
+  local said="" f l
+  local -a files
+  if [ "$2" != "$3" ]; then echo "$2" >"$1.tmp" && mv -f "$1.tmp" "$1" && said=wrote; fi
+  if [ -e "$4" ]; then
+    said+="${said:+$'\n'}request"
+  elif [ "$5" = 1 ]; then
+    files=("$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".progress)
+    if [ -e "${files[0]}" ] && [ "${#files[@]}" -ge "${NNODES:-1}" ]; then
+      said+="${said:+$'\n'}peers"
+      for f in "${files[@]}"; do l=""; { IFS= read -r l <"$f"; } 2>/dev/null; said+=$'\n'"$l"; done
+    fi
+  fi
+  [ -z "$said" ] || printf '%s\n' "$said"  # (one write)
+}
+
+ftb_collect() {  # OUT [STALLED_FOR]: this node's ranks' stacks into OUT (a child of stall-watch,
+  # ftb_do). With STALLED_FOR (rank 0: no progress for that long) the stall is said in the log and
+  # in stalled.aN first, and every node asked to stop once all have collected (at most a minute)
+  local n
+  if [ -n "${2:-}" ]; then
+    echo "ftbundle: no progress from any rank for ${FTB_STALL_TIMEOUT}s: stalled; every rank's stack into $1, then every node stops" >>"$FTB_LOG"
+    echo "$2" >"$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
+  fi
+  python3 -S - --env "$1" <"$FTB_RUN_DIR/stacks.py" >/dev/null 2>&1
+  echo done >"${FTB_HBFILE%.hb}.stacked"
+  [ -n "${2:-}" ] || return 0
+  for n in $(seq 60); do  # the other nodes' collections, for at most a minute
+    [ "$(ls "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".stacked 2>/dev/null | wc -l)" -ge "${NNODES:-1}" ] && break
+    sleep 1
+  done
+  echo "stalled" >"$FTB_STOP_REQUEST"
 }
 
 ftb_storage_stopped() {  # WAITED: a detached node's shared storage has not answered for
