@@ -371,14 +371,14 @@ def make_layout(job: Job, hosts: list[Host], run_id: str) -> Layout:
     if job.train.mode in ("llamafactory", "script"):  # (a script adds its callback itself: shims/steptimes.py)
         files[runtimes.STEPTIMES] = runtimes.steptimes_source()
 
-    host_nprocs, gpus = _host_settings(job, hosts)
+    host_nprocs, gpus = host_settings(job, hosts)
     return Layout(job=job, hosts=tuple(hosts), run_id=run_id, run_dir=run_dir, shared_dir=shared_dir,
                   workdir=workdir, master_addr=master_addr, python=python, image=image,
                   checkpoint_dir=checkpoint_dir, dataset_dir=dataset_dir, datasets=datasets, files=files,
                   lf_config=config, lf_secrets=secrets_ or {}, host_nprocs=host_nprocs, host_gpus=gpus)
 
 
-def _host_settings(job: Job, hosts: list[Host]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
+def host_settings(job: Job, hosts: list[Host]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
     """The inventory's per-host ``ftb_nproc_per_node`` and ``ftb_gpus``, validated."""
     source = str(job.inventory or job.path)
     nprocs = {h.name: n for h in hosts if (n := host_nproc(h, source)) is not None}

@@ -2,6 +2,7 @@
 the next attempt's hosts, MASTER_ADDR, rescaled LlamaFactory config and the line that says
 why (ftbundle.launch.attempts.next_attempt), and the job keys that choose it. No hosts."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,20 @@ def test_spare_takes_the_lost_hosts_place(tmp_path):
     assert nxt.line == "attempt 2 on node[0,2],spare0: node1 lost (host unreachable); spare0 in place of node1"
     plan = make_plan(nxt.layout)
     assert plan.nodes[1].host.name == "spare0" and plan.nodes[1].env["NODE_RANK"] == "1"
+
+
+def test_a_spare_brings_its_own_rank_count_and_gpus(tmp_path):
+    """A 4-GPU spare (ftb_nproc_per_node, ftb_gpus in the inventory) in an 8-GPU host's place
+    runs 4 ranks on its GPUs; the host it replaced takes its settings with it."""
+    job, layout = layout_of(tmp_path, on_node_loss="spare", nproc_per_node=2)
+    layout = dataclasses.replace(layout, host_nprocs={"node1": 8})
+    spare = Host(name="spare0", address="10.9.0.50", vars={"ftb_nproc_per_node": 4, "ftb_gpus": "0,1,2,3"})
+    nxt = lost_after(job, layout, {"node1": "host unreachable"}, nprocs={"node0": 2, "node1": 8, "node2": 2},
+                     spares=[(spare, 4)])
+    assert nxt.layout.host_nprocs == {"spare0": 4} and nxt.layout.host_gpus == {"spare0": ("0", "1", "2", "3")}
+    plan = make_plan(nxt.layout)
+    assert [(n.host.name, n.nproc) for n in plan.nodes] == [("node0", 2), ("spare0", 4), ("node2", 2)]
+    assert plan.world_size == 8 and plan.nodes[1].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
 
 
 def test_no_spare_left_excludes(tmp_path):

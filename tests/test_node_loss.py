@@ -189,6 +189,41 @@ def test_a_spare_takes_a_killed_hosts_place_after_its_check(make_cluster, tmp_pa
     assert job_processes(cluster) == {}
 
 
+def test_a_spare_that_fails_its_check_is_passed_over_for_the_next(make_cluster, tmp_path):
+    """Two spares, the first one unfit (1024 CPU ranks asked of its 2 cores: the check refuses
+    it, naming it): it is not taken, the second one is, and the run goes on from the checkpoint
+    with world 3 (a DDP script, tests/assets/resumable.py)."""
+    cluster = make_cluster(5)
+    inventory = with_spares(cluster.write_inventory(tmp_path / "hosts.yml"), ("node3", "node4"))
+    inv = yaml.safe_load(inventory.read_text())
+    inv["all"]["children"]["spares"]["hosts"]["node3"]["ftb_nproc_per_node"] = 1024
+    inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    shared = cluster.shared_dir
+    shutil.copy(REPO / "tests" / "assets" / "resumable.py", shared / "resumable.py")
+    latest = shared / "ckpt" / "latest.pt"
+    job = write_job(tmp_path / "job.yaml", base_job(
+        "spare-check", shared, inventory,
+        {"script": str(shared / "resumable.py"), "args": ["--steps", "40", "--ckpt", str(shared / "ckpt")]},
+        restarts=1, on_node_loss="spare", stall_timeout=0))
+    proc = start_ftbundle("run", str(job))
+    try:
+        wait_for(proc, latest.exists, 300, "checkpoint")
+        cluster.kill("node1")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    assert "spare node3 did not pass the preflight (see above): not taken; trying node4" in err, err[-4000:]
+    assert re.search(r"node3\b.*1024|1024.*\bnode3\b", err), err[-4000:]  # (the check's own words name it)
+    assert re.search(r"attempt 2 on node\[0,2,4\]: node1 lost \([^)]*\); node4 in place of node1", err), err[-4000:]
+    run = only_run_dir(shared)
+    plan = json.loads((run / "plan.json").read_text())
+    assert [n["host"] for n in plan["nodes"]] == ["node0", "node4", "node2"] and plan["world_size"] == 3
+    assert "resuming from step" in (run / "node-0-node0.a2.log").read_text()
+    assert not job_processes(cluster).get("node3")
+    assert job_processes(cluster) == {}
+
+
 def test_below_min_nodes_the_run_stops_with_255_naming_the_lost_host(make_cluster, tmp_path):
     cluster = make_cluster(2)
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")

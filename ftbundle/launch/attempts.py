@@ -27,12 +27,13 @@ import yaml
 
 from .. import runtimes
 from ..cluster import Cluster, HostUnreachable, first_line, parallel
+from ..errors import UserError
 from ..hostlist import fold
 from ..inventory import Host
 from ..job import Job
 from ..llamafactory import HF_DEFAULT_BATCH
 from ..plan import (ATTEMPT_FILE, ATTEMPTS_FILE, RECOVERY_PARTS, Layout, NodeFiles, Plan, attempts_said,
-                    master_addr_of, recovery_said)
+                    host_settings, master_addr_of, recovery_said)
 from ..ui.progress import Progress
 from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
 from .supervisor import LOST_EXIT_CODE, Outcome, State, Supervisor, stage_files
@@ -138,8 +139,10 @@ def next_attempt(job: Job, previous: Layout, nprocs: dict[str, int], lost: dict[
         parts[0] += "; " + ", ".join(f"{spare} in place of {h}" for h, spare in replaced.items())
     if job.on_node_loss == "spare" and left_out:
         parts[0] += f"; no spare left in group {job.spares}: {fold(left_out)} left out"
+    host_nprocs, host_gpus = host_settings(job, hosts)  # (a spare's own ftb_nproc_per_node, ftb_gpus)
     layout = dataclasses.replace(previous, hosts=tuple(hosts), master_addr=master_addr_of(hosts, job),
-                                 excluded=tuple(dict.fromkeys((*previous.excluded, *lost))))
+                                 excluded=tuple(dict.fromkeys((*previous.excluded, *lost))),
+                                 host_nprocs=host_nprocs, host_gpus=host_gpus)
     world = sum(counts[h.name] for h in hosts)
     batch = None
     asked = asked_batch(job, first_world)
@@ -294,15 +297,25 @@ def _next_plan(policy: Policy, plan: Plan, layout: Layout, lost: dict[str, str],
     spares: list[tuple[Host, int]] = []
     if job.on_node_loss == "spare":
         used = {h.name for h in layout.hosts} | set(layout.excluded)
-        candidates = [h for h in policy.spares() if h.name not in used][:len(lost)]
-        if candidates and policy.preflight is not None:
-            trial = next_attempt(job, layout, nprocs, lost, attempt=attempt, first_world=first_world,
-                                 spares=[(h, 1) for h in candidates])
-            passed = policy.preflight(trial.layout, candidates) if trial.layout is not None else {}
-            refused = [h.name for h in candidates if h.name not in passed]
-            if refused:
-                say(f"spare {fold(refused)} did not pass the preflight (see above): not taken")
-            spares = [(h, passed[h.name]) for h in candidates if h.name in passed]
+        pool = [h for h in policy.spares() if h.name not in used]
+        # one spare at a time, in the group's order: one that fails its preflight (unreachable,
+        # a check refused) is passed over for the next, never taking a good one down with it
+        while pool and len(spares) < len(lost):
+            spare = pool.pop(0)
+            passed = {spare.name: 1}
+            if policy.preflight is not None:
+                try:
+                    trial = next_attempt(job, layout, nprocs, lost, attempt=attempt, first_world=first_world,
+                                         spares=[*spares, (spare, 1)]).layout
+                except UserError as exc:  # (its inventory vars: an ftb_gpus that is not a GPU list)
+                    say(f"spare {spare.name}: {exc}")
+                    trial = None
+                passed = policy.preflight(trial, [spare]) if trial is not None else {}
+            if spare.name in passed:
+                spares.append((spare, passed[spare.name]))
+            else:
+                say(f"spare {spare.name} did not pass the preflight (see above): not taken"
+                    + (f"; trying {pool[0].name}" if pool else ""))
     nxt = next_attempt(job, layout, nprocs, lost, attempt=attempt, first_world=first_world, spares=spares)
     if nxt.layout is None:
         return nxt, None, layout
