@@ -157,9 +157,11 @@ def main() -> None:
         cells = [f"{median([r[name] for r in results]):.1f}" for name in (*RECOVERY_PARTS, "total")]
         rows.append([n, policy, how, "LlamaFactory LoRA" if lf else "DDP script", len(results), *cells])
     md = ["## A host lost: from its loss to the next attempt's first step (issue 36)", "",
-          "N containerized hosts x 1 CPU rank, gloo, `restarts: 1`. Once a checkpoint exists, node1's container "
-          "is killed; attempt 2 runs on the hosts left (`exclude`) or with a spare in node1's place (`spare`) "
-          "and resumes from the checkpoint. Seconds from the kill, split by ftbundle's own marks "
+          "N containerized hosts x 1 CPU rank, gloo, `restarts: 1`. Once a checkpoint exists, node1 is lost: "
+          "its container killed (`kill`: `docker kill`, its connections reset at once) or its network cut (`cut`: "
+          "nftables drops all its traffic, silent as a host that lost power, and alive: its own watchdog must "
+          "stop its ranks). Attempt 2 runs on the hosts left (`exclude`) or with a spare in node1's place "
+          "(`spare`) and resumes from the checkpoint. Seconds from the loss, split by ftbundle's own marks "
           "(summary.json's `recovery`; `ftbundle runs` and the closing summary say the same line): "
           "detection (the kill to ftbundle acting on it), teardown (every other node stopped and confirmed), "
           "preflight (attempt 2's hosts chosen; `spare`: the spare's check), fence wait (the lost host's own "
@@ -171,8 +173,10 @@ def main() -> None:
           "Detection is bounded by the launcher's lost-node rule (5 s of silence and a host that does not "
           "answer a probe); the fence wait by the nodes' watchdog (10 s after the last ping, 3 s to SIGKILL, "
           "5 s margin), counted from the lost host's last heartbeat, so the seconds already spent detecting "
-          "and tearing down come off it. Resume is the job's own: on this 2-core machine N ranks import "
-          "torch at once, so it grows with N here where each host has its own cores."]
+          "and tearing down come off it: the launcher's part (detection to fence wait) is 17-19 s whatever the "
+          "size and the policy, the fence being its floor. Resume is the job's own: on this 2-core machine all "
+          "N ranks import torch at once (and other benchmarks ran beside this one), so it grows with N and "
+          "with the load here, where each real host has its own cores."]
     write_section("node_loss", "\n".join(md))
 
 
