@@ -16,6 +16,8 @@ import time
 import pytest
 import yaml
 
+from ftbundle.plan import RECOVERY_PARTS
+
 from tests.helpers import REPO, base_job, ftbundle, job_processes, only_run_dir, place_tiny_model, start_ftbundle, write_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
@@ -87,6 +89,11 @@ def test_a_killed_host_is_left_out_and_the_run_resumes_on_the_others_with_the_gl
     assert summary["state"] == "finished" and summary["attempt"] == 2
     assert [a["hosts"] for a in summary["attempts"]] == [["node0", "node1", "node2"], ["node0", "node1"]]
     assert "node2 lost" in summary["attempts"][1]["why"]
+    recovery = summary["recovery"][0]  # where the time from the loss to attempt 2's first step went
+    assert recovery == {"attempt": 2, **summary["attempts"][1]["recovery"]}, summary
+    assert all(recovery[p] >= 0 for p in RECOVERY_PARTS) and recovery["resume"] > 0, recovery
+    assert abs(sum(recovery[p] for p in RECOVERY_PARTS) - recovery["total"]) < 0.1, recovery
+    assert re.search(r"^  attempt 2 trained again \d+ s after the failure: detection \d+ s, teardown", err, re.M), err
     assert "FTB_EXCLUDED_HOSTS=node2" in (run / "plan.json").read_text().replace('": "', "=")
     assert job_processes(cluster) == {}
     # `ftbundle status` (node2 still down) and `ftbundle runs` say it too
@@ -95,6 +102,8 @@ def test_a_killed_host_is_left_out_and_the_run_resumes_on_the_others_with_the_gl
     assert re.search(r"^  attempt 2 on node\[0-1\]: node2 lost", status.stdout, re.M), status.stdout
     runs = ftbundle("runs", str(job), timeout=120)
     assert re.search(r"^  attempt 2 on node\[0-1\]: node2 lost .*accumulation 2 -> 3$", runs.stdout, re.M), runs.stdout
+    assert re.search(r"^    attempt 2 trained again \d+ s after the failure: ", runs.stdout, re.M), runs.stdout
+    assert re.search(r"^    attempt 2 trained again \d+ s after the failure: ", status.stdout, re.M), status.stdout
 
 
 def test_a_cut_off_rank0_host_is_left_out_and_writes_nothing_once_the_run_went_on(make_cluster, tmp_path):
