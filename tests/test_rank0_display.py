@@ -76,6 +76,7 @@ def bare_supervisor(nnodes: int) -> Supervisor:
                                checkpoint_dir=None)
     sup.status = [NodeStatus() for _ in range(nnodes)]
     sup._running = sup._finished = 0
+    sup.marks = {}
     sup.failures = []
     sup.runners = [SimpleNamespace(drop=lambda: None) for _ in range(nnodes)]
     sup.display = None
