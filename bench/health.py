@@ -14,20 +14,25 @@ every host has the nvidia-smi and dmesg stand-ins replaying the real readings of
   named slow (tried twice at most, as tests/test_check_burnin.py does: this machine's load moves
   the hosts' shares of its cores). The burn-in imports torch on every host at once; where that
   cannot fit in this machine's memory (about 0.3 GB of private memory per torch process: 128
-  hosts need some 37 GB, above 80% of what is available), it is not run and the section says so with the figures.
+  hosts need some 35 GB, above 80% of what is available), it is not run and the section says so
+  with the figures.
 
-And a straggler run (unless ``--no-straggler``; first, before the many hosts raise the load average
-its cap is made from): the LoRA of tests/test_stragglers.py
-(LlamaFactory, the tiny model, 40 steps) on 3 hosts, once as it is and once with node2's CPU
-capped (`docker update --cpus`, from the first step on: the start-up at full speed), the cap
-that test uses (0.3 of a core on a quiet machine, a third of a fair share on a busy one). From
-`ftbundle runs --json`: who was named straggler, each node's median step time over the fleet's;
-the run's time and its training part (first step to the end), capped against uncapped.
+And a straggler run first (unless ``--no-straggler``): the LoRA of tests/test_stragglers.py
+(LlamaFactory, the tiny model; ``--steps``, 200 by default: that test's 40 steps are some 2 s of
+compute per node, which one burst of another process's load on this shared machine can cover
+whole, naming a healthy node) on 3 hosts, once as it is and once with node2's CPU capped
+(`docker update --cpus`, from the first step on: the start-up at full speed) at a third of a fair
+share of the machine, 0.3 of a core at most, as that test caps it, but the share counted just
+before the run (cap_now: the processes runnable now, not the 1-minute load average, which after
+`make bench`'s many-host runs stays high long after they ended: it once made the cap 0.02 and
+the capped run 11 min). From `ftbundle runs --json` and the live line: who was named straggler,
+each node's median step time over the fleet's; the run's time and its training part (first step
+to the end), capped against uncapped.
 
 Every outcome is asserted: a row says `right` only when the exit code and what was named are
 exactly what they must be; the script exits 1 (after writing its section) when one is not.
 
-    .venv/bin/python bench/health.py [--sizes 3,16,128] [--runs 2] [--burn-in 5] [--no-straggler]
+    .venv/bin/python bench/health.py [--sizes 3,16,128] [--runs 2] [--burn-in 5] [--steps 200 | --no-straggler]
 """
 
 from __future__ import annotations
@@ -208,11 +213,11 @@ def checks_at(n: int, runs: int, burn_s: int, per_torch_mb: float, notes: list[s
                                      f"{median(walls):.2f}", f"{max(walls):.2f}",
                                      f"{median([m.cpu_s for m, _ in res]):.2f}",
                                      f"{max(m.maxrss_mb for m, _ in res):.0f}"])
-            on = median([m.wall_s for m, _ in results["health on"]])
-            off = median([m.wall_s for m, _ in results["health off"]])
-            out["health_cost"] = (on, off)
-            out["spread"] = (max(m.wall_s for r in ("health on", "health off") for m, _ in results[r])
-                             - min(m.wall_s for r in ("health on", "health off") for m, _ in results[r]))
+            # what health costs, from the right runs only (a run that failed otherwise timed something else)
+            right_walls = {case: [m.wall_s for m, r in results[case] if r] for case in ("health on", "health off")}
+            both = right_walls["health on"] + right_walls["health off"]
+            out["health_cost"] = tuple(median(w) if w else None for w in right_walls.values())
+            out["spread"] = max(both) - min(both) if both else None
 
             # the burn-in, on the healthy fleet, if every host's torch fits in memory
             need, have = n * per_torch_mb, available_mb()
@@ -252,7 +257,7 @@ def checks_at(n: int, runs: int, burn_s: int, per_torch_mb: float, notes: list[s
 # the straggler run
 
 
-def straggler_run(cluster: Cluster, shared: Path, tmp: Path, capped: str | None) -> dict:
+def straggler_run(cluster: Cluster, shared: Path, tmp: Path, capped: str | None, steps: int) -> dict:
     """The LoRA of tests/test_stragglers.py on the cluster; node2's CPU capped at ``capped``
     from the first step on (None: as it is)."""
     import yaml
@@ -261,7 +266,7 @@ def straggler_run(cluster: Cluster, shared: Path, tmp: Path, capped: str | None)
     quickstart = REPO / "examples" / "quickstart"
     train = yaml.safe_load((quickstart / "train.yaml").read_text())
     train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
-                  "output_dir": str(out_dir), "max_steps": 40, "save_strategy": "no",
+                  "output_dir": str(out_dir), "max_steps": steps, "save_strategy": "no",
                   "per_device_train_batch_size": 4})
     inventory = cluster.write_inventory(tmp / "hosts.yml")
     name = f"straggler-{'capped' if capped else 'free'}"
@@ -294,22 +299,41 @@ def straggler_run(cluster: Cluster, shared: Path, tmp: Path, capped: str | None)
     fleet = times.get("fleet_median_s")
     ratios = {h: node["median_s"] / fleet for h, node in (times.get("nodes") or {}).items()} if fleet else {}
     named = [s["host"] for s in times.get("stragglers", [])]
-    live = sorted({m.group(1) for m in re.finditer(r"^ftbundle: training: step.*slowest (\S+) ", text, re.M)})
+    # the live line: every step line printed (once per step: the last is printed again when finished), and
+    # whom it named slowest, at which step and ratio
+    lines = {int(m.group(1)): (m.group(2), m.group(3))
+             for m in re.finditer(r"^ftbundle: training: step (\d+)/.*?(?:slowest (\S+) ([\d.]+)x.*)?$", text, re.M)}
+    said = [(step, host, float(ratio)) for step, (host, ratio) in sorted(lines.items()) if host]
+    live = sorted({host for _, host, _ in said})
     want = ["node2"] if capped else []
     right = (proc.returncode == 0 and named == want and live == want and len(ratios) == 3
-             and all(node["steps"] >= 30 for node in times["nodes"].values()))
+             and all(node["steps"] >= 0.75 * steps for node in times["nodes"].values()))
     print(f"straggler run, node2 capped at {capped or '-'}: exit {proc.returncode} in {ended - started:.0f} s, "
           f"named {named}, live {live}, ratios { {h: round(r, 2) for h, r in ratios.items()} }, right: {right}",
           flush=True)
     return {"cap": capped, "code": proc.returncode, "wall": ended - started,
             "train": ended - first_step if first_step else float("nan"), "named": named, "live": live,
+            "live_said": said, "live_lines": len(lines),
             "ratios": ratios, "fleet_ms": fleet * 1000 if fleet else float("nan"), "right": right,
             "load": load(), "tail": text[-3000:]}
 
 
-def stragglers(notes: list[str]) -> list[dict]:
-    from tests.test_stragglers import cap
+def cap_now(ranks: int = 3, sample_s: float = 3.0) -> str:
+    """The capped host's CPUs: a third of a fair share of this machine while the run trains (the
+    processes runnable now, /proc/stat procs_running averaged over ``sample_s`` less this one, plus
+    the run's ``ranks``), 0.3 of a core at most, 0.02 at least: tests/test_stragglers.py's cap, by the
+    machine's load of the moment. On a quiet 2-core machine 0.22."""
+    seen, end = [], time.monotonic() + sample_s
+    while time.monotonic() < end:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("procs_running "):
+                seen.append(int(line.split()[1]) - 1)
+        time.sleep(0.05)
+    share = (os.cpu_count() or 1) / max(1.0, sum(seen) / len(seen) + ranks)
+    return f"{max(0.02, min(0.3, share / 3)):.2f}"
 
+
+def stragglers(notes: list[str], steps: int) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="ftb-bench-straggler-") as tmp:
         tmp = Path(tmp)
         shared = tmp / "shared"
@@ -317,7 +341,8 @@ def stragglers(notes: list[str]) -> list[dict]:
         shutil.copytree(REPO / "examples" / "quickstart" / "data", shared / "data")
         place_tiny_model(shared / "tiny-llama")
         with Cluster(3, shared_dir=shared) as cluster:
-            found = [straggler_run(cluster, shared, tmp, None), straggler_run(cluster, shared, tmp, cap())]
+            found = [straggler_run(cluster, shared, tmp, None, steps),
+                     straggler_run(cluster, shared, tmp, cap_now(), steps)]
     for r in found:
         if not r["right"]:
             notes.append(f"- straggler run, node2 capped at {r['cap'] or '-'}: exit {r['code']}, named "
@@ -328,13 +353,23 @@ def stragglers(notes: list[str]) -> list[dict]:
 # ---------------------------------------------------------------------------------------
 
 
+def live_cell(r: dict) -> str:
+    if not r["live_said"]:
+        return f"nobody (0 of {r['live_lines']} lines)"
+    steps = [step for step, _, _ in r["live_said"]]
+    return (f"{', '.join(r['live'])} in {len(steps)} of {r['live_lines']} lines (steps {steps[0]}-{steps[-1]}, up to "
+            f"{max(ratio for _, _, ratio in r['live_said']):.1f}x)")
+
+
 def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_torch_mb: float,
-            notes: list[str], rerun: str) -> str:
+            notes: list[str], steps: int) -> str:
     check_rows = [row for s in sizes for row in s["check"]]
+    measured = [s for s in sizes if None not in s["health_cost"]]
     cost_rows = [[s["n"], f"{s['health_cost'][1]:.2f}", f"{s['health_cost'][0]:.2f}",
                   f"{s['health_cost'][0] - s['health_cost'][1]:+.2f}",
-                  f"{s['health_cost'][0] / s['health_cost'][1]:.2f}x", f"{s['spread']:.2f}"] for s in sizes]
-    noise = [s["n"] for s in sizes if abs(s["health_cost"][0] - s["health_cost"][1]) <= s["spread"] / 2]
+                  f"{s['health_cost'][0] / s['health_cost'][1]:.2f}x", f"{s['spread']:.2f}"] for s in measured]
+    cost_rows += [[s["n"], "-", "-", "-", "-", "-"] for s in sizes if s not in measured]
+    noise = [s["n"] for s in measured if abs(s["health_cost"][0] - s["health_cost"][1]) <= s["spread"] / 2]
     burn_rows, not_run = [], []
     for s in sizes:
         if s["burnin"] is None:
@@ -366,8 +401,8 @@ def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_to
         "expected failure lines (that host, GPU 0 and its UUID; `failed: gpu_health`), every other host still "
         "said healthy, folded. CPU s: ftbundle's and its children's (median); RSS: ftbundle's peak.", "",
         table(["case", "hosts", "runs", "right", "median s", "worst s", "CPU s", "peak RSS MB"], check_rows), "",
-        "What health costs the check (medians above, measured in one run; `spread`: the slowest healthy run "
-        "less the fastest, health on and off together):", "",
+        "What health costs the check (medians of the right runs above, measured in one run; `spread`: the "
+        "slowest of them less the fastest, health on and off together):", "",
         table(["hosts", "health off s", "health on s", "difference s", "on / off", "spread s"], cost_rows), "",
         *([f"At {', '.join(map(str, noise))} hosts the difference is within half the runs' own spread: what the "
            "health questions cost (a few more nvidia-smi queries and a dmesg read in the probe each host runs "
@@ -398,13 +433,17 @@ def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_to
             ratios = ", ".join(f"{h} {v:.2f}x" for h, v in sorted(r["ratios"].items())) or "-"
             srows.append([r["cap"] or "none", r["code"], f"{r['wall']:.0f}", f"{r['train']:.0f}",
                           f"{r['fleet_ms']:.0f}", ratios, ", ".join(r["named"]) or "nobody",
-                          ", ".join(r["live"]) or "nobody", r["load"], "yes" if r["right"] else "no"])
+                          live_cell(r), r["load"], "yes" if r["right"] else "no"])
         parts += ["", "A straggler during training: the LoRA of tests/test_stragglers.py (LlamaFactory, the tiny "
-                  "model, 40 steps, batch 4) on 3 containerized hosts x 1 rank, `ftbundle run --no-check`, once as "
-                  "it is and once with node2's CPU capped (`docker update --cpus`) from its first step on; the cap "
-                  "is that test's (0.3 of a core on a quiet machine, a third of a fair share on a busy one). Step "
+                  f"model, batch 4) at {steps} steps (the test's 40 are some 2 s of compute per node, which one burst "
+                  "of another process's load on this shared machine can cover whole) on 3 containerized hosts x 1 "
+                  "rank, `ftbundle run --no-check`, once as it is and once with node2's CPU capped (`docker update "
+                  "--cpus`) from its first step on, at a third of a fair share of the machine (by the processes "
+                  "runnable just before the run, plus its 3 ranks), 0.3 of a core at most, as that test caps it. Step "
                   "times from `ftbundle runs --json` (each node's median over the fleet's median); `named`: its "
-                  "stragglers (`straggler_factor` 1.15), `live line`: who the live line named slowest. `right`: "
+                  "stragglers (`straggler_factor` 1.15); `live line`: whom the live line named slowest, in how "
+                  "many of its step lines (one every few seconds), at which steps, the highest ratio it showed. "
+                  "`right`: "
                   "exit 0, nobody named uncapped, node2 alone named capped, both places. Run s: from launch to "
                   "exit; training s: from the first step to exit.", "",
                   table(["node2 cap (cores)", "exit", "run s", "training s", "fleet median step ms",
@@ -423,6 +462,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="checks per case and size")
     parser.add_argument("--burn-in", type=int, default=5, help="burn-in seconds")
     parser.add_argument("--no-straggler", action="store_true", help="leave out the straggler run")
+    parser.add_argument("--steps", type=int, default=200, help="the straggler run's training steps")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     ensure_image()
@@ -430,11 +470,11 @@ def main() -> None:
     notes: list[str] = []
     started = time.monotonic()
     # the straggler run first: its cap follows the load average, which the many hosts' runs would leave high
-    found = [] if args.no_straggler else stragglers(notes)
+    found = [] if args.no_straggler else stragglers(notes, args.steps)
     done = [checks_at(n, args.runs, args.burn_in, per_torch_mb, notes) for n in sizes]
     rerun = (f"bench/health.py --sizes {args.sizes} --runs {args.runs} --burn-in {args.burn_in}"
-             + (" --no-straggler" if args.no_straggler else ""))
-    md = section(done, found, args.runs, args.burn_in, per_torch_mb, notes, rerun)
+             + (" --no-straggler" if args.no_straggler else f" --steps {args.steps}"))
+    md = section(done, found, args.runs, args.burn_in, per_torch_mb, notes, args.steps)
     md += f"\n\nThe whole benchmark took {(time.monotonic() - started) / 60:.1f} min."
     write_section("health", md, rerun)
     if notes:
