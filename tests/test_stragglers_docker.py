@@ -16,7 +16,7 @@ pytestmark = pytest.mark.cluster
 
 # what shims/steptimes.py writes, written by the job itself (the tiny image has bash, no Python)
 JOB = ('if [ "$NODE_RANK" = 1 ]; then m=0.300000; else m=0.100000; fi; '
-       'printf "0 12 $m 0.400000\\n" > "$FTB_STEPS_FILE.0"; echo started; sleep 4')
+       'printf "0 25 $m 0.400000\\n" > "$FTB_STEPS_FILE.0"; echo started; sleep 4')
 
 
 def test_step_times_from_inside_the_containers_name_the_slow_node(dcluster, tmp_path):  # noqa: F811

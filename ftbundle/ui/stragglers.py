@@ -19,7 +19,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 STRAGGLER_FACTOR = 1.15  # the job's straggler_factor by default
-MIN_STEPS = 3  # a node is judged once it has timed this many steps (the first ones warm up)
+# a node is judged once it has timed this many steps: the first ones warm up, and a median of a
+# few steps on a host shared with other work named healthy nodes (1.2x at step 12 of a healthy
+# 200-step run, bench/health.py; the summary, judged at the end, named nobody)
+MIN_STEPS = 20
 MIN_NODES = 2  # no fleet to compare with below this
 
 
