@@ -289,3 +289,19 @@ def test_where_the_time_from_a_loss_to_the_next_first_step_went():
     record = [{"attempt": 1, "hosts": ["node0", "node1", "node2"], "why": ""},
               {"attempt": 2, "hosts": ["node0", "node1"], "why": LINE, "recovery": parts}]
     assert attempts_said(record) == [LINE, "  " + said]
+
+
+def test_a_restart_starts_from_the_failed_attempts_loss_and_teardown_only():
+    """The failed attempt's own begin, up and first_step never stand in for the next one's: a
+    next attempt that failed before its first step has no resume part and no total, never a
+    negative one made of the previous attempt's step."""
+    from ftbundle.launch.attempts import recovery, restart_marks
+    from ftbundle.launch.supervisor import Failure, Outcome
+
+    failed = Outcome(255, Failure(2, "node2", "no heartbeat for 5s", 255, at=100.0),
+                     marks={"begin": 10.0, "up": 12.0, "first_step": 30.0, "failed": 106.0})
+    assert restart_marks(failed) == {"loss": 100.0, "failed": 106.0}
+    pending = {**restart_marks(failed), "fenced": 108.0, "planned": 108.0, "waited": 118.0}
+    parts = recovery({**pending, "begin": 119.0, "up": 121.0})  # (attempt 2 failed before a step)
+    assert parts["resume"] is None and parts["total"] is None and parts["start"] == 3.0
+    assert restart_marks(Outcome(1, marks={"failed": 50.0})) == {"loss": 50.0, "failed": 50.0}

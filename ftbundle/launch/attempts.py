@@ -199,6 +199,16 @@ def recovery(marks: dict[str, float], *, wall_offset: float = 0.0) -> dict | Non
     return out
 
 
+def restart_marks(outcome: Outcome) -> dict[str, float]:
+    """The first marks of a restart (:func:`recovery`) from the attempt that failed: ``loss``
+    (its first failure's date: a lost node's last heartbeat) and ``failed`` (its teardown
+    began). Only these: the failed attempt's own begin, up and first_step are not the next
+    one's, and a next attempt that never got that far must not borrow them."""
+    acted = outcome.marks.get("failed", time.monotonic())
+    loss = outcome.failure.at if outcome.failure else acted
+    return {"loss": loss, "failed": outcome.marks.get("failed", loss)}
+
+
 # ---------------------------------------------------------------------------------------
 # The loop
 
@@ -388,9 +398,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             if attempts > 1 and not outcome.interrupted:
                 say(f"giving up after {attempts} attempts")
             return finish(outcome, attempt)
-        pending = {**outcome.marks, "loss": outcome.failure.at if outcome.failure else outcome.marks.get(
-            "failed", time.monotonic())}
-        pending.setdefault("failed", pending["loss"])
+        pending = restart_marks(outcome)
         problems = fence(plan, cluster, attempt, frozenset(
             rank for rank, st in enumerate(supervisor.status) if st.state is State.LOST))
         pending["fenced"] = time.monotonic()

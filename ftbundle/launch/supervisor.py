@@ -98,7 +98,7 @@ class Outcome:
     progress: Progress | None = None  # what rank 0 said about training (without -v)
     stalled: bool = False  # stopped by the stall watchdog (not a job's own exit code 124)
     # (monotonic) when the attempt began, had every node up, saw its first step, acted on a
-    # failure and had stopped every node: the recovery's parts (attempts.recovery)
+    # failure (its teardown began): the recovery's parts (attempts.recovery)
     marks: dict[str, float] = field(default_factory=dict)
 
 
@@ -397,10 +397,9 @@ class Supervisor:
 
     # -- failure and teardown ---------------------------------------------------------
     def _fail(self) -> Outcome:
-        t0 = self.marks["failed"] = time.monotonic()
+        t0 = time.monotonic()
         lost = self._teardown()
         took = time.monotonic() - t0
-        self.marks["stopped"] = t0 + took
         first = min(self.failures, key=lambda f: f.at)
         node = self.plan.nodes[first.rank]
         if self.ui is not None:
@@ -453,10 +452,9 @@ class Supervisor:
                  "every rank's state and stack:")
         for line in lines:
             self.say(self.redact(line))
-        t0 = self.marks["failed"] = time.monotonic()
+        t0 = time.monotonic()
         lost = self._teardown()
         took = time.monotonic() - t0
-        self.marks["stopped"] = t0 + took
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         failure = Failure(culprit.node_rank if culprit else 0, culprit.host if culprit else self.plan.nodes[0].host.name,
                           f"stalled: no progress for {silent:.0f}s", STALLED_EXIT_CODE, t0)
@@ -474,10 +472,9 @@ class Supervisor:
         what = self.storage.describe(now)
         self.say(f"stalled: {what}; no progress from any rank for {silent:.0f}s "
                  f"(stall_timeout {self.plan.stall_timeout}s)")
-        t0 = self.marks["failed"] = time.monotonic()
+        t0 = time.monotonic()
         lost = self._teardown()
         took = time.monotonic() - t0
-        self.marks["stopped"] = t0 + took
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         if lost:
             self.say("a process waiting on that storage cannot be killed: its SIGKILL waits until the storage "
@@ -538,6 +535,7 @@ class Supervisor:
         (:meth:`Cluster.answers`): only one that does not is lost, its failure dated by its
         last heartbeat (a dead host found now may still be the root cause). A node that
         answers is being stopped, just slowly (a loaded controller or host): waited for."""
+        self.marks.setdefault("failed", time.monotonic())  # (the launcher acted: Outcome.marks)
         self.fence.set()
         stoppers = _Stoppers(min(STOPPER_THREADS, len(self.runners)))
         for runner, st in zip(self.runners, self.status):
