@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster import Cluster, ensure_image  # noqa: E402
-from tests.helpers import ASSETS, base_job, job_processes, only_run_dir, write_job  # noqa: E402
-from tests.test_node_loss import lora_job, with_spares  # noqa: E402
+from tests.helpers import job_processes, only_run_dir  # noqa: E402
+from tests.test_node_loss import ddp_job, lora_job, wait_for  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from common import OUT_DIR, median, table, write_section  # noqa: E402
@@ -49,30 +49,7 @@ from common import OUT_DIR, median, table, write_section  # noqa: E402
 from ftbundle.plan import RECOVERY_PARTS  # noqa: E402
 
 LOSE = "node1"
-SAVE_EVERY = 5
 KILL_AFTER_STEP = 10
-
-
-def wait_for(proc: subprocess.Popen, predicate, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if proc.poll() is not None:
-            raise RuntimeError(f"ftbundle ended before {what}: {proc.stderr.read()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no {what} after {seconds}s")
-        time.sleep(0.1)
-
-
-def script_job(cluster: Cluster, shared: Path, policy: str, n: int, steps: int) -> tuple[Path, Path]:
-    shutil.copy(ASSETS / "resumable.py", shared / "resumable.py")
-    ckpt = shared / "ckpt"
-    spares = (f"node{n}",) if policy == "spare" else ()
-    inventory = with_spares(cluster.write_inventory(shared / "hosts.yml"), spares)
-    job = base_job(f"loss-{policy}-{n}", shared, inventory,
-                   {"script": "resumable.py", "args": ["--steps", str(steps), "--ckpt", str(ckpt),
-                                                       "--save-every", str(SAVE_EVERY)]},
-                   restarts=1, on_node_loss=policy, stall_timeout=0)
-    return write_job(shared / "job.yaml", job), ckpt / "latest.pt"
 
 
 def trial(n: int, policy: str, how: str, lf: bool = False) -> dict:
@@ -87,7 +64,9 @@ def trial(n: int, policy: str, how: str, lf: bool = False) -> dict:
                                        on_node_loss=policy)
                 ready = lambda: (output / "checkpoint-5" / "trainer_state.json").exists()  # noqa: E731
             else:
-                job, latest = script_job(cluster, shared, policy, n, steps=KILL_AFTER_STEP + 40)
+                spares = (f"node{n}",) if policy == "spare" else ()
+                job, latest = ddp_job(cluster, shared, f"loss-{policy}-{n}", steps=KILL_AFTER_STEP + 40,
+                                      spares=spares, on_node_loss=policy)
                 ready = latest.exists
             proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], cwd=REPO,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

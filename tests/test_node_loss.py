@@ -25,16 +25,22 @@ pytestmark = [pytest.mark.cluster, pytest.mark.train]
 TOTAL = "Total train batch size (w. parallel, distributed & accumulation) = 12"
 
 
-def with_spares(inventory, names: tuple[str, ...]):
-    """The inventory with ``names`` moved from the trainers group to a `spares` group."""
+def with_spares(inventory, names: tuple[str, ...], host_vars: dict[str, dict] | None = None):
+    """The inventory with ``names`` moved from the trainers group to a `spares` group, each
+    with its ``host_vars`` (name -> vars) added."""
     inv = yaml.safe_load(inventory.read_text())
     trainers = inv["all"]["children"]["trainers"]["hosts"]
-    inv["all"]["children"]["spares"] = {"hosts": {name: trainers.pop(name) for name in names}}
+    inv["all"]["children"]["spares"] = {"hosts": {name: {**trainers.pop(name), **(host_vars or {}).get(name, {})}
+                                                  for name in names}}
     inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
     return inventory
 
 
+LOSS_KEYS = {"restarts": 1, "on_node_loss": "exclude", "stall_timeout": 0}
+
+
 def lora_job(cluster, tmp_path, name: str, steps: int = 30, spares: tuple[str, ...] = (), **keys):
+    """A LlamaFactory LoRA (checkpoints every 5 steps) that goes on without a lost host: (job, output_dir)."""
     shared = cluster.shared_dir
     inventory = with_spares(cluster.write_inventory(tmp_path / "hosts.yml"), spares)
     quickstart = REPO / "examples" / "quickstart"
@@ -46,9 +52,23 @@ def lora_job(cluster, tmp_path, name: str, steps: int = 30, spares: tuple[str, .
                   "output_dir": str(output), "max_steps": steps, "save_steps": 5, "save_total_limit": 3,
                   "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2})
     job = write_job(tmp_path / "job.yaml", base_job(name, shared, inventory, {"llamafactory": train},
-                                                    **{"restarts": 1, "on_node_loss": "exclude", "stall_timeout": 0,
-                                                       **keys}))
+                                                    **{**LOSS_KEYS, **keys}))
     return job, output
+
+
+def ddp_job(cluster, tmp_path, name: str, steps: int = 40, spares: tuple[str, ...] = (),
+            spare_vars: dict[str, dict] | None = None, **keys):
+    """tests/assets/resumable.py (DDP, a checkpoint every 5 steps on shared storage, resumes on
+    any world) that goes on without a lost host: (job, its checkpoint file)."""
+    shared = cluster.shared_dir
+    inventory = with_spares(cluster.write_inventory(tmp_path / "hosts.yml"), spares, spare_vars)
+    shutil.copy(REPO / "tests" / "assets" / "resumable.py", shared / "resumable.py")
+    ckpt = shared / "ckpt"
+    job = write_job(tmp_path / "job.yaml", base_job(
+        name, shared, inventory,
+        {"script": str(shared / "resumable.py"), "args": ["--steps", str(steps), "--ckpt", str(ckpt)]},
+        **{**LOSS_KEYS, **keys}))
+    return job, ckpt / "latest.pt"
 
 
 def wait_for(proc, predicate, seconds: float, what: str) -> None:
@@ -60,18 +80,27 @@ def wait_for(proc, predicate, seconds: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def run_losing(cluster, job, ready, host: str, *, verbose: bool = True, ready_s: float = 400, end_s: float = 600,
+               before_loss=lambda: None) -> tuple[int, str]:
+    """`ftbundle run JOB`; once ``ready()`` (its first checkpoint), ``host``'s container is
+    killed (after ``before_loss()``): (exit code, ftbundle's stderr)."""
+    proc = start_ftbundle("run", *(["-v"] if verbose else []), str(job))
+    try:
+        wait_for(proc, ready, ready_s, "checkpoint")
+        before_loss()
+        cluster.kill(host)
+        _, err = proc.communicate(timeout=end_s)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
 def test_a_killed_host_is_left_out_and_the_run_resumes_on_the_others_with_the_global_batch_kept(
         make_cluster, tmp_path):
     cluster = make_cluster(3)
     job, output = lora_job(cluster, tmp_path, "lose-node2")
-    proc = start_ftbundle("run", "-v", str(job))
-    try:
-        wait_for(proc, lambda: (output / "checkpoint-5" / "trainer_state.json").exists(), 400, "checkpoint")
-        cluster.kill("node2")
-        out, err = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err[-4000:]
+    code, err = run_losing(cluster, job, (output / "checkpoint-5" / "trainer_state.json").exists, "node2")
+    assert code == 0, err[-4000:]
     assert re.search(r"attempt 2 on node\[0-1\]: node2 lost \([^)]*host unreachable\); "
                      r"global batch 12 kept: accumulation 2 -> 3", err), err[-4000:]
     resumed = re.search(rf"resuming from checkpoint-(\d+) of 30 in {re.escape(str(output))}", err)
@@ -178,15 +207,13 @@ def test_a_spare_takes_a_killed_hosts_place_after_its_check(make_cluster, tmp_pa
     check passes on node0, node3, node2; the world stays 3, so does the accumulation."""
     cluster = make_cluster(4)
     job, output = lora_job(cluster, tmp_path, "spare", spares=("node3",), on_node_loss="spare")
-    proc = start_ftbundle("run", "-v", str(job))
-    try:
-        wait_for(proc, lambda: (output / "checkpoint-5" / "trainer_state.json").exists(), 400, "checkpoint")
+
+    def spare_idle():
         assert not job_processes(cluster).get("node3")  # (a spare runs nothing until it is taken)
-        cluster.kill("node1")
-        out, err = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err[-4000:]
+
+    code, err = run_losing(cluster, job, (output / "checkpoint-5" / "trainer_state.json").exists, "node1",
+                           before_loss=spare_idle)
+    assert code == 0, err[-4000:]
     assert re.search(r"attempt 2 on node\[0,2-3\]: node1 lost \([^)]*\); node3 in place of node1; "
                      r"global batch 12 kept: accumulation 2 -> 2", err), err[-4000:]
     run = only_run_dir(cluster.shared_dir)
@@ -203,25 +230,11 @@ def test_a_spare_that_fails_its_check_is_passed_over_for_the_next(make_cluster, 
     it, naming it): it is not taken, the second one is, and the run goes on from the checkpoint
     with world 3 (a DDP script, tests/assets/resumable.py)."""
     cluster = make_cluster(5)
-    inventory = with_spares(cluster.write_inventory(tmp_path / "hosts.yml"), ("node3", "node4"))
-    inv = yaml.safe_load(inventory.read_text())
-    inv["all"]["children"]["spares"]["hosts"]["node3"]["ftb_nproc_per_node"] = 1024
-    inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
     shared = cluster.shared_dir
-    shutil.copy(REPO / "tests" / "assets" / "resumable.py", shared / "resumable.py")
-    latest = shared / "ckpt" / "latest.pt"
-    job = write_job(tmp_path / "job.yaml", base_job(
-        "spare-check", shared, inventory,
-        {"script": str(shared / "resumable.py"), "args": ["--steps", "40", "--ckpt", str(shared / "ckpt")]},
-        restarts=1, on_node_loss="spare", stall_timeout=0))
-    proc = start_ftbundle("run", str(job))
-    try:
-        wait_for(proc, latest.exists, 300, "checkpoint")
-        cluster.kill("node1")
-        out, err = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err[-4000:]
+    job, latest = ddp_job(cluster, tmp_path, "spare-check", spares=("node3", "node4"),
+                          spare_vars={"node3": {"ftb_nproc_per_node": 1024}}, on_node_loss="spare")
+    code, err = run_losing(cluster, job, latest.exists, "node1", verbose=False, ready_s=300, end_s=300)
+    assert code == 0, err[-4000:]
     assert "spare node3 did not pass the preflight (see above): not taken; trying node4" in err, err[-4000:]
     assert re.search(r"node3\b.*1024|1024.*\bnode3\b", err), err[-4000:]  # (the check's own words name it)
     assert re.search(r"attempt 2 on node\[0,2,4\]: node1 lost \([^)]*\); node4 in place of node1", err), err[-4000:]
