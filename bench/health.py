@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster import Cluster, ensure_image  # noqa: E402
-from tests.helpers import ASSETS, base_job, place_tiny_model, write_job  # noqa: E402
+from tests.helpers import ASSETS, base_job, quickstart_lora, write_job  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from common import measure, median, table, write_section  # noqa: E402
@@ -257,17 +257,11 @@ def checks_at(n: int, runs: int, burn_s: int, per_torch_mb: float, notes: list[s
 # the straggler run
 
 
-def straggler_run(cluster: Cluster, shared: Path, tmp: Path, capped: str | None, steps: int) -> dict:
-    """The LoRA of tests/test_stragglers.py on the cluster; node2's CPU capped at ``capped``
-    from the first step on (None: as it is)."""
-    import yaml
-
+def straggler_run(cluster: Cluster, shared: Path, tmp: Path, train: dict, capped: str | None, steps: int) -> dict:
+    """The LoRA of tests/test_stragglers.py (``train``) on the cluster, ``steps`` long; node2's
+    CPU capped at ``capped`` from the first step on (None: as it is)."""
     out_dir = shared / f"output/lora-{'capped' if capped else 'free'}"
-    quickstart = REPO / "examples" / "quickstart"
-    train = yaml.safe_load((quickstart / "train.yaml").read_text())
-    train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
-                  "output_dir": str(out_dir), "max_steps": steps, "save_strategy": "no",
-                  "per_device_train_batch_size": 4})
+    train = {**train, "output_dir": str(out_dir), "max_steps": steps}
     inventory = cluster.write_inventory(tmp / "hosts.yml")
     name = f"straggler-{'capped' if capped else 'free'}"
     job = write_job(tmp / f"{name}.yaml", base_job(name, shared, inventory, {"llamafactory": train}))
@@ -338,11 +332,10 @@ def stragglers(notes: list[str], steps: int) -> list[dict]:
         tmp = Path(tmp)
         shared = tmp / "shared"
         shared.mkdir()
-        shutil.copytree(REPO / "examples" / "quickstart" / "data", shared / "data")
-        place_tiny_model(shared / "tiny-llama")
+        train = quickstart_lora(shared, save_strategy="no", per_device_train_batch_size=4)
         with Cluster(3, shared_dir=shared) as cluster:
-            found = [straggler_run(cluster, shared, tmp, None, steps),
-                     straggler_run(cluster, shared, tmp, cap_now(), steps)]
+            found = [straggler_run(cluster, shared, tmp, train, None, steps),
+                     straggler_run(cluster, shared, tmp, train, cap_now(), steps)]
     for r in found:
         if not r["right"]:
             notes.append(f"- straggler run, node2 capped at {r['cap'] or '-'}: exit {r['code']}, named "

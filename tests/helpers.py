@@ -46,6 +46,19 @@ def place_tiny_model(dest: Path) -> Path:
     return dest
 
 
+def quickstart_lora(shared: Path, **overrides) -> dict:
+    """The quickstart's LlamaFactory LoRA config for containerized hosts: its dataset and the
+    tiny model copied under ``shared`` (the cluster's shared_dir), output_dir
+    ``shared/output/lora``, then ``overrides`` (max_steps, save_steps, batch sizes...)."""
+    quickstart = REPO / "examples" / "quickstart"
+    shutil.copytree(quickstart / "data", shared / "data")
+    place_tiny_model(shared / "tiny-llama")
+    train = yaml.safe_load((quickstart / "train.yaml").read_text())
+    train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
+                  "output_dir": str(shared / "output/lora"), **overrides})
+    return train
+
+
 def plan_of(job, hosts, run_id: str = "r1", facts=None):
     """The plan of a job on hosts, as `ftbundle run` makes it: layout first, then the plan
     from the layout and the hosts' facts (None: not asked)."""

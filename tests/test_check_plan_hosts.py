@@ -6,7 +6,6 @@ host keys are refused unless accepted."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ASSETS, REPO, base_job, ftbundle, job_processes, only_run_dir, place_tiny_model, write_job
+from tests.helpers import ASSETS, base_job, ftbundle, job_processes, only_run_dir, quickstart_lora, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -66,13 +65,7 @@ def test_secrets_reach_no_file_no_terminal_and_no_command_line(cluster2, tmp_pat
     shared = cluster2.shared_dir
     token, env_secret = "hf_Zq8TopSecretTokenValue123", "wandb-SecretValue-987"
     inventory = cluster2.write_inventory(tmp_path / "hosts.yml")
-    quickstart = REPO / "examples" / "quickstart"
-    shutil.copytree(quickstart / "data", shared / "data")
-    place_tiny_model(shared / "tiny-llama")
-    train = yaml.safe_load((quickstart / "train.yaml").read_text())
-    train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
-                  "output_dir": str(shared / "output/lora"), "max_steps": 4, "save_steps": 2,
-                  "per_device_train_batch_size": 2, "hf_hub_token": token})
+    train = quickstart_lora(shared, max_steps=4, save_steps=2, per_device_train_batch_size=2, hf_hub_token=token)
     job = base_job("secret", shared, inventory, {"llamafactory": train})
     job["env"]["WANDB_API_KEY"] = env_secret
     job_path = write_job(tmp_path / "job.yaml", job)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ASSETS, REPO, base_job, ftbundle, job_processes, only_run_dir, place_tiny_model, start_ftbundle, write_job
+from tests.helpers import (ASSETS, base_job, ftbundle, job_processes, only_run_dir, quickstart_lora, start_ftbundle,
+                           write_job)
 
 pytestmark = pytest.mark.cluster
 
@@ -74,14 +75,8 @@ def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
     cluster = make_cluster(2)
     shared = cluster.shared_dir
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
-    quickstart = REPO / "examples" / "quickstart"
-    shutil.copytree(quickstart / "data", shared / "data")
-    place_tiny_model(shared / "tiny-llama")
-    train = yaml.safe_load((quickstart / "train.yaml").read_text())
     output = shared / "output/lora"
-    train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
-                  "output_dir": str(output), "max_steps": 100, "save_steps": 10, "save_total_limit": 3,
-                  "per_device_train_batch_size": 2})
+    train = quickstart_lora(shared, max_steps=100, save_steps=10, save_total_limit=3, per_device_train_batch_size=2)
     job = write_job(tmp_path / "job.yaml", base_job("restart", shared, inventory, {"llamafactory": train},
                                                     restarts=1))
     proc = start_ftbundle("run", "-v", str(job))

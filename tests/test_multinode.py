@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
-import yaml
 
-from tests.helpers import REPO, base_job, ftbundle, job_processes, only_run_dir, place_tiny_model, read_plan, write_job
+from tests.helpers import base_job, ftbundle, job_processes, only_run_dir, quickstart_lora, read_plan, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -86,16 +84,7 @@ def test_llamafactory_lora_sft_on_three_hosts(cluster3, tmp_path):
     """3 hosts x 2 ranks, gloo: world size 6, every node logs, rank 0 streams, adapter shared."""
     shared = cluster3.shared_dir
     inventory = cluster3.write_inventory(tmp_path / "hosts.yml")
-    quickstart = REPO / "examples" / "quickstart"
-    shutil.copytree(quickstart / "data", shared / "data")
-    place_tiny_model(shared / "tiny-llama")
-    train = yaml.safe_load((quickstart / "train.yaml").read_text())
-    train.update({
-        "model_name_or_path": str(shared / "tiny-llama"),
-        "dataset_dir": str(shared / "data"),
-        "output_dir": str(shared / "output/lora"),
-        "max_steps": 8, "save_steps": 4, "per_device_train_batch_size": 2,
-    })
+    train = quickstart_lora(shared, max_steps=8, save_steps=4, per_device_train_batch_size=2)
     job = write_job(tmp_path / "job.yaml", base_job(
         "lora-3x2", shared, inventory, {"llamafactory": train}, nproc_per_node=2))
 

@@ -13,19 +13,16 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.helpers import (
-    REPO,
     base_job,
     ftbundle,
     only_run_dir,
-    place_tiny_model,
+    quickstart_lora,
     read_plan,
     write_job,
 )
@@ -92,13 +89,8 @@ def test_llamafactory_lora_on_two_and_one_ranks(make_cluster, tmp_path):
     cluster = make_cluster(2)
     shared = cluster.shared_dir
     inventory = cluster.write_inventory(tmp_path / "hosts.yml", per_host={"node1": {"ftb_nproc_per_node": 1}})
-    quickstart = REPO / "examples" / "quickstart"
-    shutil.copytree(quickstart / "data", shared / "data")
-    place_tiny_model(shared / "tiny-llama")
-    train = yaml.safe_load((quickstart / "train.yaml").read_text())
-    train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
-                  "output_dir": str(shared / "output/lora"), "max_steps": 4, "save_steps": 4,
-                  "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2})
+    train = quickstart_lora(shared, max_steps=4, save_steps=4, per_device_train_batch_size=2,
+                            gradient_accumulation_steps=2)
     job = write_job(tmp_path / "job.yaml", base_job("lora-uneven", shared, inventory, {"llamafactory": train},
                                                     nproc_per_node=2))
 

@@ -18,7 +18,8 @@ import yaml
 
 from ftbundle.plan import RECOVERY_PARTS
 
-from tests.helpers import REPO, base_job, ftbundle, job_processes, only_run_dir, place_tiny_model, start_ftbundle, write_job
+from tests.helpers import (REPO, base_job, ftbundle, job_processes, only_run_dir, quickstart_lora, start_ftbundle,
+                           write_job)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 
@@ -43,14 +44,9 @@ def lora_job(cluster, tmp_path, name: str, steps: int = 30, spares: tuple[str, .
     """A LlamaFactory LoRA (checkpoints every 5 steps) that goes on without a lost host: (job, output_dir)."""
     shared = cluster.shared_dir
     inventory = with_spares(cluster.write_inventory(tmp_path / "hosts.yml"), spares)
-    quickstart = REPO / "examples" / "quickstart"
-    shutil.copytree(quickstart / "data", shared / "data")
-    place_tiny_model(shared / "tiny-llama")
-    train = yaml.safe_load((quickstart / "train.yaml").read_text())
     output = shared / "output/lora"
-    train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
-                  "output_dir": str(output), "max_steps": steps, "save_steps": 5, "save_total_limit": 3,
-                  "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2})
+    train = quickstart_lora(shared, max_steps=steps, save_steps=5, save_total_limit=3, per_device_train_batch_size=2,
+                            gradient_accumulation_steps=2)
     job = write_job(tmp_path / "job.yaml", base_job(name, shared, inventory, {"llamafactory": train},
                                                     **{**LOSS_KEYS, **keys}))
     return job, output

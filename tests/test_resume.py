@@ -10,9 +10,8 @@ import re
 import shutil
 
 import pytest
-import yaml
 
-from tests.helpers import REPO, base_job, ftbundle, job_processes, place_tiny_model, write_job
+from tests.helpers import base_job, ftbundle, job_processes, quickstart_lora, write_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 
@@ -21,14 +20,8 @@ def test_a_finished_training_is_refused_and_a_checkpoint_is_resumed_and_counted_
     cluster = make_cluster(2)
     shared = cluster.shared_dir
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
-    quickstart = REPO / "examples" / "quickstart"
-    shutil.copytree(quickstart / "data", shared / "data")
-    place_tiny_model(shared / "tiny-llama")
-    train = yaml.safe_load((quickstart / "train.yaml").read_text())
     output = shared / "output/lora"
-    train.update({"model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
-                  "output_dir": str(output), "max_steps": 20, "save_steps": 10, "save_total_limit": 3,
-                  "per_device_train_batch_size": 2})
+    train = quickstart_lora(shared, max_steps=20, save_steps=10, save_total_limit=3, per_device_train_batch_size=2)
     job = write_job(tmp_path / "job.yaml", base_job("resume", shared, inventory, {"llamafactory": train}))
 
     first = ftbundle("run", str(job), "--no-check", timeout=600)

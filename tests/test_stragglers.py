@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-import yaml
 
-from tests.helpers import REPO, base_job, place_tiny_model, write_job
+from tests.helpers import REPO, base_job, quickstart_lora, write_job
 
 pytestmark = pytest.mark.cluster
 
@@ -33,15 +31,7 @@ def test_the_capped_host_is_named_the_straggler_and_no_healthy_one(make_cluster,
     cluster = make_cluster(3)
     shared = cluster.shared_dir
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
-    quickstart = REPO / "examples" / "quickstart"
-    shutil.copytree(quickstart / "data", shared / "data")
-    place_tiny_model(shared / "tiny-llama")
-    train = yaml.safe_load((quickstart / "train.yaml").read_text())
-    train.update({
-        "model_name_or_path": str(shared / "tiny-llama"), "dataset_dir": str(shared / "data"),
-        "output_dir": str(shared / "output/lora"), "max_steps": 40, "save_strategy": "no",
-        "per_device_train_batch_size": 4,
-    })
+    train = quickstart_lora(shared, max_steps=40, save_strategy="no", per_device_train_batch_size=4)
     job = write_job(tmp_path / "job.yaml", base_job("straggler", shared, inventory, {"llamafactory": train}))
     slow = cluster.hosts[2]
     proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"], cwd=REPO,
