@@ -12,10 +12,11 @@ every host has the nvidia-smi and dmesg stand-ins replaying the real readings of
   UUID, and `failed: gpu_health`, the others still said healthy;
 * ``ftbundle check job.yaml --burn-in S`` on the healthy fleet: every host measured, and nobody
   named slow (tried twice at most, as tests/test_check_burnin.py does: this machine's load moves
-  the hosts' shares of its cores). The burn-in imports torch on every host at once; where that
-  cannot fit in this machine's memory (about 0.3 GB of private memory per torch process: 128
-  hosts need some 35 GB, above 80% of what is available), it is not run and the section says so
-  with the figures.
+  the hosts' shares of its cores). These hosts have no GPU, so each host's burn-in is numpy's
+  GEMM, without torch (about 20 MB of private memory a host where torch took 290: 128 hosts at
+  once fit in this machine's memory). Where the hosts' burn-ins would not fit (above 80% of what is
+  available) it is not run and the section says so with the figures; each host's peak RSS, as its
+  burn-in reports it, is in the table.
 
 And a straggler run first (unless ``--no-straggler``): the LoRA of tests/test_stragglers.py
 (LlamaFactory, the tiny model; ``--steps``, 200 by default: that test's 40 steps are some 2 s of
@@ -115,14 +116,16 @@ def install_standins(cluster: Cluster, shared: Path) -> None:
         list(pool.map(one, range(len(cluster.hosts))))
 
 
-def torch_private_mb() -> float:
-    """Private dirty memory of a process that imported torch: what each host's burn-in holds of its
-    own (its clean pages, the libraries' code, are shared: the hosts map the same venv)."""
-    code = ("import torch, re; t = open('/proc/self/smaps_rollup').read(); "
+def burnin_private_mb() -> float:
+    """Private dirty memory of what a GPU-less host's burn-in holds (numpy on one thread, its 512^2
+    float32 GEMM): its own, as the clean pages (the libraries' code) are shared by the hosts, which
+    map the same venv."""
+    code = ("import re, numpy; a = numpy.ones((512, 512), numpy.float32); a @ a; "
+            "t = open('/proc/self/smaps_rollup').read(); "
             "print(int(re.search(r'Private_Dirty:\\s+(\\d+)', t).group(1)) / 1024)")
     try:
         return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                    timeout=120).stdout.strip())
+                                    timeout=120, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"}).stdout.strip())
     except (subprocess.SubprocessError, ValueError):
         return 300.0
 
@@ -147,7 +150,7 @@ def burnin_figures(text: str) -> dict | None:
         return json.load(f)
 
 
-def checks_at(n: int, runs: int, burn_s: int, per_torch_mb: float, notes: list[str]) -> dict:
+def checks_at(n: int, runs: int, burn_s: int, per_host_mb: float, notes: list[str]) -> dict:
     """Every health row at ``n`` hosts: {'check': [...rows], 'burnin': row, 'said': fault's lines}."""
     bad = 1 if n <= 3 else n // 2 + 3  # one host, not the first nor the last
     all_hosts = fold_range(list(range(n)))
@@ -219,12 +222,12 @@ def checks_at(n: int, runs: int, burn_s: int, per_torch_mb: float, notes: list[s
             out["health_cost"] = tuple(median(w) if w else None for w in right_walls.values())
             out["spread"] = max(both) - min(both) if both else None
 
-            # the burn-in, on the healthy fleet, if every host's torch fits in memory
-            need, have = n * per_torch_mb, available_mb()
+            # the burn-in, on the healthy fleet, if every host's load fits in memory
+            need, have = n * per_host_mb, available_mb()
             out["memory"] = (need, have)
             if need > 0.8 * have:
                 out["burnin"] = None
-                print(f"{n} hosts: burn-in not run: {n} x {per_torch_mb:.0f} MB = {need / 1024:.1f} GB of torch "
+                print(f"{n} hosts: burn-in not run: {n} x {per_host_mb:.0f} MB = {need / 1024:.1f} GB of burn-in "
                       f"processes, {have / 1024:.1f} GB available", flush=True)
             else:
                 tries = []
@@ -240,6 +243,10 @@ def checks_at(n: int, runs: int, burn_s: int, per_torch_mb: float, notes: list[s
                     tries.append({"m": m, "right": right, "values": values, "named": named, "measured": len(hosts),
                                   "median": (kept or {}).get("medians", {}).get("cpu_gemm_gflops"), "late": late,
                                   "slow": [(s["host"], s["ratio"]) for s in (kept or {}).get("slow", [])],
+                                  "rss": max((r.get("maxrss_mb", 0) for r in (kept or {}).get("nodes", {}).values()),
+                                             default=0),
+                                  "libs": sorted({d.get("lib", "?") for r in (kept or {}).get("nodes", {}).values()
+                                                  for d in r.get("devices", [])}),
                                   "load": load()})
                     print(f"{n} hosts, burn-in {burn_s} s try {attempt}: exit {m.code} in {m.wall_s:.1f} s, "
                           f"{len(hosts)} measured, named slow {named}, right: {right}", flush=True)
@@ -354,7 +361,7 @@ def live_cell(r: dict) -> str:
             f"{max(ratio for _, _, ratio in r['live_said']):.1f}x)")
 
 
-def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_torch_mb: float,
+def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_host_mb: float,
             notes: list[str], steps: int) -> str:
     check_rows = [row for s in sizes for row in s["check"]]
     measured = [s for s in sizes if None not in s["health_cost"]]
@@ -367,8 +374,8 @@ def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_to
     for s in sizes:
         if s["burnin"] is None:
             need, have = s["memory"]
-            not_run.append(f"At {s['n']} hosts the burn-in was not run: each host's burn-in imports torch "
-                           f"({per_torch_mb:.0f} MB of private memory measured here), {s['n']} at once "
+            not_run.append(f"At {s['n']} hosts the burn-in was not run: each host's burn-in holds "
+                           f"{per_host_mb:.0f} MB of private memory (measured here), {s['n']} at once "
                            f"{need / 1024:.1f} GB, and this machine had {have / 1024:.1f} GB available "
                            "(the check itself ran at that size, above).")
             continue
@@ -379,7 +386,7 @@ def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_to
             slow = ", ".join(f"{h} {r:.2f}x" for h, r in t["slow"]) or "nobody"
             burn_rows.append([s["n"], k + 1, f"{t['m'].wall_s:.1f}", f"{t['measured']} of {s['n']}",
                               f"{t['median']:.1f}" if t["median"] else "-", spread, low, slow, t["late"],
-                              t["load"], "yes" if t["right"] else "no"])
+                              f"{t['rss']:.0f}", ", ".join(t["libs"]), t["load"], "yes" if t["right"] else "no"])
     bad_of = {s["n"]: s["bad"] for s in sizes}
     parts = [
         "## Fleet health: the check's GPU health, the burn-in, a straggler (issue 37, item 6)", "",
@@ -407,9 +414,11 @@ def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_to
         "`slow_below` 0.9. A healthy fleet must name nobody; as tests/test_check_burnin.py does, it is tried a "
         "second time when someone was named (this machine's load moves the hosts' shares of its 2 cores). "
         "`lowest`: the slowest host's figure over the median; `late`: hosts that measured without waiting any "
-        "longer for the others (not ready within the barrier).", "",
+        "longer for the others (not ready within the barrier); `peak RSS`: the largest of the hosts' burn-in "
+        "processes, as each reports it; `library`: the GEMM's (a host without NVIDIA devices never imports "
+        "torch).", "",
         table(["hosts", "try", "s", "measured", "median GFLOP/s", "range", "lowest", "named slow", "late",
-               "load (1 min)", "right"], burn_rows) if burn_rows else "(not run at any size)",
+               "peak RSS MB", "library", "load (1 min)", "right"], burn_rows) if burn_rows else "(not run at any size)",
     ]
     if not_run:
         parts += ["", *not_run]
@@ -459,15 +468,15 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     ensure_image()
-    per_torch_mb = torch_private_mb()
+    per_host_mb = burnin_private_mb()
     notes: list[str] = []
     started = time.monotonic()
     # the straggler run first: its cap follows the load average, which the many hosts' runs would leave high
     found = [] if args.no_straggler else stragglers(notes, args.steps)
-    done = [checks_at(n, args.runs, args.burn_in, per_torch_mb, notes) for n in sizes]
+    done = [checks_at(n, args.runs, args.burn_in, per_host_mb, notes) for n in sizes]
     rerun = (f"bench/health.py --sizes {args.sizes} --runs {args.runs} --burn-in {args.burn_in}"
              + (" --no-straggler" if args.no_straggler else f" --steps {args.steps}"))
-    md = section(done, found, args.runs, args.burn_in, per_torch_mb, notes, args.steps)
+    md = section(done, found, args.runs, args.burn_in, per_host_mb, notes, args.steps)
     md += f"\n\nThe whole benchmark took {(time.monotonic() - started) / 60:.1f} min."
     write_section("health", md, rerun)
     if notes:

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from ftbundle.check.burnin import (METRICS, BurninReport, Figure, burnin_plan, compare, figures_of,
-                                   format_burnin_report, late_notes)
+                                   format_burnin_report, late_notes, lib_notes)
 from ftbundle.commands.common import load_layout, open_cluster
 from ftbundle.plan import make_plan
 from tests.helpers import base_job, ftbundle, write_job
@@ -80,6 +80,20 @@ def test_gpus_are_compared_per_metric_and_named_by_host_gpu_and_uuid():
     assert "HBM copy    median 2988 GB/s; gpu-[000-003] (GPUs 0-7): 2987-2990 GB/s" in text
     assert "warning: gpu-002 GPU 5 (GPU-25) is slow" in text and "no host is slow" not in text
     assert text.endswith("figures in /s/checks/x/burnin.json")
+
+
+def test_cpu_figures_from_different_libraries_are_compared_each_with_its_own():
+    numpy = [Figure(f"np{i}", "cpu", "cpu_gemm_gflops", v, lib="numpy 2.4.6") for i, v in enumerate([60, 61, 20, 59])]
+    torch = [Figure(f"pt{i}", "cpu", "cpu_gemm_gflops", v, lib="torch 2.13.0") for i, v in enumerate([100, 98])]
+    medians, slow = compare(numpy + torch)
+    # against one median of all six (60.5) the torch hosts would hide nothing and np2 would be 0.33x;
+    # each against its own: np2 at 20/59.5, and no torch host is slow
+    assert [(s.figure.host, round(s.median, 1)) for s in slow] == [("np2", 59.5)]
+    assert medians == {"cpu_gemm_gflops": 59.5}  # the larger group's
+    assert lib_notes(numpy + torch) == ["the CPU GEMM ran on different libraries (numpy 2.4.6 on np[0-3]; "
+                                        "torch 2.13.0 on pt[0-1]): each host is compared only with those that "
+                                        "used the same one"]
+    assert lib_notes(numpy) == []
 
 
 def test_a_node_result_becomes_figures_and_a_failed_gpu_an_error():
@@ -150,7 +164,11 @@ def test_local_burnin_measures_the_cpu_and_keeps_the_figures(tmp_path):
     (check_dir,) = (tmp_path / ".shared" / "checks").iterdir()
     kept = json.loads((check_dir / "burnin.json").read_text())
     assert kept["figures"][0]["value"] == report.figures[0].value and kept["slow"] == []
-    assert kept["nodes"]["localhost"]["devices"][0]["threads"] == 1
+    node = kept["nodes"]["localhost"]
+    assert node["devices"][0]["threads"] == 1
+    # no GPU here: numpy's GEMM, and torch never imported (20 MB a host, not 300: 128 hosts fit)
+    assert node["devices"][0]["lib"].startswith("numpy ") and "torch" not in node
+    assert report.figures[0].lib == node["devices"][0]["lib"]
     assert sorted(p.name for p in check_dir.iterdir()) == ["burnin.json", "node-0-localhost.a1.log", "node-0.json",
                                                           "plan.json"]
     assert "no host is slow" in text and f"figures in {check_dir}/burnin.json" in text

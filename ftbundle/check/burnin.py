@@ -64,6 +64,7 @@ class Figure:
     metric: str  # a key of METRICS
     value: float
     uuid: str | None = None
+    lib: str | None = None  # the CPU GEMM's library ("numpy 2.4.6", "torch 2.13.0"): compared only with its own
 
 
 @dataclass(frozen=True)
@@ -121,12 +122,17 @@ def compare(figures: list[Figure], slow_below: float = DEFAULT_SLOW_BELOW) -> tu
 
     Below ``slow_below`` x the median is slow. A fleet of one compares with itself (nobody
     is slow); with two, the median is their mean, so a host at half its peer's speed is at
-    0.67x and named."""
-    by_metric: dict[str, list[Figure]] = {}
+    0.67x and named. CPU figures made with different libraries are compared each with its own
+    kind; the medians returned are the largest group's of each metric."""
+    groups: dict[tuple[str, str | None], list[Figure]] = {}
     for f in figures:
-        by_metric.setdefault(f.metric, []).append(f)
-    medians = {m: statistics.median(f.value for f in fs) for m, fs in by_metric.items()}
-    slow = [Slow(f, medians[f.metric]) for f in figures if f.value < slow_below * medians[f.metric]]
+        groups.setdefault((f.metric, f.lib), []).append(f)
+    group_median = {key: statistics.median(f.value for f in fs) for key, fs in groups.items()}
+    medians: dict[str, float] = {}
+    for (metric, _), fs in sorted(groups.items(), key=lambda kv: len(kv[1])):
+        medians[metric] = group_median[(metric, fs[0].lib)]
+    slow = [Slow(f, group_median[(f.metric, f.lib)]) for f in figures
+            if f.value < slow_below * group_median[(f.metric, f.lib)]]
     slow.sort(key=lambda s: (s.ratio, s.figure.host, s.figure.device))
     return medians, slow
 
@@ -141,8 +147,22 @@ def figures_of(host: str, result: dict) -> tuple[list[Figure], list[str]]:
             continue
         for metric in METRICS:
             if isinstance(d.get(metric), (int, float)):
-                figures.append(Figure(host, device, metric, float(d[metric]), d.get("uuid")))
+                figures.append(Figure(host, device, metric, float(d[metric]), d.get("uuid"), d.get("lib")))
     return figures, errors
+
+
+def lib_notes(figures: list[Figure]) -> list[str]:
+    """Hosts whose CPU GEMM ran on different libraries (numpy on some, torch where numpy is
+    missing) are not comparable with each other: say which used which."""
+    by_lib: dict[str, list[str]] = {}
+    for f in figures:
+        if f.lib:
+            by_lib.setdefault(f.lib, []).append(f.host)
+    if len(by_lib) < 2:
+        return []
+    return ["the CPU GEMM ran on different libraries (" + "; ".join(f"{lib} on {fold(hosts)}" for lib, hosts
+                                                                 in sorted(by_lib.items())) +
+            "): each host is compared only with those that used the same one"]
 
 
 def late_notes(host: str, result: dict, names: list[str]) -> list[str]:
@@ -265,6 +285,7 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
             report.figures += figures
             report.errors += errors
         report.medians, report.slow = compare(report.figures, slow_below)
+        report.notes += lib_notes(report.figures)
         report.took = time.monotonic() - started
         stage_files(cluster, rank0, bench.run_dir, {RESULT: json.dumps(report.to_dict(), indent=2) + "\n"},
                     leftovers=_bookkeeping(bench))

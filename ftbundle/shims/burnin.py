@@ -7,7 +7,11 @@ the job's own interpreter or image. It writes one JSON object to OUT_DIR/node-$N
   training puts on the host's power and cooling): a bf16 GEMM (8192^3, TFLOP/s) for half the
   time, then a device-to-device copy of 1 GiB (GB/s, read + write) for the other half;
 * a host without: a float32 GEMM on the CPU (GFLOP/s) on ``--threads`` threads (1 by default:
-  what one core does, so hosts with other loads or a different core count still compare).
+  what one core does, so hosts with other loads or a different core count still compare),
+  with numpy where the interpreter has it, else torch. A host without NVIDIA device files
+  (/dev/nvidiactl) never imports torch: 20 MB of private memory per host instead of about
+  300 MB, so 128 containerized hosts on one machine can all be measured at once. The library
+  is in the result (``lib``): figures are compared only among hosts that used the same one.
 
 Every host starts measuring at the same moment: each, once its interpreter and its GPUs are
 ready, writes ``ready/node-R`` into the check's directory (shared storage) and waits until it
@@ -22,12 +26,11 @@ GEMM, 2 bytes moved per byte copied).
 import argparse
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
 import time
-
-import torch
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=10.0, help="measured time per host (GPUs: split between tests)")
@@ -87,19 +90,45 @@ def timed(step, seconds: float, sync=lambda: None) -> tuple[int, float]:
             batch *= 2
 
 
+def gpu_host() -> bool:
+    """Could torch see a GPU here? Not without the driver's device files, nor with every GPU
+    hidden: then torch is not imported at all."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return False
+    return os.path.exists("/dev/nvidiactl")
+
+
 def cpu_gemm() -> dict:
-    torch.set_num_threads(args.threads)
     n = args.cpu_size
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    c = torch.empty(n, n)
-    torch.matmul(a, b, out=c)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(args.threads)  # read by the BLAS when it loads, below
+    try:
+        import numpy
+
+        lib = f"numpy {numpy.__version__}"
+        rng = numpy.random.default_rng(0)
+        a, b = (rng.standard_normal((n, n), dtype=numpy.float32) for _ in range(2))
+        c = numpy.empty((n, n), dtype=numpy.float32)
+        step = lambda: numpy.matmul(a, b, out=c)  # noqa: E731
+    except ImportError:
+        import torch
+
+        lib = f"torch {torch.__version__}"
+        torch.set_num_threads(args.threads)
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        c = torch.empty(n, n)
+        step = lambda: torch.matmul(a, b, out=c)  # noqa: E731
+    step()
     waited = barrier()
-    iters, elapsed = timed(lambda: torch.matmul(a, b, out=c), args.seconds)
-    return {"device": "cpu", "threads": args.threads, "size": n, "iters": iters, "seconds": round(elapsed, 3),
-            "cpu_gemm_gflops": 2 * n ** 3 * iters / elapsed / 1e9, "barrier": waited}
+    iters, elapsed = timed(step, args.seconds)
+    return {"device": "cpu", "lib": lib, "threads": args.threads, "size": n, "iters": iters,
+            "seconds": round(elapsed, 3), "cpu_gemm_gflops": 2 * n ** 3 * iters / elapsed / 1e9, "barrier": waited}
 
 
 def one_gpu(index: int) -> dict:
+    import torch
+
     torch.cuda.set_device(index)
     device = torch.device("cuda", index)
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
@@ -162,10 +191,15 @@ if args.device is not None:
     sys.exit(0)
 
 started = time.time()
-gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-result = {"hostname": socket.gethostname(), "node_rank": NODE_RANK,
-          "torch": torch.__version__, "kind": "gpu" if gpus else "cpu",
+gpus, torch_version = 0, None
+if gpu_host():
+    import torch
+
+    gpus, torch_version = (torch.cuda.device_count() if torch.cuda.is_available() else 0), torch.__version__
+result = {"hostname": socket.gethostname(), "node_rank": NODE_RANK, "kind": "gpu" if gpus else "cpu",
+          **({"torch": torch_version} if torch_version else {}),
           "devices": all_gpus(gpus) if gpus else [cpu_gemm()], "started": started}
+result["maxrss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # this process's peak
 path = os.path.join(args.out_dir, f"node-{result['node_rank']}.json")
 with open(path + ".tmp", "w") as f:
     json.dump(result, f)
