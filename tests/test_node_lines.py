@@ -74,6 +74,24 @@ def test_display_drops_and_says_so_instead_of_blocking():
     assert d.lines_dropped > 9000 and d.lines_shown + d.lines_dropped == 10_000
 
 
+def test_display_takes_a_reads_lines_at_once_and_drops_the_oldest_as_line_does():
+    out = SlowOut()
+    d = Display(out, capacity=100)
+    sizes = [1, 37, 250, 3000, 99, 100, 101]
+    n = 0
+    while n < 10_000:  # returns at once although nothing can be written
+        size = min(sizes[n % len(sizes)], 10_000 - n)
+        d.lines("[h r0] ", [f"line {i}" for i in range(n, n + size)])
+        n += size
+    out.release.set()
+    assert d.flush(timeout=10)
+    d.close()
+    shown = [int(line.split()[-1]) for line in out.getvalue().splitlines() if line.startswith("[h r0] line ")]
+    assert shown == sorted(shown) and shown[-100:] == list(range(9900, 10_000))  # the newest, in order
+    assert "not shown: the terminal fell behind" in out.getvalue()
+    assert d.lines_shown == len(shown) and d.lines_shown + d.lines_dropped == 10_000
+
+
 def test_display_redacts():
     out = io.StringIO()
     d = Display(out, redact=lambda s: s.replace("hunter2", "<redacted>"))

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ftbundle.launch.display import ProgressFeed
-from ftbundle.launch.node import LineSplitter, split_bars
+from ftbundle.launch.node import LineSplitter, display_splitter, split_bars
 from ftbundle.ui.phases import Phases
 from ftbundle.ui.progress import (
     IMPORT_PART,
@@ -24,8 +24,10 @@ DATA = Path(__file__).parent / "data" / "llamafactory"
 FRAGMENT = re.compile(r"\d+%\||\d+/\d+ \[\d+:\d\d|examples \[")  # any piece of a bar
 
 
-def through_display(data: bytes, chunk: int = 7) -> tuple[str, Progress]:
-    """Rank 0's bytes through the runner's splitter, the progress feed and the plain display."""
+def through_display(data: bytes, chunk: int = 7, *, many: bool = True) -> tuple[str, Progress, ProgressFeed]:
+    """Rank 0's bytes through the runner's splitter (as node.py wires it: a read's lines at
+    once, where none is redrawn; ``many=False``: a line at a time), the progress feed and
+    the plain display."""
     out = io.StringIO()
     ui = Phases(out, tty=False, nnodes=1)
     progress = Progress(from_jsonl=False)
@@ -33,11 +35,41 @@ def through_display(data: bytes, chunk: int = 7) -> tuple[str, Progress]:
     ui.training(progress, 1)
     feed = ProgressFeed(ui, progress, lambda: ui.training(progress, 1))
     prefix = "[localhost r0] "
-    splitter = LineSplitter(lambda line: feed.line(prefix + line), lambda line: feed.progress(prefix + line))
+    splitter = (display_splitter(feed, prefix) if many else
+                LineSplitter(lambda line: feed.line(prefix + line), lambda line: feed.progress(prefix + line)))
     for i in range(0, len(data), chunk):  # (in small pieces: a bar may end in any of them)
         splitter.feed(data[i:i + chunk])
     splitter.close()
-    return out.getvalue(), progress
+    return out.getvalue(), progress, feed
+
+
+def test_a_reads_lines_at_once_come_to_what_a_line_at_a_time_does():
+    """The progress feed takes a read's lines in one call and searches them once: chatty
+    lines between warnings (a Python warning's source line split from it by a read's end),
+    stage lines, bars, step dicts, blank lines, the recorded LlamaFactory run. In reads of
+    every size, the display shows the same, and the progress ends the same, as a line at a
+    time."""
+    chatty = "".join(f"{n:09d} " + "x" * 89 + "\n" for n in range(3000)).encode()
+    warning = (b"/opt/venv/lib/python3.11/site-packages/torch/cuda/amp.py:12: FutureWarning: "
+               b"`torch.cuda.amp.autocast(args...)` is deprecated\n  warnings.warn(\n")
+    stage = b"[INFO|2026-11-27 07:39:45] llamafactory.model.adapter:144 >> Fine-tuning method: LoRA\n"
+    step = b"{'loss': 2.0, 'grad_norm': 1.5, 'learning_rate': 0.001, 'epoch': 0.5}\n"
+    data = (chatty + stage + chatty + step + chatty + warning + chatty + b"\n   \n" + warning + chatty
+            + (DATA / "cpu-3steps.node-0.log").read_bytes() + chatty + b"last words  \n\n")
+    def timeless(text: str) -> str:  # (the display's lines say how long since launch)
+        return re.sub(r"\d+(\.\d+)?\s?s\b", "#s", text)
+
+    one, p1, f1 = through_display(data, 10_000_000, many=False)
+    assert "FutureWarning" in one and p1.step > 0 and f1.lines_seen > 9000
+    assert p1.stages[0][0] == "preparing the model (LoRA)" and p1.records[0]["loss"] == 2.0
+    for chunk in (7, 333, 4096, 65536, 10_000_000):
+        out, p, f = through_display(data, chunk)
+        assert timeless(out) == timeless(one), chunk
+        assert (p.stage, [s for s, _ in p.stages], p.step, p.total, p.loss, p.records, p.last_line,
+                p.import_s) == (p1.stage, [s for s, _ in p1.stages], p1.step, p1.total, p1.loss, p1.records,
+                                p1.last_line, p1.import_s), chunk
+        assert f.lines_seen == f1.lines_seen, chunk
+    assert p1.last_line == "last words"
 
 
 # What the first GPU run showed (shared/gpu/RUN-2026-11-27.md): a bar, then a warning on its line
@@ -50,7 +82,7 @@ GPU_RUN = ("\r  6%|▋         | 5/80 [00:04<00:37,  2.03it/s]"
 
 
 def test_a_warning_glued_to_a_bar_is_shown_alone():
-    out, progress = through_display(GPU_RUN)
+    out, progress, _ = through_display(GPU_RUN)
     shown = [line for line in out.splitlines() if "[localhost r0]" in line]
     assert shown == [
         ("[localhost r0] /usr/lib/python3/dist-packages/torch/utils/checkpoint.py:87: UserWarning: None of the "
@@ -73,7 +105,7 @@ def test_the_recorded_run_shows_no_bar_fragment_and_keeps_the_line_glued_to_one(
     # a line with a piece of a bar in it is a whole bar's last state (what a terminal ends on)
     barred = [line for line in lines if FRAGMENT.search(line)]
     assert barred and all(split_bars("\r" + line)[0] == [] for line in barred), barred
-    out, _ = through_display(data)
+    out, _, _ = through_display(data)
     assert not FRAGMENT.search(out), out
 
 

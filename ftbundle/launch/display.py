@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TextIO
 
+from ..ui.phases import may_warn
+
 CAPACITY = 2000  # lines waiting for the terminal before the oldest are dropped
 BATCH = 512  # lines written per write() call
 
@@ -48,6 +50,21 @@ class Display:
                 self._lines.popleft()
                 self._dropped += 1
             self._lines.append(text)
+            self._progress = None
+            self._cond.notify()
+
+    def lines(self, prefix: str, lines: list[str]) -> None:
+        """Many lines at once (what the runner read in one go, none redrawn): as many
+        :meth:`line` calls, under one lock and one wake-up."""
+        with self._cond:
+            excess = len(self._lines) + len(lines) - self.capacity
+            if excess > 0:  # the oldest go first: those waiting, then the first of these
+                self._dropped += excess
+                waiting = min(excess, len(self._lines))
+                for _ in range(waiting):
+                    self._lines.popleft()
+                lines = lines[excess - waiting:]
+            self._lines.extend(prefix + text for text in lines)
             self._progress = None
             self._cond.notify()
 
@@ -165,6 +182,24 @@ class ProgressFeed:
             told = self.state.feed_line(body)
         self.ui.warning(text)
         self._changed(told)
+
+    def lines(self, prefix: str, lines: list[str]) -> None:
+        """Many lines at once (what the runner read in one go, none redrawn). Joined, they
+        are searched once for anything the progress or the warnings could take from a line;
+        where nothing is, they are counted and the last kept, without a call per line (a
+        chatty rank 0's 10,000 lines a second); else each goes through :meth:`line`."""
+        if not lines:
+            return
+        block = "\n".join(lines)
+        if self.state.may_tell(block) or may_warn(block):
+            for text in lines:
+                self.line(prefix + text)
+            return
+        with self._lock:
+            self.lines_seen += len(lines)
+            self.state.quiet_lines(lines)
+        self.ui.warning(prefix + lines[0])  # (ends a Python warning's source line, as line() would)
+        self._changed(False)
 
     def progress(self, text: str) -> None:
         """A carriage-return bar's latest state (tqdm: step/total)."""

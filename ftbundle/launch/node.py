@@ -175,11 +175,12 @@ class LineSplitter:
     and what the job printed right after a bar, on the same line, is a line of its own),
     memory bounded whatever arrives. A line without a carriage return costs one test."""
 
-    def __init__(self, emit, progress):
+    def __init__(self, emit, progress, emit_many=None):
         self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
         self._pending = ""
         self._emit = emit  # a finished line
         self._progress = progress  # the latest state of a line still being redrawn
+        self._emit_many = emit_many  # the finished lines of one read at once, where none was redrawn
         self._last_progress: float | None = None  # (not 0: monotonic time starts at boot)
 
     def _bar(self, bar: str, final: bool = False) -> None:
@@ -205,11 +206,14 @@ class LineSplitter:
     def feed(self, data: bytes) -> None:
         text = self._pending + self._decode(data)
         *lines, rest = text.split("\n")
-        for line in lines:
-            if "\r" in line:  # a bar's redraws, maybe with a line glued after one
-                self._redrawn(line, final=True)
-            else:
-                self._emit(line)
+        if self._emit_many is not None and lines and "\r" not in text:  # one call for a read's lines
+            self._emit_many(lines)
+        else:
+            for line in lines:
+                if "\r" in line:  # a bar's redraws, maybe with a line glued after one
+                    self._redrawn(line, final=True)
+                else:
+                    self._emit(line)
         if "\r" in rest:
             done, _, rest = rest.rpartition("\r")
             self._redrawn(done, final=False)
@@ -227,6 +231,15 @@ class LineSplitter:
             self._redrawn(rest, final=True)
         elif rest:
             self._emit(rest)
+
+
+def display_splitter(display, prefix: str) -> LineSplitter:
+    """Rank 0's log into ``display`` (a terminal's Display or the progress feed), each line
+    with ``prefix``; a display that has ``lines(prefix, lines)`` gets a read's lines in one
+    call where none of them was redrawn."""
+    many = getattr(display, "lines", None)
+    return LineSplitter(lambda line: display.line(prefix + line), lambda line: display.progress(prefix + line),
+                        (lambda lines: many(prefix, lines)) if many is not None else None)
 
 
 class Gate:
@@ -376,8 +389,7 @@ class NodeRunner:
         argv = follow_log_argv(self.files.log, pid, poll=getattr(self.display, "takes_bursts", False))
         prefix = f"[{self.node.host.name} r{self.rank}] "
         display = self.display
-        splitter = LineSplitter(lambda line: display.line(prefix + line),
-                                lambda line: display.progress(prefix + line))
+        splitter = display_splitter(display, prefix)
         try:
             self.log_proc = self.cluster.start(self.node.host, argv)
             self.log_proc.close_stdin()

@@ -37,13 +37,19 @@ def _text(line: str) -> str:
     return line
 
 
+def may_warn(text: str) -> bool:
+    """False for text (a line, or many lines at once) in which no warning can be: no "warn"
+    in any case."""
+    return "warn" in text.lower()
+
+
 def warning_key(line: str) -> str | None:
     """A warning line with its numbers (timestamps, ranks, pids) taken out, so the same
     warning from two ranks or two steps is one; None for a line that is not a warning, and
     for the source line of a Python warning (``  warnings.warn(``), which is not one by itself.
     (The substring test first: it lets nearly every line of a chatty rank 0 go for a tenth
     of the regexes' cost, and no line without "warn" in some case can match them.)"""
-    if "warn" not in line.lower():
+    if not may_warn(line):
         return None
     if not _PY_WARNING.search(line) and (not _WARNING.search(line) or _WARN_CALL.match(_text(line))):
         return None

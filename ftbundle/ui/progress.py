@@ -232,6 +232,23 @@ class Progress:
         """The live line's "node2 1.4x" (None: nobody is a straggler), as last judged."""
         return self._slowest
 
+    def may_tell(self, text: str) -> bool:
+        """False for text (a line, or many lines at once) that :meth:`feed_line` would only
+        keep as the last line: it holds none of the parsers' plain markers. The same tests
+        as feed_line's, so a block they pass is fed a line at a time, and one they fail costs
+        a few substring scans in all, not a few per line."""
+        return ("train_" in text or "{'" in text or "%|" in text
+                or (not self.known and _may_tell_stage(text)))
+
+    def quiet_lines(self, lines: list[str]) -> None:
+        """Lines that :meth:`may_tell` found nothing in: what feed_line would keep of them,
+        the last that is not blank."""
+        for line in reversed(lines):
+            stripped = line.strip()
+            if stripped:
+                self.last_line = stripped[-200:]
+                return
+
     def feed_line(self, line: str) -> bool:
         """A line of rank 0's output; True when it told us something about training (or a
         new stage before it). Each parser runs only on a line holding its plain marker: on
