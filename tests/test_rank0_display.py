@@ -243,10 +243,10 @@ def test_samples_per_second_is_over_the_steps_this_attempt_trained():
 
 
 def test_rank0s_log_is_polled_where_tail_can_and_followed_as_before_where_not(tmp_path):
-    """For the progress display, GNU tail polls the log every LOG_POLL_S with its
-    ---disable-inotify (rank 0's output then comes in a few large packets a poll, not one
-    small packet a write); a tail that does not know the option is run without it. With -v
-    (a terminal's queue) the lines come as they are written."""
+    """GNU tail polls the log with its ---disable-inotify, every 0.2 s for the progress
+    display, every 0.05 s for the terminal (-v): rank 0's output then comes in a few large
+    packets a poll, not one small packet a write; a tail that does not know the option is
+    run without it."""
     import os
     import subprocess
 
@@ -254,10 +254,12 @@ def test_rank0s_log_is_polled_where_tail_can_and_followed_as_before_where_not(tm
     from ftbundle.launch.node import FOLLOW_LOG, follow_log_argv
 
     feed = ProgressFeed(SimpleNamespace(), Progress(), lambda: None)
-    assert follow_log_argv("/l", "7", poll=feed.takes_bursts)[:3] == ["bash", "-c", FOLLOW_LOG]
+    assert follow_log_argv("/l", "7", poll_s=feed.log_poll_s) == ["bash", "-c", FOLLOW_LOG, "ftb-log", "-n", "+1",
+                                                                  "-F", "-s", "0.2", "--pid=7", "--", "/l"]
     terminal = Display(io.StringIO())
-    assert follow_log_argv("/l", "7", poll=terminal.takes_bursts) == ["tail", "-n", "+1", "-F", "-s", "0.2", "--pid=7",
-                                                                     "--", "/l"]
+    assert follow_log_argv("/l", "7", poll_s=terminal.log_poll_s)[7:9] == ["-s", "0.05"]
+    # a poll's burst at 5 MB/s (100-byte lines) fits the terminal's queue
+    assert terminal.capacity >= 5e6 / 100 * terminal.log_poll_s * 2
     terminal.close()
 
     def run(tail_script: str) -> str:

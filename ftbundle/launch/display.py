@@ -17,12 +17,12 @@ from typing import TextIO
 
 from ..ui.phases import may_warn
 
-CAPACITY = 2000  # lines waiting for the terminal before the oldest are dropped
+CAPACITY = 8000  # lines waiting for the terminal before the oldest are dropped (a poll's burst is 2,500 at 5 MB/s)
 BATCH = 512  # lines written per write() call
 
 
 class Display:
-    takes_bursts = False  # lines as they come (node.follow_log_argv): a burst would overflow the queue
+    log_poll_s = 0.05  # rank 0's log is read this often (node.follow_log_argv): a burst fits the queue
 
     def __init__(self, out: TextIO, *, redact: Callable[[str], str] = lambda s: s,
                  log_hint: str = "", capacity: int = CAPACITY):
@@ -159,7 +159,7 @@ class ProgressFeed:
     otherwise at most every QUIET_CHANGE_S (a plain display's timed line): not once per line
     of a rank 0 that prints ten thousand a second."""
 
-    takes_bursts = True  # no queue: rank 0's log may come a poll at a time (node.follow_log_argv)
+    log_poll_s = 0.2  # no queue: rank 0's log is read this often (node.follow_log_argv)
 
     def __init__(self, ui, progress, on_change: Callable[[], None]):
         self.ui = ui

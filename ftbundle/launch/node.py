@@ -37,14 +37,14 @@ WATCHDOG_S = 10  # the node stops its job after this long without a ping from th
 STOP_GRACE_S = 3  # SIGTERM, then SIGKILL after this long
 DETACHED_STALE_S = 20  # a detached node's peers stop when its heartbeat file is this old
 STOP_REQUEST = "stop-requested"  # in the run directory: `ftbundle stop` asks every node to stop
-LOG_POLL_S = 0.2  # tail's poll interval for rank 0's log
-# For the progress display (no -v), rank 0's log is read every LOG_POLL_S, not at each write
-# (GNU tail's undocumented option to poll instead of waiting on inotify; what it does by itself
-# on NFS): a node printing 1 MB/s in writes of a few KB then reaches the launcher in a few large
-# SSH packets a poll, not a small one a write, and the launcher's CPU per MB no longer depends
-# on how its writes happened to batch (docs/PERFORMANCE.md, chatty rank 0). A tail without the
-# option is run as it is. With -v the lines go to a terminal queue (display.Display), which
-# takes them as they come: a poll's burst (10,000 lines at 5 MB/s) would overflow it.
+# Rank 0's log is read by polling it (GNU tail's undocumented option to poll instead of waiting
+# on inotify; what it does by itself on NFS), every ``log_poll_s`` of the display it goes to: the
+# progress display's 0.2 s, the terminal's (-v) 0.05 s. A node printing 1 MB/s in writes of a
+# few KB then reaches the launcher in a few large SSH packets a poll, not a small one a write
+# (17,275 packets for 20 MB at 1 MB/s when followed at each write, each costing the launcher
+# some 150 us of decrypting, waking threads and handing on: docs/PERFORMANCE.md, chatty rank
+# 0). A tail without the option is run as it is. The terminal's queue (display.Display) holds
+# a poll's burst at 5 MB/s (2,500 100-byte lines in 0.05 s) with room to spare.
 FOLLOW_LOG = 'o=; tail ---disable-inotify --version >/dev/null 2>&1 && o=---disable-inotify; exec tail $o "$@"'
 LINE_MAX = 64 * 1024  # a "line" longer than this (no newline in sight) is cut into pieces
 PROGRESS_EVERY_S = 1.0  # how often a carriage-return progress bar is shown
@@ -56,10 +56,9 @@ STEPS = b"ftb-steps "  # `ftb-steps LOCAL_RANK STEPS MEDIAN P90[;...]`: the rank
 STORAGE = b"ftb-storage "  # `ftb-storage SECONDS` while shared storage does not answer, then `ftb-storage ok`
 
 
-def follow_log_argv(path: str, pid: str, *, poll: bool) -> list[str]:
-    """`tail -F` of rank 0's log until ``pid`` is gone; ``poll``: every LOG_POLL_S (above)."""
-    args = ["-n", "+1", "-F", "-s", str(LOG_POLL_S), f"--pid={pid}", "--", path]
-    return ["bash", "-c", FOLLOW_LOG, "ftb-log", *args] if poll else ["tail", *args]
+def follow_log_argv(path: str, pid: str, *, poll_s: float) -> list[str]:
+    """`tail -F` of rank 0's log until ``pid`` is gone, polled every ``poll_s`` (above)."""
+    return ["bash", "-c", FOLLOW_LOG, "ftb-log", "-n", "+1", "-F", "-s", f"{poll_s:g}", f"--pid={pid}", "--", path]
 
 
 @functools.cache
@@ -386,7 +385,7 @@ class NodeRunner:
         self._log_thread.start()
 
     def _follow_log(self, pid: str) -> None:
-        argv = follow_log_argv(self.files.log, pid, poll=getattr(self.display, "takes_bursts", False))
+        argv = follow_log_argv(self.files.log, pid, poll_s=self.display.log_poll_s)
         prefix = f"[{self.node.host.name} r{self.rank}] "
         display = self.display
         splitter = display_splitter(display, prefix)
