@@ -149,7 +149,7 @@ def load_hosts(inventory: str | Path, pattern: str = "all") -> list[Host]:
     return order_by_rank(hosts, inventory)
 
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def _cache_dir() -> Path:
@@ -159,8 +159,10 @@ def _cache_dir() -> Path:
 
 def _cache_key(inventory: str, pattern: str) -> str | None:
     """A hash of everything Ansible's answer depends on: the inventory files (a file, or a
-    directory's tree) with group_vars/ and host_vars/ beside them, each with its mtime and
-    size, the pattern, the ANSIBLE_* environment and ansible.cfg. None (no caching) for
+    directory's tree) with group_vars/ and host_vars/ beside them, each by its content (a
+    file of 1 MiB or more: its mtime and size), the pattern, the ANSIBLE_* environment and
+    ansible.cfg. By content, so an inventory written again unchanged (a provisioning tool
+    that regenerates it before every run) is not parsed again. None (no caching) for
     inventories whose answer can change without a file changing (executable scripts,
     plugin configs) or that hold vault-encrypted values (never written to disk in clear).
     """
@@ -177,10 +179,12 @@ def _cache_key(inventory: str, pattern: str) -> str | None:
             if st.st_mode & 0o111:
                 return None  # Ansible runs an executable inventory file: a dynamic inventory
             if st.st_size < 1 << 20:
-                head = f.read_bytes()
-                if b"$ANSIBLE_VAULT" in head or re.search(rb"(?m)^plugin\s*:", head):
+                text = f.read_bytes()
+                if b"$ANSIBLE_VAULT" in text or re.search(rb"(?m)^plugin\s*:", text):
                     return None
-            files.append((str(f), st.st_mtime_ns, st.st_size))
+                files.append((str(f), hashlib.sha256(text).hexdigest()))
+            else:
+                files.append((str(f), st.st_mtime_ns, st.st_size))
     cfg = [(c, os.stat(c).st_mtime_ns) for c in ("ansible.cfg", os.path.expanduser("~/.ansible.cfg"))
            if os.path.exists(c)]
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("ANSIBLE_"))

@@ -29,6 +29,10 @@ def test_cache_returns_ansibles_answer_and_follows_file_changes(tmp_path, monkey
     assert again == fresh and [h.vars for h in again] == [h.vars for h in fresh]
     assert again[0].vars["ftb_shared_dir"] == "/shared"
 
+    # the same inventory written again (a tool that regenerates it before each run): still the cached answer
+    inv.write_text(INVENTORY)
+    assert load_hosts(inv, "trainers") == fresh and len(list(_cache_dir().glob("*.json"))) == 1
+
     # a changed group_vars file is a new answer, not the cached one
     time.sleep(0.01)
     (tmp_path / "group_vars" / "all.yml").write_text("ftb_shared_dir: /elsewhere\n")
