@@ -210,38 +210,6 @@ def parse_rank(text: str | None, nnodes: int, nproc: int | list[int]) -> tuple[i
     return node, local
 
 
-# On a node's host: for each local rank asked, its output file(s): local rank 0's is the
-# node's log (with torchrun's own lines), another's are its stdout and stderr in torchrun's
-# --log-dir (the newest attempt's); then `tail -v` of them all (==> path <== headers), and
-# with FOLLOW=1 `tail -F` until the node's job is gone.
-# Args: LINES FOLLOW MARKER LOG RANKS_DIR LOCAL...
-_TAIL_RANKS = r"""lines=$1 follow=$2 marker=$3 log=$4 ranks=$5; shift 5
-collect() {
-  files=() want=0
-  for l in "$@"; do
-    if [ "$l" = 0 ]; then files+=("$log"); want=$((want + 1)); continue; fi
-    want=$((want + 2))
-    d=$(ls -1td -- "$ranks"/*/attempt_*/"$l" 2>/dev/null | head -n 1)
-    if [ -n "$d" ]; then files+=("$d/stdout.log" "$d/stderr.log"); fi
-  done
-}
-running() { [ -n "$(grep -lzxF "FTB_JOB=$marker" /proc/[0-9]*/environ 2>/dev/null)" ]; }
-collect "$@"
-if [ "$follow" = 1 ]; then  # a job just started: torchrun makes the ranks' files a moment later
-  for _ in $(seq 60); do
-    [ "${#files[@]}" -ge "$want" ] && break
-    running || break
-    sleep 0.5; collect "$@"
-  done
-fi
-[ "${#files[@]}" -gt 0 ] || exit 0
-if [ "$follow" = 0 ]; then exec tail -v -n "$lines" -- "${files[@]}" 2>/dev/null; fi
-tail -v -n "$lines" -F -- "${files[@]}" 2>/dev/null &
-t=$!
-while running; do sleep 1; done
-sleep 1; kill "$t" 2>/dev/null; wait "$t" 2>/dev/null
-exit 0"""
-
 _HEADER = re.compile(r"^==> (.*) <==$")
 _TIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
 _RANK_FILE = re.compile(r"/attempt_\d+/(\d+)/(stdout|stderr)\.log$")
@@ -297,10 +265,13 @@ def _prefix_of(ref: RunRef, node: NodePlan, path: str) -> str:
 
 
 def _tail_argv(ref: RunRef, node: NodePlan, lines: int, follow: bool, locals_: list[int]) -> list[str]:
+    """node.sh's tail-ranks: the node's log and its local ranks' files, the last lines (and
+    with ``follow`` the new ones, with what the follow says of a storage that does not answer)."""
     files = ref.files(node)
     ranks_dir = posixpath.join(ref.run_dir, RANKS_DIR, f"node-{node.rank}")
-    return ["bash", "-c", _TAIL_RANKS, "ftb", str(lines), "1" if follow else "0", files.marker, files.log,
-            ranks_dir, *map(str, locals_)]
+    shared_dir = posixpath.dirname(posixpath.dirname(ref.run_dir))
+    return node_argv("tail-ranks", str(lines), "1" if follow else "0", files.marker, files.log, ranks_dir, shared_dir,
+                     *map(str, locals_))
 
 
 def _start_on(cluster: Cluster, ref: RunRef, node: NodePlan, argv: list[str]):
@@ -353,6 +324,7 @@ def show_all_logs(ref: RunRef, cluster: Cluster, follow: bool, lines: int, out=N
 
     def pump(node: NodePlan) -> None:
         proc = _start_on(cluster, ref, node, _tail_argv(ref, node, lines, True, locals_(node)))
+        said = _relay_stderr(proc)  # (what the follow says of a storage that does not answer)
         prefixer = _Prefixer()
         while chunk := proc.read_out():
             with lock:
@@ -361,6 +333,7 @@ def show_all_logs(ref: RunRef, cluster: Cluster, follow: bool, lines: int, out=N
                         out.write(f"{_prefix_of(ref, node, path)} {line}\n")
                 out.flush()
         proc.wait(5)
+        said.join(5)
 
     parallel(pump, nodes)
     return 0
@@ -380,7 +353,8 @@ def show_logs(ref: RunRef, cluster: Cluster, rank: str | None, follow: bool, lin
     out = out or sys.stdout
     node = ref.nodes[node_rank]
     files = ref.files(node)
-    argv = (node_argv("follow", files.marker, files.log, str(lines)) if follow
+    shared_dir = posixpath.dirname(posixpath.dirname(ref.run_dir))  # (<shared_dir>/runs/<run id>)
+    argv = (node_argv("follow", files.marker, files.log, str(lines), shared_dir) if follow
             else ["tail", "-n", str(lines), "--", files.log])
     # The log is on shared storage: rank 0's host can read any node's log if the node's own is gone.
     for host in dict.fromkeys([node.host, ref.nodes[0].host]):
@@ -391,11 +365,28 @@ def show_logs(ref: RunRef, cluster: Cluster, rank: str | None, follow: bool, lin
         except Exception:
             continue
         proc.close_stdin()
+        said = _relay_stderr(proc)  # (the follow says there when the shared storage does not answer)
         while chunk := proc.read_out():
             out.write(chunk.decode(errors="replace"))
             out.flush()
-        return proc.wait(5) or 0
+        code = proc.wait(5) or 0
+        said.join(5)
+        return 1 if code == 3 else code  # 3: the log's end could not be read (the follow said why)
     raise UserError(f"cannot reach {node.host.name} or rank 0's host to read {files.log}")
+
+
+def _relay_stderr(proc):
+    """A thread that copies a remote command's stderr to ours as it comes."""
+    import threading
+
+    def relay() -> None:
+        while chunk := proc.read_err():
+            sys.stderr.write(chunk.decode(errors="replace"))
+            sys.stderr.flush()
+
+    thread = threading.Thread(target=relay, daemon=True, name="stderr")
+    thread.start()
+    return thread
 
 
 def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:

@@ -212,6 +212,16 @@ def test_detached_nodes_stop_their_jobs_and_say_why_once_the_storage_answers(clu
         time.sleep(1)
     else:
         raise AssertionError("the detached job never saved a step")
+    # `ftbundle logs -f`, following rank 0's log from before the freeze to after the thaw
+    follow = start_ftbundle("logs", "-f", job)
+    follow_err: list[tuple[float, str]] = []
+    follow_out: list[str] = []
+    readers = [threading.Thread(target=lambda: follow_err.extend((time.monotonic(), line) for line in follow.stderr),
+                                daemon=True),
+               threading.Thread(target=lambda: follow_out.extend(follow.stdout), daemon=True)]
+    for reader in readers:
+        reader.start()
+    time.sleep(2)
     frozen_at = freeze(cluster)
     try:
         # each node stops its job by itself: what is left is only what the storage holds (D state)
@@ -241,6 +251,23 @@ def test_detached_nodes_stop_their_jobs_and_say_why_once_the_storage_answers(clu
     assert re.search(rf"stopped: shared storage {MOUNT} on node[01] not answering for \d+s "
                      rf"\(stall_timeout {STALL_TIMEOUT}s\)", out), out
     assert status.returncode == 1, out
+    # the follow named the storage (not a silent wait), said when it answered, and ended with the job
+    try:
+        follow.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        follow.kill()
+        raise AssertionError("`logs -f` still ran 30 s after the job ended:\n" + "".join(t for _, t in follow_err))
+    for reader in readers:
+        reader.join(5)
+    errs = "".join(line for _, line in follow_err)
+    named = [at - frozen_at for at, line in follow_err
+             if re.search(rf"shared storage {MOUNT} on node0 not answering for \d+s: the log cannot be read", line)]
+    assert named and named[0] < 15, errs  # (FTB_STORAGE_SLOW 5 s, a probe a second)
+    assert re.search(rf"shared storage {MOUNT} on node0 answers again", errs), errs
+    assert follow.returncode == 0, errs
+    assert any("allreduce ok" in line for line in follow_out), follow_out[-5:]
+    print(f"logs -f: named the storage {named[0]:.1f}s after the freeze; " + errs.replace("\n", " | ")
+          + "; its last lines: " + " | ".join(line.strip() for line in follow_out[-3:]))
     print(said)
     print(out)
     print(f"detached: frozen -> both nodes' jobs stopped by themselves within {stopped_after:.1f}s "

@@ -216,3 +216,79 @@ def test_detached_node_stops_its_job_when_the_storage_freezes_after_a_reading(tm
     assert re.fullmatch(rf"shared storage {shared} on \S+ not answering for [3-9]s \(stall_timeout 3s\)\n", why), why
     assert "stopped the job on" in (shared / "node-0.a1.log").read_text()
     assert marked(marker, "FTB_MARKER") == []  # the watchers too, once it answered
+
+
+FAKE_TAIL = r"""#!/bin/bash
+# tail, but while $FREEZE exists it is a tail the frozen storage holds: no output, deaf to SIGTERM
+# until the storage answers (then the SIGTERM it held ends it)
+if [ -e "$FREEZE" ]; then trap '' TERM; while [ -e "$FREEZE" ]; do sleep 0.05; done; exit 143; fi
+exec /usr/bin/tail "$@"
+"""
+
+
+def test_logs_follow_says_the_storage_does_not_answer_and_ends_with_the_job(tmp_path):
+    """`ftbundle logs -f` (node.sh's follow): while a stat under the shared storage hangs, its
+    stderr names the storage, path and host, after FTB_STORAGE_SLOW and not again within 30 s;
+    once it answers, that is said; a tail the storage still holds when the job is gone does
+    not keep the follow (the channel) open: it ends saying the log's end could not be read."""
+    from ftbundle.launch.node import node_argv
+
+    bin_dir, shared = tmp_path / "bin", tmp_path / "shared"
+    run_dir = shared / "runs" / "r1"
+    bin_dir.mkdir()
+    run_dir.mkdir(parents=True)
+    for name, text in (("stat", FAKE_STAT), ("tail", FAKE_TAIL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = run_dir / "node-0.log"
+    log.write_text("before the freeze\n")
+    freeze, end = tmp_path / "freeze", tmp_path / "end"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FROZEN": str(shared), "FREEZE": str(freeze), "FTB_STORAGE_SLOW": "1"}
+    marker = "ftb-test-follow"
+
+    def job():  # a job process of the run until `end` exists
+        return subprocess.Popen(["bash", "-c", f"while [ ! -e {end} ]; do sleep 0.1; done"],
+                                env={**env, "FTB_JOB": marker})
+
+    # 1. frozen for a while, then answering: said, then said to answer again; the log comes whole
+    running = job()
+    follow = subprocess.Popen(node_argv("follow", marker, str(log), "10", str(shared)), env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    freeze.touch()
+    time.sleep(3.5)
+    freeze.unlink()
+    time.sleep(2.5)
+    with open(log, "a") as f:
+        f.write("after the thaw\n")
+    time.sleep(1.5)
+    end.touch()
+    out, err = follow.communicate(timeout=30)
+    running.wait(5)
+    assert follow.returncode == 0, err
+    assert out == "before the freeze\nafter the thaw\n", out
+    said = err.splitlines()
+    assert len(said) == 2 and re.fullmatch(rf"ftbundle: shared storage {shared} on \S+ not answering for [1-3]s: the "
+                                           r"log cannot be read \(and every rank that writes there waits too\)",
+                                           said[0]), err
+    assert re.fullmatch(rf"ftbundle: shared storage {shared} on \S+ answers again", said[1]), err
+
+    # 2. frozen when the job ends (its tail held): the follow ends anyway, and says why
+    end.unlink()
+    freeze.touch()
+    try:
+        running = job()
+        follow = subprocess.Popen(node_argv("follow", marker, str(log), "10", str(shared)), env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2.5)
+        end.touch()
+        started = time.monotonic()
+        out, err = follow.communicate(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        freeze.unlink()
+    assert follow.returncode == 3 and out == "", (out, err)
+    assert "not answering for" in err and err.strip().endswith(
+        f"ftbundle: the end of the log could not be read: shared storage {shared} on "
+        f"{err.split(' on ')[1].split()[0]} does not answer"), err
+    assert took < 9, took  # the job's end seen within a second, 3 s for a last answer, tail's last read, 2 s for cat

@@ -592,12 +592,84 @@ mode_state() {  # MARKER EXITFILE LOG: running | exited N | stopped[: why], then
   exit 0
 }
 
-mode_follow() {  # MARKER LOG LINES: the log, followed until the job is gone
-  tail -n "$3" -F -- "$2" 2>/dev/null &
-  local t=$!
-  while [ -n "$(ftb_pids "$1")" ]; do sleep 1; done
-  sleep 1; kill "$t" 2>/dev/null; wait "$t" 2>/dev/null
-  exit 0
+ftb_follow() {  # MARKER STORAGE TAIL_ARGS...: `tail TAIL_ARGS` (a -F of files on shared storage
+  # STORAGE) until the job MARKER is gone (`ftbundle logs -f`). tail's output reaches our stdout
+  # through a `cat` of its own: a tail that the storage holds (D state: not even SIGKILL ends it
+  # while the storage does not answer) then holds only that pipe, never the channel, and the
+  # follow still ends. While the storage does not answer (a stat in a child never waited on, as
+  # the heartbeat's: ftb_ask), stderr says so after FTB_STORAGE_SLOW seconds and every 30 s after,
+  # and once when it answers again. Exit 0; 3 when the log's end could not be read.
+  local marker=$1 FTB_SHARED_DIR=$2 FTB_PROGRESS_FILES="" FTB_PROGRESS_STEPS="" FTB_ASK_FD="" FTB_ASKED=0
+  local said=0 next=${FTB_STORAGE_SLOW:-5} waited fd tpid cpid st n
+  shift 2
+  hash grep cut stat cat tail 2>/dev/null  # (looked up now: PATH may lead onto the storage)
+  exec {fd}< <(exec tail "$@" 2>/dev/null)
+  tpid=$!
+  cat <&"$fd" &
+  cpid=$!
+  exec {fd}<&-
+  while [ -n "$(ftb_pids "$marker")" ]; do
+    if [ -n "$FTB_ASK_FD" ]; then
+      if ftb_answered; then
+        [ "$said" = 0 ] || echo "ftbundle: shared storage $FTB_SHARED_DIR on $HOSTNAME answers again" >&2
+        said=0 next=${FTB_STORAGE_SLOW:-5}
+      elif [ $((waited = SECONDS - FTB_ASKED)) -ge "$next" ]; then
+        echo "ftbundle: shared storage $FTB_SHARED_DIR on $HOSTNAME not answering for ${waited}s: the log cannot be read (and every rank that writes there waits too)" >&2
+        said=1 next=$((waited + 30))
+      fi
+    fi
+    [ -n "$FTB_ASK_FD" ] || ftb_ask
+    ftb_sleep 1
+  done
+  # (the job ended: its last processes may have waited on the storage, which answers again then)
+  if [ "$said" = 1 ] && [ -n "$FTB_ASK_FD" ] && ftb_answered 3; then
+    echo "ftbundle: shared storage $FTB_SHARED_DIR on $HOSTNAME answers again" >&2
+  fi
+  ftb_sleep 1  # (tail's last read)
+  kill "$tpid" 2>/dev/null
+  for n in 1 2 3 4 5 6 7 8 9 10; do  # cat ends once tail has: a tail the storage holds does not
+    st=""; { read -r st </proc/"$cpid"/stat; } 2>/dev/null; st=${st##*) }
+    case "${st%% *}" in ""|Z) return 0 ;; esac
+    ftb_sleep 0.2
+  done
+  kill "$cpid" 2>/dev/null
+  echo "ftbundle: the end of the log could not be read: shared storage $FTB_SHARED_DIR on $HOSTNAME does not answer" >&2
+  return 3
+}
+
+mode_follow() {  # MARKER LOG LINES [STORAGE]: the log, followed until the job is gone (ftb_follow)
+  ftb_follow "$1" "${4:-${2%/*}}" -n "$3" -F -- "$2"
+  exit $?
+}
+
+mode_tail_ranks() {  # LINES FOLLOW MARKER LOG RANKS_DIR STORAGE LOCAL...: for each local rank
+  # asked, its output file(s): local rank 0's is the node's log (with torchrun's own lines),
+  # another's are its stdout and stderr in torchrun's --log-dir (the newest attempt's); then
+  # `tail -v` of them all (==> path <== headers), and with FOLLOW=1 ftb_follow of them until the
+  # node's job is gone (`ftbundle logs --all`)
+  local lines=$1 follow=$2 marker=$3 log=$4 ranks=$5 storage=$6 files want l d
+  shift 6
+  collect() {
+    files=() want=0
+    for l in "$@"; do
+      if [ "$l" = 0 ]; then files+=("$log"); want=$((want + 1)); continue; fi
+      want=$((want + 2))
+      d=$(ls -1td -- "$ranks"/*/attempt_*/"$l" 2>/dev/null | head -n 1)
+      if [ -n "$d" ]; then files+=("$d/stdout.log" "$d/stderr.log"); fi
+    done
+  }
+  collect "$@"
+  if [ "$follow" = 1 ]; then  # a job just started: torchrun makes the ranks' files a moment later
+    for _ in $(seq 60); do
+      [ "${#files[@]}" -ge "$want" ] && break
+      [ -n "$(ftb_pids "$marker")" ] || break
+      sleep 0.5; collect "$@"
+    done
+  fi
+  [ "${#files[@]}" -gt 0 ] || exit 0
+  if [ "$follow" = 0 ]; then exec tail -v -n "$lines" -- "${files[@]}" 2>/dev/null; fi
+  ftb_follow "$marker" "$storage" -v -n "$lines" -F -- "${files[@]}"
+  exit $?
 }
 
 mode_resume_point() {  # DIR: drop an incomplete newest checkpoint, print the newest complete one
@@ -641,6 +713,7 @@ case $mode in
   stop) ftb_stop "$@"; exit $? ;;
   state) mode_state "$@" ;;
   follow) mode_follow "$@" ;;
+  tail-ranks) mode_tail_ranks "$@" ;;
   resume-point) mode_resume_point "$@" ;;
   stage) mode_stage "$@" ;;
   *) echo "ftbundle node program: unknown mode '$mode'" >&2; exit 2 ;;
