@@ -239,7 +239,7 @@ def checks_at(n: int, runs: int, burn_s: int, per_host_mb: float, notes: list[st
                     hosts = sorted({f["host"] for f in (kept or {}).get("figures", [])})
                     measured = kept is not None and m.code == 0 and len(hosts) == n
                     right = measured and not named and not kept["slow"]
-                    late = sum("measured without waiting" in line for line in text.splitlines())
+                    late = sum("measured without waiting" in line or "began measuring" in line for line in text.splitlines())
                     tries.append({"m": m, "right": right, "values": values, "named": named, "measured": len(hosts),
                                   "median": (kept or {}).get("medians", {}).get("cpu_gemm_gflops"), "late": late,
                                   "slow": [(s["host"], s["ratio"]) for s in (kept or {}).get("slow", [])],
@@ -414,7 +414,7 @@ def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_ho
         "`slow_below` 0.9. A healthy fleet must name nobody; as tests/test_check_burnin.py does, it is tried a "
         "second time when someone was named (this machine's load moves the hosts' shares of its 2 cores). "
         "`lowest`: the slowest host's figure over the median; `late`: hosts that measured without waiting any "
-        "longer for the others (not ready within the barrier); `peak RSS`: the largest of the hosts' burn-in "
+        "longer for the others (not ready within the barrier) or began 0.5 s or more after the agreed moment; `peak RSS`: the largest of the hosts' burn-in "
         "processes, as each reports it; `library`: the GEMM's (a host without NVIDIA devices never imports "
         "torch).", "",
         table(["hosts", "try", "s", "measured", "median GFLOP/s", "range", "lowest", "named slow", "late",

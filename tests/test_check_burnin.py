@@ -114,6 +114,13 @@ def test_a_host_that_stopped_waiting_for_others_is_said_to_have_measured_alone()
     assert late_notes("node1", {"devices": [{"device": "cpu", "barrier": {"waited_s": 0.4, "not_ready": []}}]},
                       names) == []
     assert late_notes("node1", {"devices": [{"device": "GPU 0", "error": "x"}]}, names) == []
+    # everyone ready, but this host saw the last ready file only 2.3 s after the agreed start
+    behind = {"devices": [{"device": "cpu", "barrier": {"waited_s": 9.1, "not_ready": [], "late_s": 2.3}}]}
+    assert late_notes("node3", behind, names) == [
+        "node3 began measuring 2.3s after the others (it saw the last host ready only then): its figures are not "
+        "from quite the same moment as theirs"]
+    assert late_notes("node3", {"devices": [{"device": "cpu", "barrier": {"not_ready": [], "late_s": 0.2}}]},
+                      names) == []
 
 
 def test_the_burnin_plan_runs_once_per_node_with_the_jobs_interpreter_in_the_checks_directory(tmp_path):
@@ -124,9 +131,9 @@ def test_the_burnin_plan_runs_once_per_node_with_the_jobs_interpreter_in_the_che
     bench = burnin_plan(plan, 7)
     node = bench.nodes[0]
     assert bench.run_dir == f"{plan.shared_dir}/checks/{plan.run_id}"
-    assert node.per_node and node.argv[:4] == ("timeout", "-k", "5", "194")
+    assert node.per_node and node.argv[:4] == ("timeout", "-k", "5", "195")  # 2 x 7 + 60 + 1.02 + 120
     assert node.program == (plan.nodes[0].torchrun[0], f"{bench.run_dir}/ftb_burnin.py", "--seconds", "7",
-                            "--out-dir", bench.run_dir, "--nodes", "1", "--barrier-s", "60")
+                            "--out-dir", bench.run_dir, "--nodes", "1", "--barrier-s", "60", "--go-after", "1.02")
     assert node.log_path.startswith(bench.run_dir + "/")
 
 
@@ -172,6 +179,35 @@ def test_local_burnin_measures_the_cpu_and_keeps_the_figures(tmp_path):
     assert sorted(p.name for p in check_dir.iterdir()) == ["burnin.json", "node-0-localhost.a1.log", "node-0.json",
                                                           "plan.json"]
     assert "no host is slow" in text and f"figures in {check_dir}/burnin.json" in text
+
+
+def test_hosts_ready_at_different_times_begin_measuring_at_one_moment(tmp_path):
+    """The shim itself, two "hosts" (processes) started 1.5 s apart: each begins at the later
+    one's ready time + --go-after, not when it happens to see the other's ready file."""
+    import os
+    import sys
+
+    from ftbundle.check.burnin import burnin_source
+
+    script = tmp_path / "ftb_burnin.py"
+    script.write_text(burnin_source())
+
+    def host(rank: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(script), "--seconds", "1", "--out-dir", str(tmp_path),
+                                 "--nodes", "2", "--go-after", "0.7", "--cpu-size", "64"],
+                                env={**os.environ, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE)
+
+    first = host(0)
+    time.sleep(1.5)
+    second = host(1)
+    assert first.wait(60) == 0 and second.wait(60) == 0
+    barriers = [json.loads((tmp_path / f"node-{r}.json").read_text())["devices"][0]["barrier"] for r in (0, 1)]
+    ready = sorted(float((tmp_path / "ready" / f"node-{r}").read_text().split()[0]) for r in (0, 1))
+    assert ready[1] - ready[0] > 1.0  # (they were ready far apart)
+    assert barriers[0]["go"] == barriers[1]["go"] == round(ready[1] + 0.7, 3)
+    assert abs(barriers[0]["began"] - barriers[1]["began"]) < 0.15, barriers
+    assert all(0 <= b["began"] - b["go"] < 0.15 for b in barriers), barriers  # at the agreed moment, not before
+    assert all(b["late_s"] == 0 and b["not_ready"] == [] for b in barriers), barriers
 
 
 def test_burn_in_seconds_and_slow_below_are_checked_before_anything_runs():

@@ -41,6 +41,11 @@ START_LIMIT_S = 120  # each node's load is killed after this long beyond its sec
 # directory): each waits at most this long, +WAIT_S_PER_HOST per host beyond 8 (the launch
 # of n nodes is spread over a time that grows with n), then measures anyway and says so.
 BARRIER_S = 60.0
+# ...and all begin at one moment: the last host's ready time + this, +GO_AFTER_S_PER_HOST a host
+# (each must have seen every ready file by then; a host that saw them later says how late it was)
+GO_AFTER_S = 1.0
+GO_AFTER_S_PER_HOST = 0.02
+LATE_S = 0.5  # a host that began this much after the agreed moment is said to have
 
 # figure key -> (what it is, unit)
 METRICS = {
@@ -167,12 +172,16 @@ def lib_notes(figures: list[Figure]) -> list[str]:
 
 def late_notes(host: str, result: dict, names: list[str]) -> list[str]:
     """A host that stopped waiting for others at the barrier measured at another moment: say so."""
-    late = sorted({r for d in result.get("devices", []) for r in (d.get("barrier") or {}).get("not_ready", [])
-                   if isinstance(r, int) and 0 <= r < len(names)})
-    if not late:
-        return []
-    return [f"{host} measured without waiting any longer for {fold(names[r] for r in late)} (not ready in time): "
-            "its figures are not from the same moment as theirs"]
+    barriers = [d.get("barrier") or {} for d in result.get("devices", [])]
+    late = sorted({r for b in barriers for r in b.get("not_ready", []) if isinstance(r, int) and 0 <= r < len(names)})
+    if late:
+        return [f"{host} measured without waiting any longer for {fold(names[r] for r in late)} (not ready in "
+                "time): its figures are not from the same moment as theirs"]
+    behind = max((b.get("late_s") or 0.0 for b in barriers), default=0.0)
+    if behind >= LATE_S:
+        return [f"{host} began measuring {behind:.1f}s after the others (it saw the last host ready only then): "
+                "its figures are not from quite the same moment as theirs"]
+    return []
 
 
 def burnin_source() -> str:
@@ -190,12 +199,13 @@ def burnin_plan(plan: Plan, seconds: float) -> Plan:
     each node bounded by `timeout`."""
     run_dir = check_dir(plan)
     barrier = BARRIER_S + WAIT_S_PER_HOST * max(0, len(plan.nodes) - 8)
-    limit = str(int(seconds * 2 + barrier + START_LIMIT_S))
+    go_after = GO_AFTER_S + GO_AFTER_S_PER_HOST * len(plan.nodes)
+    limit = str(int(seconds * 2 + barrier + go_after + START_LIMIT_S))
 
     def node(n):
         python = n.torchrun[0] if n.torchrun else "python3"
         program = (python, posixpath.join(run_dir, SCRIPT), "--seconds", f"{seconds:g}", "--out-dir", run_dir,
-                   "--nodes", str(len(plan.nodes)), "--barrier-s", f"{barrier:g}")
+                   "--nodes", str(len(plan.nodes)), "--barrier-s", f"{barrier:g}", "--go-after", f"{go_after:g}")
         wrapper, container = n.wrapper, n.container
         if container:  # docker runtime: a name of its own (--net's bench may be leaving its containers)
             container = f"{container}-burnin"

@@ -14,10 +14,13 @@ the job's own interpreter or image. It writes one JSON object to OUT_DIR/node-$N
   is in the result (``lib``): figures are compared only among hosts that used the same one.
 
 Every host starts measuring at the same moment: each, once its interpreter and its GPUs are
-ready, writes ``ready/node-R`` into the check's directory (shared storage) and waits until it
-can open every other host's (``--nodes``, at most ``--barrier-s``: then it measures anyway and
-says so). Without it a host that imports torch sooner would run alone for a while and look
-fast. Each figure is the work done over the whole measured time (after a short warm-up), never the
+ready, writes ``ready/node-R`` into the check's directory (shared storage) with the time it
+was ready, and waits until it can read every other host's (``--nodes``, at most
+``--barrier-s``: then it measures anyway and says so). All then begin at one agreed moment,
+the last host's ready time + ``--go-after`` (the same for every host, which each computes
+from the same files), not each when it happens to see the last file: on a crowded machine a
+host could see it seconds after another, and measure partly alone. Without it a host that
+imports torch sooner would run alone for a while and look fast. Each figure is the work done over the whole measured time (after a short warm-up), never the
 best iteration: a CPU quota (a cgroup's CFS period) or a GPU that throttles only part of the
 time must show. The definitions are those of ../shared/gpu/check/health.sh (2 n^3 flops per
 GEMM, 2 bytes moved per byte copied).
@@ -41,6 +44,8 @@ parser.add_argument("--gpu-size", type=int, default=8192, help="GPU GEMM matrix 
 parser.add_argument("--copy-mib", type=int, default=1024, help="GPU copy size, MiB")
 parser.add_argument("--nodes", type=int, default=1, help="hosts measuring at once: wait for all their ready files")
 parser.add_argument("--barrier-s", type=float, default=60.0, help="wait at most this long for the other hosts")
+parser.add_argument("--go-after", type=float, default=1.0,
+                    help="every host begins this long after the last host was ready (its time in its ready file)")
 parser.add_argument("--device", type=int, help="measure this GPU alone and print its JSON (a child process)")
 args = parser.parse_args()
 
@@ -49,24 +54,35 @@ NODE_RANK = int(os.environ.get("NODE_RANK", "0"))
 
 
 def barrier() -> dict:
-    """Say this host is ready, wait for every other host's ready file (opened by name, as
-    NFS revalidates on open); what it waited, and for whom when it gave up."""
+    """Say this host is ready (when, in its ready file: written whole, by a rename), wait for
+    every other host's (opened by name, as NFS revalidates on open), then until the agreed
+    start: the last ready time + --go-after. What it waited, for whom when it gave up, and how
+    late it began when it saw the last file only after that start."""
     ready = os.path.join(args.out_dir, "ready")
     os.makedirs(ready, exist_ok=True)
-    with open(os.path.join(ready, f"node-{NODE_RANK}"), "w") as f:
-        f.write(socket.gethostname())
+    mine = os.path.join(ready, f"node-{NODE_RANK}")
+    with open(mine + ".tmp", "w") as f:
+        f.write(f"{time.time():.6f} {socket.gethostname()}")
+    os.replace(mine + ".tmp", mine)
     started = time.monotonic()
     missing = set(range(args.nodes)) - {NODE_RANK}
+    times = [float(open(mine).read().split()[0])]
     while missing and time.monotonic() - started < args.barrier_s:
         for rank in sorted(missing):
             try:
-                open(os.path.join(ready, f"node-{rank}")).close()
+                with open(os.path.join(ready, f"node-{rank}")) as f:
+                    times.append(float(f.read().split()[0]))
                 missing.discard(rank)
-            except OSError:
+            except (OSError, ValueError, IndexError):
                 pass
         if missing:
             time.sleep(0.02)
-    return {"waited_s": round(time.monotonic() - started, 3), "not_ready": sorted(missing)}
+    go = max(times) + args.go_after
+    late = time.time() - go
+    if late < 0 and not missing:
+        time.sleep(-late)
+    return {"waited_s": round(time.monotonic() - started, 3), "not_ready": sorted(missing),
+            "late_s": round(max(late, 0.0), 3), "go": round(go, 3), "began": round(time.time(), 3)}
 
 
 def timed(step, seconds: float, sync=lambda: None) -> tuple[int, float]:
