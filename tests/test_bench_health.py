@@ -40,9 +40,9 @@ def test_health_bench_fills_its_3_host_rows(testhost_image, tmp_path):
     assert ("node1: GPU 0 (GPU-00000001-5537-7ce0-d915-6c9a8d0e0338): 2 volatile uncorrectable ECC error(s): "
             "memory returned bad data") in md and "    failed: gpu_health" in md
 
-    burn = rows(md, "| hosts | try |")["3"]  # the last try (a second one only when the first named a host)
-    assert burn[2] == "3 of 3" and burn[6] == "nobody" and burn[11] == "yes", md
+    burn = rows(md, "| hosts | burn-in s |")["3"]  # the last try (a second one only when the first named a host)
+    assert burn[0] == "5" and burn[3] == "3 of 3" and burn[7] == "nobody" and burn[12] == "yes", md
     # no GPU on these hosts: numpy's GEMM, no torch, a few tens of MB a host (torch's import alone is ~500 MB RSS)
-    assert burn[9].startswith("numpy ") and 0 < int(burn[8]) < 150, burn
-    assert float(burn[3]) > 0 and re.fullmatch(r"\d+\.\d-\d+\.\d", burn[4]), burn
+    assert burn[10].startswith("numpy ") and 0 < int(burn[9]) < 150, burn
+    assert float(burn[4]) > 0 and re.fullmatch(r"\d+\.\d-\d+\.\d", burn[5]), burn
     assert "A straggler during training" not in md
