@@ -221,7 +221,10 @@ def test_detached_nodes_stop_their_jobs_and_say_why_once_the_storage_answers(clu
                threading.Thread(target=lambda: follow_out.extend(follow.stdout), daemon=True)]
     for reader in readers:
         reader.start()
-    time.sleep(2)
+    deadline = time.monotonic() + 60  # the follow is streaming before the freeze
+    while not any("allreduce ok" in line for line in follow_out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert follow_out, f"`logs -f` showed nothing in 60 s: {follow_err}"
     frozen_at = freeze(cluster)
     try:
         # each node stops its job by itself: what is left is only what the storage holds (D state)
@@ -265,7 +268,9 @@ def test_detached_nodes_stop_their_jobs_and_say_why_once_the_storage_answers(clu
     assert named and named[0] < 15, errs  # (FTB_STORAGE_SLOW 5 s, a probe a second)
     assert re.search(rf"shared storage {MOUNT} on node0 answers again", errs), errs
     assert follow.returncode == 0, errs
-    assert any("allreduce ok" in line for line in follow_out), follow_out[-5:]
+    # what the node wrote once the storage answered (why it stopped its job) came through the same follow
+    assert any(re.search(rf"shared storage {MOUNT} on node0 not answering for \d+s \(stall_timeout "
+                         rf"{STALL_TIMEOUT}s\): stopped the job on node0", line) for line in follow_out), follow_out[-5:]
     print(f"logs -f: named the storage {named[0]:.1f}s after the freeze; " + errs.replace("\n", " | ")
           + "; its last lines: " + " | ".join(line.strip() for line in follow_out[-3:]))
     print(said)
