@@ -38,6 +38,11 @@ class RunRef:
     def files(self, node: NodePlan) -> NodeFiles:
         return NodeFiles.of(self.run_dir, self.run_id, node.rank, node.host.name, self.attempt)
 
+    @property
+    def shared_dir(self) -> str:
+        """The job's shared_dir (the run directory is ``<shared_dir>/runs/<run id>``)."""
+        return posixpath.dirname(posixpath.dirname(self.run_dir))
+
 
 READ_S = 15  # a read of the run directory through a host
 
@@ -269,9 +274,8 @@ def _tail_argv(ref: RunRef, node: NodePlan, lines: int, follow: bool, locals_: l
     with ``follow`` the new ones, with what the follow says of a storage that does not answer)."""
     files = ref.files(node)
     ranks_dir = posixpath.join(ref.run_dir, RANKS_DIR, f"node-{node.rank}")
-    shared_dir = posixpath.dirname(posixpath.dirname(ref.run_dir))
-    return node_argv("tail-ranks", str(lines), "1" if follow else "0", files.marker, files.log, ranks_dir, shared_dir,
-                     *map(str, locals_))
+    return node_argv("tail-ranks", str(lines), "1" if follow else "0", files.marker, files.log, ranks_dir,
+                     ref.shared_dir, *map(str, locals_))
 
 
 def _start_on(cluster: Cluster, ref: RunRef, node: NodePlan, argv: list[str]):
@@ -353,8 +357,7 @@ def show_logs(ref: RunRef, cluster: Cluster, rank: str | None, follow: bool, lin
     out = out or sys.stdout
     node = ref.nodes[node_rank]
     files = ref.files(node)
-    shared_dir = posixpath.dirname(posixpath.dirname(ref.run_dir))  # (<shared_dir>/runs/<run id>)
-    argv = (node_argv("follow", files.marker, files.log, str(lines), shared_dir) if follow
+    argv = (node_argv("follow", files.marker, files.log, str(lines), ref.shared_dir) if follow
             else ["tail", "-n", str(lines), "--", files.log])
     # The log is on shared storage: rank 0's host can read any node's log if the node's own is gone.
     for host in dict.fromkeys([node.host, ref.nodes[0].host]):

@@ -45,7 +45,7 @@ BARRIER_S = 60.0
 # (each must have seen every ready file by then; a host that saw them later says how late it was)
 GO_AFTER_S = 1.0
 GO_AFTER_S_PER_HOST = 0.02
-LATE_S = 0.5  # a host that began this much after the agreed moment is said to have
+LATE_S = 0.5  # a host that began this much after the agreed moment says so (late_notes)
 
 # figure key -> (what it is, unit)
 METRICS = {

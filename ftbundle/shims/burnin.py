@@ -61,12 +61,13 @@ def barrier() -> dict:
     ready = os.path.join(args.out_dir, "ready")
     os.makedirs(ready, exist_ok=True)
     mine = os.path.join(ready, f"node-{NODE_RANK}")
+    said = f"{time.time():.6f}"  # (as written: the others read this figure, so every host's max is the same)
     with open(mine + ".tmp", "w") as f:
-        f.write(f"{time.time():.6f} {socket.gethostname()}")
+        f.write(f"{said} {socket.gethostname()}")
     os.replace(mine + ".tmp", mine)
     started = time.monotonic()
     missing = set(range(args.nodes)) - {NODE_RANK}
-    times = [float(open(mine).read().split()[0])]
+    times = [float(said)]
     while missing and time.monotonic() - started < args.barrier_s:
         for rank in sorted(missing):
             try:

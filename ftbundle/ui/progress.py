@@ -59,6 +59,12 @@ def _may_tell_stage(line: str) -> bool:
     return False
 
 
+# The plain words the trainer-output parsers need in a line (feed_line and may_tell test the same)
+CLOSING_MARK = "train_"  # the closing metrics table
+DICT_MARK = "{'"  # a log dict
+BAR_MARK = "%|"  # a tqdm bar
+
+
 def stage_of(line: str) -> str | None:
     """The stage a line of rank 0's output tells of before training, or None."""
     if not _may_tell_stage(line):
@@ -237,7 +243,7 @@ class Progress:
         keep as the last line: it holds none of the parsers' plain markers. The same tests
         as feed_line's, so a block they pass is fed a line at a time, and one they fail costs
         a few substring scans in all, not a few per line."""
-        return ("train_" in text or "{'" in text or "%|" in text
+        return (CLOSING_MARK in text or DICT_MARK in text or BAR_MARK in text
                 or (not self.known and _may_tell_stage(text)))
 
     def quiet_lines(self, lines: list[str]) -> None:
@@ -265,11 +271,11 @@ class Progress:
                 self.stages.append((stage, time.monotonic()))
                 if self.import_s is None and (imported := IMPORTED.search(stripped)):
                     self.import_s = float(imported.group(1))
-        closing = _CLOSING.search(line) if "train_" in line else None
+        closing = _CLOSING.search(line) if CLOSING_MARK in line else None
         if closing:  # the trainer's closing metrics table
             self._closing(closing.group(1), closing.group(2))
             return True
-        values = parse_hf_dict(line) if "{'" in line else None
+        values = parse_hf_dict(line) if DICT_MARK in line else None
         if values is not None:
             if "train_samples_per_second" in values:  # the trainer's closing log dict
                 for name in ("train_samples_per_second", "train_loss"):
@@ -289,7 +295,7 @@ class Progress:
                 self.records.append({"current_steps": self.step, "total_steps": self.total,
                                      "loss": self.loss, "lr": self.lr, "epoch": self.epoch})
             return True
-        bar = parse_bar(line) if "%|" in line else None
+        bar = parse_bar(line) if BAR_MARK in line else None
         if bar is not None and not self.from_jsonl:
             self.step, self.total = bar
             if self.first_step is None:
