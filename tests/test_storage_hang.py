@@ -202,6 +202,9 @@ def test_frozen_storage_during_a_run_is_named_and_the_run_stops(cluster, tmp_pat
 # storage; tests/test_storage_unit.py freezes it in exactly that moment.)
 def test_detached_nodes_stop_their_jobs_and_say_why_once_the_storage_answers(cluster, tmp_path):
     job = write_two_node_job(cluster, tmp_path, "storage-detached")
+    # (the run before this one left its saved.txt: without this, the wait below is over before
+    # this job has printed a line, and a `logs -f` begun then shows only what comes after the thaw)
+    cluster.exec(cluster.hosts[0], f"rm -f {MOUNT}/saved.txt")
     started = ftbundle("run", "--detach", job, timeout=180)
     assert started.returncode == 0, started.stderr
     deadline = time.monotonic() + 120
