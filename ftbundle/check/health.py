@@ -46,8 +46,9 @@ FIELD_ALIASES = {"clocks_throttle_reasons.active": "clocks_event_reasons.active"
 XID_WINDOW_S = 24 * 3600  # Xid lines older than this (by the kernel's clock) are not counted
 
 # Xids that mean the GPU (or its memory, or its link) cannot be trusted with a run until it is
-# reset, repaired or the node rebooted: NVIDIA's Xid catalog and the DCGM health watches.
-# docs/check.md shows this table.
+# reset, repaired or the node rebooted: NVIDIA's Xid catalog and the DCGM health watches
+# (140 and 142, "Unrecovered ECC Error" both, as the catalog's listing copied into leptonai/gpud's
+# pkg/nvidia-query/xid/xid.go names them). docs/check.md shows this table.
 FATAL_XIDS = {
     48: "double-bit (uncorrectable) ECC error",
     61: "internal micro-controller breakpoint: the GPU may need a reset",
@@ -62,6 +63,7 @@ FATAL_XIDS = {
     119: "GSP firmware RPC timeout: the GPU needs a reset",
     120: "GSP firmware error: the GPU needs a reset",
     140: "unrecovered ECC error: the GPU needs a reset",
+    142: "unrecovered ECC error: the GPU needs a reset",
 }
 # Xids that are usually the application's doing (a kernel's bad address, a killed process):
 # warned about with their meaning, never refused.
