@@ -22,6 +22,7 @@ import pytest
 
 from ftbundle.check.facts import add_gpu_ids, parse_compute_apps, parse_facts, parse_nvidia_smi
 from ftbundle.remote.probe import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY
+from tests import helpers
 from tests.test_check_unit import REPLAY, SMI, local_spec, run_probe
 
 RECORDED = Path(os.environ.get("FTB_SMI_RECORD_DIR") or SMI / "recorded")
@@ -171,3 +172,61 @@ def test_real_gpu_burn_in_measures_every_gpu(tmp_path):
                       f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {socket.gethostname()} "
                       f"by tests/test_gpu.py, torch {node['torch']}: {figures}\n")
     print(f"burn-in 20 s: {figures}")
+
+
+def lora_through_ftbundle(tmp_path: Path, device: str) -> tuple[subprocess.CompletedProcess, str]:
+    """The quickstart's LoRA fine-tune of the tiny model through `ftbundle run`, output piped,
+    one rank on ``device`` ("cuda": bf16 and NCCL, as a GPU user runs it; "cpu": the same
+    checks on a machine without a GPU). Returns the run and rank 0's node log."""
+    import yaml
+
+    from tests.test_quickstart import quickstart_copy
+    from tests.test_ux_run import ftb
+
+    model = helpers.tiny_model()
+    if device == "cuda":  # what a GPU user's config says: no use_cpu, no gloo, bf16
+        job = quickstart_copy(tmp_path, model, use_cpu=False, bf16=True, max_steps=30)
+        train_path = job.parent / "train.yaml"
+        train = yaml.safe_load(train_path.read_text())
+        del train["ddp_backend"]
+        train_path.write_text(yaml.safe_dump(train))
+    else:
+        job = quickstart_copy(tmp_path, model, max_steps=30)
+    spec = yaml.safe_load(job.read_text())
+    spec["nproc_per_node"] = 1
+    if device == "cuda":
+        spec["gpus_per_node"] = "auto"
+    spec["env"].pop("GLOO_SOCKET_IFNAME", None)
+    if os.environ.get("PYTHONPATH"):  # (.ci/gpu-check.sh: the carried wheels, for the ranks too)
+        spec["env"]["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    job.write_text(yaml.safe_dump(spec))
+    proc = ftb("run", str(job))
+    logs = sorted((job.parent / ".shared/runs").glob("*/node-0-*.log"))
+    return proc, (logs[-1].read_text(errors="replace") if logs else "")
+
+
+def assert_what_the_first_gpu_run_showed_is_gone(proc: subprocess.CompletedProcess, log: str, device: str) -> None:
+    """What ../shared/gpu/RUN-2026-11-27.md saw on the terminal of a real H100 run (issue 37
+    item 5): the deprecated TORCH_NCCL_TRACE_BUFFER_SIZE warning, raw tqdm fragments, and 32 s
+    before the first step with nothing saying where they went."""
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:]
+    assert f"device: {device}" in log, log[-3000:]  # LlamaFactory's own line: the rank ran where asked
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in out + log, [line for line in (out + log).splitlines()
+                                                             if "TRACE_BUFFER" in line]
+    raw_bars = [line for line in out.splitlines() if re.search(r"\d+%\|", line) or "Running tokenizer" in line]
+    assert not raw_bars, raw_bars
+    assert re.search(r"\d+%\|", log), log[-2000:]  # (tqdm did draw its bars: into the log, not the terminal)
+    where = [line for line in out.splitlines() if line.startswith("ftbundle: before the first step ")]
+    assert where and "imports (torch, transformers, LlamaFactory) " in where[0], out
+    progress = [line for line in out.splitlines() if line.startswith("ftbundle: training: step")]
+    assert progress and progress[-1].split()[3] == "30/30", out
+    print(where[0])
+    print(progress[-1])
+
+
+@pytest.mark.gpu
+def test_lora_on_the_gpu_shows_no_deprecated_variable_no_raw_bar_and_where_the_time_went(tmp_path):
+    """Issue 37 item 5: the quickstart's LoRA on this machine's GPU (bf16, NCCL), one rank."""
+    proc, log = lora_through_ftbundle(tmp_path, "cuda")
+    assert_what_the_first_gpu_run_showed_is_gone(proc, log, "cuda")
