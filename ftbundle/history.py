@@ -113,8 +113,21 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   duration_s=summary.get("duration_s"), state=state, exit_code=code,
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
                   samples_per_s=summary.get("samples_per_s"),
-                  step_times=summary.get("step_times"),
+                  step_times=summary.get("step_times") or steps_of(files, plan, (files.get("attempt") or "1").strip()),
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []))
+
+
+def steps_of(files: dict[str, str], plan: dict, attempt) -> dict | None:
+    """A detached run's ``step_times`` record (as an attached run's summary.json holds it) from
+    the step times each node's watcher kept in the run directory (node-R.aN.steps: node.sh
+    ftb_keep_steps), the hosts and straggler_factor from plan.json. Pure."""
+    found = []
+    for entry in plan.get("nodes", []):
+        text = files.get(f"node-{entry.get('rank')}.a{attempt}.steps")
+        node = stragglers.node_steps(entry.get("host", "?"), stragglers.parse_steps_line(text or ""))
+        if node is not None:
+            found.append(node)
+    return stragglers.as_record(found, float(plan.get("straggler_factor") or stragglers.STRAGGLER_FACTOR))
 
 
 def split_tail_output(text: str, runs_dir: str) -> dict[str, dict[str, str]]:
@@ -175,7 +188,7 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
     """Every run of ``job_name`` (every job's, with None), oldest first."""
     runs_dir = posixpath.join(shared_dir, "runs")
     files = read_run_files(cluster, host, runs_dir, ("plan.json", SUMMARY_FILE, "*.exit", "*.stopped", "attempt",
-                                                     ATTEMPTS_FILE))
+                                                     ATTEMPTS_FILE, "*.steps"))
     rows = []
     for run_id in sorted(files):
         row = run_row(run_id, files[run_id])

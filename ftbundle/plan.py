@@ -163,6 +163,7 @@ class Plan:
             "checkpoint_dir": self.checkpoint_dir,
             "image": self.image,
             "stall_timeout": self.stall_timeout,
+            "straggler_factor": self.straggler_factor,  # (a detached run's stragglers: runs.py, history.py)
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "nodes": [

@@ -145,6 +145,8 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     print(f"state: {summary}", file=out)
     for line in stalled:
         print(line, file=out)
+    for line in _detached_steps(ref, cluster):
+        print(line, file=out)
     return 1 if failed or summary.startswith("stopped") or summary == "stalled" else 0
 
 
@@ -166,6 +168,37 @@ def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
     head = f"stalled: no progress from any rank for {said.strip()}s (stall_timeout {timeout}s); every node was stopped"
     expected = sum(n.nproc for n in ref.nodes) or None
     return [head] + report_lines(diagnose(ranks), out_dir=out_dir, expected=expected)
+
+
+def _detached_steps(ref: RunRef, cluster: Cluster) -> list[str]:
+    """A detached run's stragglers (each node's watcher keeps its ranks' step times in
+    node-R.aN.steps, node.sh ftb_keep_steps), as an attached run's summary shows them; nothing
+    when no node has timed a step (a `command:` job, a run that did not get that far)."""
+    from .history import steps_of
+
+    pattern = f"node-*.a{ref.attempt}.steps"
+    result = _run_dir_command(cluster, ref.nodes[0].host, ["find", ref.run_dir, "-maxdepth", "1", "-name", pattern,
+                                                           "-exec", "tail", "-v", "-n", "1", "--", "{}", "+"],
+                              posixpath.join(ref.run_dir, pattern))
+    files = {}
+    name = None
+    for line in result.stdout.splitlines():
+        if line.startswith("==> ") and line.endswith(" <=="):
+            name = posixpath.basename(line[4:-4])
+        elif name and line.strip():
+            files[name] = line
+    record = steps_of(files, ref.record, ref.attempt)
+    return stragglers_lines(record)
+
+
+def stragglers_lines(record: dict | None) -> list[str]:
+    """The summary's straggler lines from a ``step_times`` record (history.steps_of)."""
+    from .ui import stragglers
+
+    if not record:
+        return []
+    nodes = [stragglers.NodeSteps(host, **fields) for host, fields in record["nodes"].items()]
+    return stragglers.summary_lines(nodes, record["straggler_factor"])
 
 
 def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[str]:

@@ -241,3 +241,47 @@ def test_detached_watching_reads_each_heartbeat_once_a_second_not_once_per_peer(
     while job_processes(cluster) and time.monotonic() < deadline:
         time.sleep(1)
     assert job_processes(cluster) == {}
+
+
+# what shims/steptimes.py writes, written by the job itself: node1's compute 3x the others'; its
+# last line comes 3 s after the one before, inside the watcher's 10 s between writes, so only
+# the watcher's last write at the job's end keeps it
+STEPS_JOB = ('if [ "$NODE_RANK" = 1 ]; then m=0.300000; else m=0.100000; fi; mkdir -p "${FTB_STEPS_FILE%/*}"; '
+             'printf "0 25 $m 0.400000\\n" >"$FTB_STEPS_FILE.0"; echo started; sleep 15; '
+             'printf "0 30 $m 0.400000\\n" >"$FTB_STEPS_FILE.0"; sleep 3; '
+             'printf "0 40 $m 0.400000\\n" >"$FTB_STEPS_FILE.0"')
+
+
+def test_a_detached_runs_stragglers_are_named_by_status_and_kept_for_runs(make_cluster, tmp_path):
+    """Issue 37 item 3 for detached runs (no control channel to carry step times): each node's
+    watcher keeps its ranks' step times in the run directory; `ftbundle status` names the
+    straggler while the run goes on, `runs --json` carries every node's last figures after it
+    ended, and no step-time folder is left on a host."""
+    cluster = make_cluster(3)
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = write_job(tmp_path / "job.yaml", base_job("steps-detached", cluster.shared_dir, inventory,
+                                                    {"command": STEPS_JOB}))
+    started = ftbundle("run", str(job), "--detach", "--no-check", timeout=90)
+    assert started.returncode == 0, started.stderr
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = ftbundle("status", str(job), timeout=60)
+        if "stragglers" in status.stdout:
+            break
+        time.sleep(1)
+    assert "  stragglers   node1 3.00x the fleet's median (straggler_factor 1.15)" in status.stdout, status.stdout
+    assert re.search(r"^    node0 +100\.0 ms +400\.0 ms +(25|30)$", status.stdout, re.M), status.stdout
+    deadline = time.monotonic() + 60
+    while "state: finished" not in status.stdout and time.monotonic() < deadline:
+        time.sleep(1)
+        status = ftbundle("status", str(job), timeout=60)
+    assert "state: finished" in status.stdout, status.stdout
+    runs = ftbundle("runs", str(job), "--json", timeout=60)
+    assert runs.returncode == 0, runs.stderr
+    steps = json.loads(runs.stdout)[-1]["step_times"]
+    assert steps["stragglers"] == [{"host": "node1", "ratio": 3.0}], steps
+    assert {host: n["steps"] for host, n in steps["nodes"].items()} == {"node0": 40, "node1": 40, "node2": 40}, steps
+    assert steps["fleet_median_s"] == 0.1 and steps["straggler_factor"] == 1.15, steps
+    for host in cluster.hosts:  # the detached watcher cleans up after its job too
+        left = cluster.exec(host, "ls -d /tmp/ftb-steps-* 2>/dev/null", check=False).stdout.strip()
+        assert left == "", (host.name, left)

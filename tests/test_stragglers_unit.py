@@ -127,6 +127,28 @@ def test_run_summary_and_runs_json_carry_the_step_times():
     assert out["step_times"]["nodes"]["node1"]["p90_s"] == pytest.approx(0.0341)
 
 
+def test_a_detached_runs_step_times_come_from_the_files_its_watchers_kept():
+    """No summary.json (a detached run): `runs --json` reads node-R.aN.steps of the newest
+    attempt, with the hosts and straggler_factor plan.json names."""
+    from ftbundle.history import run_row, runs_json
+
+    plan = {"job": "j", "straggler_factor": 2.5,
+            "nodes": [{"rank": 0, "host": "gpu-a"}, {"rank": 1, "host": "gpu-b"}, {"rank": 2, "host": "gpu-c"}]}
+    files = {"plan.json": json.dumps(plan), "attempt": "2\n",
+             "node-0.a2.steps": "0 30 0.100 0.120;1 30 0.110 0.130\n", "node-1.a2.steps": "0 30 0.250 0.300\n",
+             "node-2.a2.steps": "0 30 0.100 0.110\n", "node-1.a1.steps": "0 30 0.100 0.110\n"}
+    [out] = json.loads(runs_json([run_row("j-20261127-080000-abc123", files)]))
+    assert out["step_times"]["stragglers"] == []  # 0.25 / 0.11 = 2.27x, but the job's factor is 2.5 ...
+    assert out["step_times"]["straggler_factor"] == 2.5 and out["step_times"]["fleet_median_s"] == 0.11
+    assert out["step_times"]["nodes"]["gpu-a"] == {"steps": 30, "median_s": 0.11, "p90_s": 0.13, "local_rank": 1}
+    plan["straggler_factor"] = 1.15  # ... and with the default, gpu-b is named
+    [out] = json.loads(runs_json([run_row("j-1", {**files, "plan.json": json.dumps(plan)})]))
+    assert out["step_times"]["stragglers"] == [{"host": "gpu-b", "ratio": 2.273}]
+    del files["node-0.a2.steps"], files["node-1.a2.steps"], files["node-2.a2.steps"]
+    [out] = json.loads(runs_json([run_row("j-1", files)]))  # the newest attempt timed nothing: no figures
+    assert out["step_times"] is None
+
+
 def test_the_rank_clock_writes_its_line(tmp_path):
     from ftbundle.shims.steptimes import StepClock
 

@@ -185,6 +185,24 @@ ftb_steps() {  # FTB_S: the local ranks' step times, "LOCAL_RANK STEPS MEDIAN P9
   done
 }
 
+ftb_keep_steps() {  # [LAST]: a detached node's ranks' step times (ftb_steps) into node-R.aN.steps in
+  # the run directory, where `ftbundle status` and `runs` read them (an attached node sends them on
+  # its control channel instead): when they changed, at most every FTB_STEPS_EVERY (10) seconds,
+  # and with LAST whatever changed since. Called by the detached watcher's worker, the one that
+  # may wait on the storage (mode_watch).
+  ftb_steps
+  [ -n "$FTB_S" ] && [ "$FTB_S" != "${FTB_STEPS_KEPT:-}" ] || return 0
+  [ -n "${1:-}" ] || [ $((SECONDS - ${FTB_STEPS_AT:--100})) -ge "${FTB_STEPS_EVERY:-10}" ] || return 0
+  ftb_write "${FTB_EXIT%.exit}.steps" "$FTB_S" && FTB_STEPS_KEPT=$FTB_S FTB_STEPS_AT=$SECONDS
+}
+
+ftb_steps_away() {  # the ranks' step-time files and their folder on this host, once the job is over
+  [ -n "${FTB_STEPS_FILE:-}" ] || return 0
+  rm -f -- "$FTB_STEPS_FILE".[0-9]* 2>/dev/null
+  case ${FTB_STEPS_FILE%/*} in /tmp/ftb-steps-?*) rmdir -- "${FTB_STEPS_FILE%/*}" 2>/dev/null ;; esac
+  return 0
+}
+
 ftb_env() {  # read the environment from stdin (up to the empty pair) and export it
   local kv ended=0
   local -a pairs=()
@@ -264,7 +282,9 @@ mode_watch() {
     [ $? -gt 128 ] || break  # (the worker ended: nothing writes there, so its end is the one answer)
   done
   # (the job ended by itself: a referee caught by the storage writes its last verdict once it answers)
-  kill -0 "$pid" 2>/dev/null && ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}"
+  # (the worker removes the ranks' step-time files after its last write of them; a job stopped
+  # here may leave new ones as it ends)
+  kill -0 "$pid" 2>/dev/null && { ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}"; ftb_steps_away; }
   exit 0
 }
 
@@ -279,6 +299,7 @@ ftb_watching() {  # PID: a detached node's watching (mode_watch's worker): ends 
     while kill -0 "$pid" 2>/dev/null; do
       beat=$((beat + 1))
       echo "$beat" >"$FTB_HBFILE.tmp" && mv -f "$FTB_HBFILE.tmp" "$FTB_HBFILE"
+      ftb_keep_steps
       [ -e "$FTB_STOP_REQUEST" ] && break
       if [ "$done" = 0 ]; then
         line=""
@@ -299,6 +320,8 @@ ftb_watching() {  # PID: a detached node's watching (mode_watch's worker): ends 
       ftb_sleep "$FTB_HEARTBEAT"
     done
   fi
+  ftb_keep_steps last
+  ftb_steps_away
 }
 
 ftb_referee() {  # PID VERDICT: rank 0's watcher (see mode_watch)
@@ -307,6 +330,7 @@ ftb_referee() {  # PID VERDICT: rank 0's watcher (see mode_watch)
   while kill -0 "$pid" 2>/dev/null; do
     beat=$((beat + 1))
     echo "$beat" >"$FTB_HBFILE.tmp" && mv -f "$FTB_HBFILE.tmp" "$FTB_HBFILE"
+    ftb_keep_steps
     for f in "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".exit; do
       [ -e "$f" ] || continue
       v=""; { read -r v <"$f"; } 2>/dev/null
@@ -566,8 +590,7 @@ mode_node() {
   kill "$hbpid" 2>/dev/null
   if [ -n "${FTB_STEPS_FILE:-}" ]; then  # the ranks' last step times (written at the trainer's end), then away
     ftb_steps; [ -z "$FTB_S" ] || echo "ftb-steps $FTB_S" >&2
-    rm -f -- "$FTB_STEPS_FILE".[0-9]* 2>/dev/null
-    case ${FTB_STEPS_FILE%/*} in /tmp/ftb-steps-?*) rmdir -- "${FTB_STEPS_FILE%/*}" 2>/dev/null ;; esac
+    ftb_steps_away
   fi
   if [ "$stopping" = 1 ]; then
     wait "$wdpid"  # its stop ends with a SIGKILL to whatever is left
