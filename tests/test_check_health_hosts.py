@@ -6,6 +6,7 @@ nothing started), or only warned about with `health: warn`."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -73,3 +74,31 @@ def test_two_planted_faults_are_named_on_their_hosts_and_gpus(make_cluster, tmp_
     assert ran.returncode == 0, ran.stderr
     assert "row remapping pending" in ran.stderr + ran.stdout
     assert len(list(cluster.shared_dir.rglob("started-*"))) == 2
+
+
+def test_a_gpu_fault_during_a_run_is_named_when_the_run_fails(make_cluster, tmp_path):
+    """An Xid 79 that the kernel logs on node1 while the run goes on (its rank then fails) is
+    named after the failure, on its host, GPU index and UUID, with a hint to reset or pull it;
+    an Xid logged before the run (node0's application fault, warned by the check) is not."""
+    cluster = make_cluster(2)
+    install(cluster, "node0", UUID0)
+    install(cluster, "node1", UUID1)
+    cluster.exec("node0", "awk '{printf \"[%12.6f] NVRM: Xid (PCI:0000:00:06): 13, Graphics Exception: ESR 0x50\\n\", "
+                          f"($1 > 7200 ? $1 - 7200 : 0)}}' /proc/uptime >> /etc/ftb-smi/{SAMPLE}.dmesg.txt")
+    fault = ("awk '{printf \"[%12.6f] NVRM: Xid (PCI:0000:00:06): 79, pid=2816, name=python3, GPU has fallen off "
+             f"the bus.\\n\", $1}}' /proc/uptime >> /etc/ftb-smi/{SAMPLE}.dmesg.txt")
+    job = write_job(tmp_path / "job.yaml", base_job("xid-run", cluster.shared_dir, inventory=cluster.write_inventory(
+        tmp_path / "hosts.yml"), train={"command": f'if [ "$NODE_RANK" = 1 ]; then sleep 2; {fault}; '
+                                                  'echo "CUDA error: unspecified launch failure" >&2; exit 3; fi; '
+                                                  'sleep 60'}))
+    run = ftbundle("run", str(job), timeout=180)
+    out = run.stdout + run.stderr
+    assert run.returncode == 3, out
+    assert re.search(r"warning: node0: GPU 0 \(\S+\): Xid 13 ", out.split("GPU faults")[0]), out  # (the check saw it)
+    faults = out.split("GPU faults the kernel logged during the run (NVRM Xid):", 1)
+    assert len(faults) == 2, out
+    assert re.search(rf"node1: GPU 0 \({UUID1}\): Xid 79 \d+ s ago \(pid=2816, name=python3, GPU has fallen off "
+                     r"the bus\.\): GPU has fallen off the bus", faults[1]), out
+    assert "Xid 13" not in faults[1] and "node0" not in faults[1].split("hint:")[0], out
+    assert "hint: node1: a GPU there needs a reset or service before the next run" in faults[1], out
+    assert "hint: a CUDA error that a GPU fault can cause" in faults[0], out

@@ -269,6 +269,28 @@ def parse_health(data: dict) -> tuple[list[GpuHealth], list[Xid], str | None, st
     return gpus, xids, error, log.get("error")
 
 
+def parse_xids_report(text: str) -> tuple[list[GpuHealth], list[Xid]]:
+    """node.sh's ``xids`` answer (a failed run's summary): ``uptime SECONDS``, ``smi: `` lines
+    (nvidia-smi's CSV of index, uuid and pci.bus_id, with its header), the kernel log's NVRM Xid
+    lines. GPUs as far as nvidia-smi answered (none: the Xids are named by PCI address)."""
+    uptime, smi, lines = None, [], []
+    for line in text.splitlines():
+        if line.startswith("uptime "):
+            try:
+                uptime = float(line.split()[1])
+            except (IndexError, ValueError):
+                pass
+        elif line.startswith("smi: "):
+            smi.append(line[5:])
+        elif "NVRM: Xid" in line:
+            lines.append(line)
+    try:
+        gpus = parse_health_csv("\n".join(smi)) if smi else []
+    except ValueError:
+        gpus = []
+    return gpus, parse_xids(lines, uptime)
+
+
 # ---------------------------------------------------------------------------------------
 # findings
 

@@ -60,6 +60,11 @@ TAIL_LINES = 20
 DRAIN_S = 3.0  # how long rank 0's log may take to reach its end after the job
 FAILURE_TAIL_LINES = 300  # of the failed node's log, read for torchrun's root-cause report
 TRAINER_LOG = "trainer_log.jsonl"  # LlamaFactory's LogCallback, in output_dir
+# a failed run's GPU faults (_print_gpu_faults): each node's kernel log read in at most this long,
+# by this many threads; an Xid this long before the run's start still counts (clocks, rounding)
+XID_READ_S = 4.0
+XID_READ_THREADS = 32
+XID_SLACK_S = 5.0
 
 
 class State(enum.Enum):
@@ -414,6 +419,7 @@ class Supervisor:
             self._print_failure_summary(first)
         else:
             self._print_log_tail(first.rank)
+        self._print_gpu_faults()
         return Outcome(first.code, first, teardown_s=took, lost=tuple(lost), progress=self.progress)
 
     def _lost_all_at_once(self) -> bool:
@@ -458,6 +464,7 @@ class Supervisor:
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         failure = Failure(culprit.node_rank if culprit else 0, culprit.host if culprit else self.plan.nodes[0].host.name,
                           f"stalled: no progress for {silent:.0f}s", STALLED_EXIT_CODE, t0)
+        self._print_gpu_faults()  # (a GPU that fell off the bus leaves its peers waiting in a collective)
         return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress,
                        stalled=True)
 
@@ -502,6 +509,38 @@ class Supervisor:
             self.ui.print(self.redact(line))
         if runner.messages:
             self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
+
+    def _print_gpu_faults(self) -> None:
+        """GPU faults the kernel logged during the run (NVRM Xid lines since it began), on every
+        node that still answers, named by host, GPU index and UUID, with what they mean: a GPU
+        that fell off the bus or hit an uncorrectable error is often what ended the run, and its
+        host is not always the one that failed first (its peers' collectives fail too). One
+        short command a node, all at once (node.sh ``xids``: nothing on a host without nvidia-smi)."""
+        from ..check import health
+        from ..hostlist import fold
+
+        window = time.monotonic() - self.marks.get("begin", time.monotonic()) + XID_SLACK_S
+        ranks = [r for r, st in enumerate(self.status) if st.state is not State.LOST]
+
+        def ask(rank: int) -> list:
+            host = self.plan.nodes[rank].host
+            try:
+                result = self.cluster.run(host, node_argv("xids", str(int(window) + 1)), timeout=XID_READ_S)
+            except Exception:  # noqa: BLE001 - a host that does not answer now: its log stays unread
+                return []
+            gpus, xids = health.parse_xids_report(result.stdout)
+            return health.xid_findings(host.name, gpus, xids, window_s=window)
+
+        found = [f for per_node in parallel(ask, ranks, workers=XID_READ_THREADS) for f in per_node]
+        if not found:
+            return
+        self.say("GPU faults the kernel logged during the run (NVRM Xid):")
+        for line in health.fold_findings(found):
+            self.say(f"  {line}")
+        fatal = fold(f.host for f in found if f.fatal)
+        if fatal:
+            self.say(f"hint: {fatal}: a GPU there needs a reset or service before the next run (`ftbundle check` "
+                     "refuses it while the Xid is within its window: docs/check.md)")
 
     def _unreachable_note(self, lost: list[int]) -> str:
         from ..hostlist import fold

@@ -727,6 +727,23 @@ mode_stage() {  # DIR MIN_FREE_MB [LEFTOVER...]: create DIR, unpack the tar arch
   exit 0
 }
 
+mode_xids() {  # WINDOW_S: on a host with nvidia-smi, for a failed run's summary (launch/supervisor.py):
+  # "uptime SECONDS" (the kernel's clock, which the log's stamps count), the GPUs' index, UUID and
+  # PCI address ("smi: " lines, nvidia-smi's CSV with its header: a GPU fallen off the bus may
+  # make it slow, so 2 s at most), then the kernel log's NVRM Xid lines (dmesg; where dmesg is
+  # refused, the journal's kernel messages of the window). Nothing on a host without nvidia-smi.
+  command -v nvidia-smi >/dev/null 2>&1 || exit 0
+  local up _ line
+  { read -r up _ </proc/uptime; } 2>/dev/null
+  echo "uptime ${up:-}"
+  timeout 2 nvidia-smi --query-gpu=index,uuid,pci.bus_id --format=csv 2>/dev/null | while IFS= read -r line; do
+    echo "smi: $line"
+  done
+  { dmesg 2>/dev/null || journalctl -k -o short-monotonic --no-pager --since="-${1:-3600}s" 2>/dev/null; } |
+    grep -F 'NVRM: Xid' | tail -n 100
+  exit 0
+}
+
 mode=${1:-}; shift || true
 case $mode in
   node) mode_node "$@" ;;
@@ -739,5 +756,6 @@ case $mode in
   tail-ranks) mode_tail_ranks "$@" ;;
   resume-point) mode_resume_point "$@" ;;
   stage) mode_stage "$@" ;;
+  xids) mode_xids "$@" ;;
   *) echo "ftbundle node program: unknown mode '$mode'" >&2; exit 2 ;;
 esac

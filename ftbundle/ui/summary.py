@@ -120,6 +120,11 @@ _HINTS = (
      "exit, after \"Training completed\"), its outputs are saved: torch's teardown at exit can abort a "
      "finished rank; a script avoids it with torch.distributed.destroy_process_group(), flushing, and "
      "os._exit(0) at its end (ftbundle's LlamaFactory entry does this)"),
+    (re.compile(r"CUDA error: (uncorrectable ECC error|unspecified launch failure|an illegal memory access|"
+                r"misaligned address|unknown error)|cudaErrorECCUncorrectable|CUDA-capable device.*(lost|fallen)",
+                re.I),
+     "a CUDA error that a GPU fault can cause as well as a bug: an Xid in that host's kernel log (listed "
+     "below when one was logged during the run) says the GPU itself failed"),
     (re.compile(r"Address already in use|EADDRINUSE|errno 98", re.I),
      "the master port is in use on rank 0: another run still holds it; pick another master_port "
      "or stop the old run (ftbundle stop)"),
