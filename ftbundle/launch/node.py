@@ -54,6 +54,7 @@ HEARTBEAT = b"ftb-hb"
 PID = b"ftb-pid "
 STEPS = b"ftb-steps "  # `ftb-steps LOCAL_RANK STEPS MEDIAN P90[;...]`: the ranks' step times (ui.stragglers)
 STORAGE = b"ftb-storage "  # `ftb-storage SECONDS` while shared storage does not answer, then `ftb-storage ok`
+GPU = b"ftb-gpu"  # before ftb-pid, on a host with nvidia-smi: a failed run reads its kernel log (supervisor)
 
 
 def follow_log_argv(path: str, pid: str, *, poll_s: float) -> list[str]:
@@ -301,6 +302,7 @@ class NodeRunner:
         self.log_proc: Proc | None = None
         self._log_thread: threading.Thread | None = None
         self.messages: list[str] = []  # the wrapper's own last words (stderr, not heartbeats)
+        self.gpu_host = False  # its node program found nvidia-smi there (ftb-gpu)
         self._started = False  # the environment was sent: the node program runs
         # up once the run's teardown began: a channel that opens later starts nothing
         self.fence = fence or threading.Event()
@@ -368,6 +370,8 @@ class NodeRunner:
             self._emit("steps", line[len(STEPS):].decode(errors="replace").strip())
         elif line.startswith(STORAGE):
             self._emit("storage", line[len(STORAGE):].decode(errors="replace").strip())
+        elif line == GPU:
+            self.gpu_host = True
         elif line.startswith(PID):
             pid = line[len(PID):].decode().strip()
             self._emit("pid", pid)

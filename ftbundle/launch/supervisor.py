@@ -515,12 +515,15 @@ class Supervisor:
         node that still answers, named by host, GPU index and UUID, with what they mean: a GPU
         that fell off the bus or hit an uncorrectable error is often what ended the run, and its
         host is not always the one that failed first (its peers' collectives fail too). One
-        short command a node, all at once (node.sh ``xids``: nothing on a host without nvidia-smi)."""
+        short command a node with nvidia-smi (its node program said ``ftb-gpu``), all at once
+        (node.sh ``xids``); none on a fleet without GPUs."""
         from ..check import health
         from ..hostlist import fold
 
         window = time.monotonic() - self.marks.get("begin", time.monotonic()) + XID_SLACK_S
-        ranks = [r for r, st in enumerate(self.status) if st.state is not State.LOST]
+        ranks = [r for r, st in enumerate(self.status) if st.state is not State.LOST and self.runners[r].gpu_host]
+        if not ranks:  # (no node said it has nvidia-smi: nothing to read, and no round trip)
+            return
 
         def ask(rank: int) -> list:
             host = self.plan.nodes[rank].host

@@ -524,6 +524,8 @@ mode_node() {
   FTB_JOB=$FTB_MARKER setsid bash -c "$BASH_EXECUTION_STRING" ftb job "$@" </dev/null >/dev/null 2>&1 &
   local pid=$!
   echo "$pid $FTB_MARKER $(hostname)" >"$FTB_PIDFILE"
+  # (a GPU host: a failed run's summary reads its kernel log for Xids, mode_xids; a lookup, no process)
+  if command -v nvidia-smi >/dev/null 2>&1; then echo "ftb-gpu" >&2; fi
   echo "ftb-pid $pid" >&2
   if [ "${FTB_DETACH:-0}" = 1 ]; then
     setsid bash -c "$BASH_EXECUTION_STRING" ftb watch "$pid" </dev/null >/dev/null 2>&1 &
@@ -727,7 +729,7 @@ mode_stage() {  # DIR MIN_FREE_MB [LEFTOVER...]: create DIR, unpack the tar arch
   exit 0
 }
 
-mode_xids() {  # WINDOW_S: on a host with nvidia-smi, for a failed run's summary (launch/supervisor.py):
+mode_xids() {  # WINDOW_S: on a host with nvidia-smi (ftb-gpu), for a failed run's summary (launch/supervisor.py):
   # "uptime SECONDS" (the kernel's clock, which the log's stamps count), the GPUs' index, UUID and
   # PCI address ("smi: " lines, nvidia-smi's CSV with its header: a GPU fallen off the bus may
   # make it slow, so 2 s at most), then the kernel log's NVRM Xid lines (dmesg; where dmesg is
