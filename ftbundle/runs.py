@@ -174,21 +174,14 @@ def _detached_steps(ref: RunRef, cluster: Cluster) -> list[str]:
     """A detached run's stragglers (each node's watcher keeps its ranks' step times in
     node-R.aN.steps, node.sh ftb_keep_steps), as an attached run's summary shows them; nothing
     when no node has timed a step (a `command:` job, a run that did not get that far)."""
-    from .history import steps_of
+    from .history import split_tail_output, steps_of
 
     pattern = f"node-*.a{ref.attempt}.steps"
     result = _run_dir_command(cluster, ref.nodes[0].host, ["find", ref.run_dir, "-maxdepth", "1", "-name", pattern,
                                                            "-exec", "tail", "-v", "-n", "1", "--", "{}", "+"],
                               posixpath.join(ref.run_dir, pattern))
-    files = {}
-    name = None
-    for line in result.stdout.splitlines():
-        if line.startswith("==> ") and line.endswith(" <=="):
-            name = posixpath.basename(line[4:-4])
-        elif name and line.strip():
-            files[name] = line
-    record = steps_of(files, ref.record, ref.attempt)
-    return stragglers_lines(record)
+    files = split_tail_output(result.stdout, posixpath.dirname(ref.run_dir)).get(ref.run_id, {})
+    return stragglers_lines(steps_of(files, ref.record, ref.attempt))
 
 
 def stragglers_lines(record: dict | None) -> list[str]:
