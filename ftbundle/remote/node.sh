@@ -168,7 +168,7 @@ ftb_hashed() {  # the commands a detached watcher runs itself, looked up on PATH
   # storage answers: PATH may start with a folder on it (path_prepend: the host interpreter's bin/),
   # and a lookup there (in ftb_stop's $(...) too: a child has the table the watcher had) would wait
   # on a frozen one like any other read
-  hash grep cut sleep logger docker mv 2>/dev/null
+  hash grep cut sleep logger docker mv rm rmdir 2>/dev/null  # (rm rmdir: ftb_steps_away)
   return 0
 }
 
