@@ -145,7 +145,7 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     print(f"state: {summary}", file=out)
     for line in stalled:
         print(line, file=out)
-    for line in _detached_steps(ref, cluster):
+    for line in _detached_steps(ref, cluster) + _detached_gpu_faults(ref, cluster):
         print(line, file=out)
     return 1 if failed or summary.startswith("stopped") or summary == "stalled" else 0
 
@@ -182,6 +182,27 @@ def _detached_steps(ref: RunRef, cluster: Cluster) -> list[str]:
                               posixpath.join(ref.run_dir, pattern))
     files = split_tail_output(result.stdout, posixpath.dirname(ref.run_dir)).get(ref.run_id, {})
     return stragglers_lines(steps_of(files, ref.record, ref.attempt))
+
+
+def _detached_gpu_faults(ref: RunRef, cluster: Cluster) -> list[str]:
+    """The GPU faults each node's kernel logged while a detached run's job ran there (its
+    watcher writes node-R.aN.xids when the job ends: node.sh ftb_xids), as a failed attached
+    run names them."""
+    from .check import health
+    from .history import split_tail_output
+
+    pattern = f"node-*.a{ref.attempt}.xids"
+    result = _run_dir_command(cluster, ref.nodes[0].host, ["find", ref.run_dir, "-maxdepth", "1", "-name", pattern,
+                                                           "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
+                              posixpath.join(ref.run_dir, pattern))
+    files = split_tail_output(result.stdout, posixpath.dirname(ref.run_dir)).get(ref.run_id, {})
+    found = []
+    for node in ref.nodes:
+        text = files.get(f"node-{node.rank}.a{ref.attempt}.xids")
+        if text:
+            gpus, xids = health.parse_xids_report(text)
+            found += health.xid_findings(node.host.name, gpus, xids, window_s=float("inf"))
+    return health.run_fault_lines(found)
 
 
 def stragglers_lines(record: dict | None) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -76,29 +77,61 @@ def test_two_planted_faults_are_named_on_their_hosts_and_gpus(make_cluster, tmp_
     assert len(list(cluster.shared_dir.rglob("started-*"))) == 2
 
 
-def test_a_gpu_fault_during_a_run_is_named_when_the_run_fails(make_cluster, tmp_path):
-    """An Xid 79 that the kernel logs on node1 while the run goes on (its rank then fails) is
-    named after the failure, on its host, GPU index and UUID, with a hint to reset or pull it;
-    an Xid logged before the run (node0's application fault, warned by the check) is not."""
-    cluster = make_cluster(2)
+def xid_job(cluster, tmp_path, name: str) -> Path:
+    """Two nodes with the stand-ins; node0's kernel logged an application's Xid 13 two hours
+    ago (the check warns of it); in the run, node1's kernel logs an Xid 79 and its rank fails."""
     install(cluster, "node0", UUID0)
     install(cluster, "node1", UUID1)
     cluster.exec("node0", "awk '{printf \"[%12.6f] NVRM: Xid (PCI:0000:00:06): 13, Graphics Exception: ESR 0x50\\n\", "
                           f"($1 > 7200 ? $1 - 7200 : 0)}}' /proc/uptime >> /etc/ftb-smi/{SAMPLE}.dmesg.txt")
     fault = ("awk '{printf \"[%12.6f] NVRM: Xid (PCI:0000:00:06): 79, pid=2816, name=python3, GPU has fallen off "
              f"the bus.\\n\", $1}}' /proc/uptime >> /etc/ftb-smi/{SAMPLE}.dmesg.txt")
-    job = write_job(tmp_path / "job.yaml", base_job("xid-run", cluster.shared_dir, inventory=cluster.write_inventory(
+    return write_job(tmp_path / "job.yaml", base_job(name, cluster.shared_dir, inventory=cluster.write_inventory(
         tmp_path / "hosts.yml"), train={"command": f'if [ "$NODE_RANK" = 1 ]; then sleep 2; {fault}; '
                                                   'echo "CUDA error: unspecified launch failure" >&2; exit 3; fi; '
                                                   'sleep 60'}))
+
+
+XID79_NAMED = (rf"node1: GPU 0 \({UUID1}\): Xid 79 \d+ s ago \(pid=2816, name=python3, GPU has fallen off the bus\.\): "
+               r"GPU has fallen off the bus")
+
+
+def test_a_gpu_fault_during_a_run_is_named_when_the_run_fails(make_cluster, tmp_path):
+    """An Xid 79 that the kernel logs on node1 while the run goes on (its rank then fails) is
+    named after the failure, on its host, GPU index and UUID, with a hint to reset or pull it;
+    an Xid logged before the run (node0's application fault, warned by the check) is not."""
+    cluster = make_cluster(2)
+    job = xid_job(cluster, tmp_path, "xid-run")
     run = ftbundle("run", str(job), timeout=180)
     out = run.stdout + run.stderr
     assert run.returncode == 3, out
     assert re.search(r"warning: node0: GPU 0 \(\S+\): Xid 13 ", out.split("GPU faults")[0]), out  # (the check saw it)
     faults = out.split("GPU faults the kernel logged during the run (NVRM Xid):", 1)
     assert len(faults) == 2, out
-    assert re.search(rf"node1: GPU 0 \({UUID1}\): Xid 79 \d+ s ago \(pid=2816, name=python3, GPU has fallen off "
-                     r"the bus\.\): GPU has fallen off the bus", faults[1]), out
+    assert re.search(XID79_NAMED, faults[1]), out
     assert "Xid 13" not in faults[1] and "node0" not in faults[1].split("hint:")[0], out
     assert "hint: node1: a GPU there needs a reset or service before the next run" in faults[1], out
     assert "hint: a CUDA error that a GPU fault can cause" in faults[0], out
+
+
+def test_a_detached_runs_gpu_fault_is_named_by_status(make_cluster, tmp_path):
+    """A detached run has no launcher to read the kernel logs when it fails: each node's watcher
+    keeps the Xid lines logged while its job ran (node-R.aN.xids), and `ftbundle status` names
+    them as a failed attached run does; node0, whose only Xid is older than the run, has none."""
+    cluster = make_cluster(2)
+    job = xid_job(cluster, tmp_path, "xid-detached")
+    started = ftbundle("run", "--detach", str(job), timeout=180)
+    assert started.returncode == 0, started.stdout + started.stderr
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        status = ftbundle("status", str(job), timeout=60)
+        if "state: failed" in status.stdout and "GPU faults" in status.stdout:
+            break
+        time.sleep(1)
+    out = status.stdout + status.stderr
+    assert "state: failed" in out and status.returncode == 1, out
+    faults = out.split("GPU faults the kernel logged during the run (NVRM Xid):", 1)
+    assert len(faults) == 2 and re.search(XID79_NAMED, faults[1]), out
+    assert "Xid 13" not in out and "hint: node1: a GPU there needs a reset or service" in faults[1], out
+    kept = sorted(p.name for p in cluster.shared_dir.rglob("*.xids"))
+    assert kept == ["node-1.a1.xids"], kept

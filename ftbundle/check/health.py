@@ -390,6 +390,21 @@ def findings(host: str, gpus: list[GpuHealth], xids: list[Xid], window_s: float 
     return [f for g in gpus for f in gpu_findings(host, g)] + xid_findings(host, gpus, xids, window_s)
 
 
+def run_fault_lines(found: list[Finding]) -> list[str]:
+    """What a failed run (or `ftbundle status` of a detached one) says of the GPU faults its
+    nodes' kernels logged while it ran: a head, the findings folded, a hint naming the hosts
+    whose GPU must be reset or serviced. None without a finding."""
+    if not found:
+        return []
+    lines = ["GPU faults the kernel logged during the run (NVRM Xid):"]
+    lines += [f"  {line}" for line in fold_findings(found)]
+    fatal = fold(f.host for f in found if f.fatal)
+    if fatal:
+        lines.append(f"hint: {fatal}: a GPU there needs a reset or service before the next run (`ftbundle check` "
+                     "refuses it while the Xid is within its window: docs/check.md)")
+    return lines
+
+
 def fold_findings(found: list[Finding]) -> list[str]:
     """One line per (what, GPU index, reading), its hosts folded: `node[3-5]: GPU 0 (GPU-a, GPU-b,
     GPU-c): row remapping pending: ...`. A finding names host, GPU index and UUID."""

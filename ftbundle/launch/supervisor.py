@@ -518,7 +518,6 @@ class Supervisor:
         short command a node with nvidia-smi (its node program said ``ftb-gpu``), all at once
         (node.sh ``xids``); none on a fleet without GPUs."""
         from ..check import health
-        from ..hostlist import fold
 
         window = time.monotonic() - self.marks.get("begin", time.monotonic()) + XID_SLACK_S
         ranks = [r for r, st in enumerate(self.status) if st.state is not State.LOST and self.runners[r].gpu_host]
@@ -535,15 +534,8 @@ class Supervisor:
             return health.xid_findings(host.name, gpus, xids, window_s=window)
 
         found = [f for per_node in parallel(ask, ranks, workers=XID_READ_THREADS) for f in per_node]
-        if not found:
-            return
-        self.say("GPU faults the kernel logged during the run (NVRM Xid):")
-        for line in health.fold_findings(found):
-            self.say(f"  {line}")
-        fatal = fold(f.host for f in found if f.fatal)
-        if fatal:
-            self.say(f"hint: {fatal}: a GPU there needs a reset or service before the next run (`ftbundle check` "
-                     "refuses it while the Xid is within its window: docs/check.md)")
+        for line in health.run_fault_lines(found):
+            self.say(line)
 
     def _unreachable_note(self, lost: list[int]) -> str:
         from ..hostlist import fold

@@ -290,8 +290,9 @@ mode_watch() {
 
 ftb_watching() {  # PID: a detached node's watching (mode_watch's worker): ends when the job does or
   # when it must be stopped
-  local pid=$1 beat=0 now
+  local pid=$1 beat=0 now up0 _ report
   local verdict="$FTB_RUN_DIR/watch.a$FTB_ATTEMPT"
+  { read -r up0 _ </proc/uptime; } 2>/dev/null; up0=${up0%%.*}
   if [ "${FTB_HBFILE##*/}" = "node-0.a$FTB_ATTEMPT.hb" ]; then
     ftb_referee "$pid" "$verdict"
   else
@@ -322,6 +323,9 @@ ftb_watching() {  # PID: a detached node's watching (mode_watch's worker): ends 
   fi
   ftb_keep_steps last
   ftb_steps_away
+  # the GPU faults the kernel logged while the job ran, for `ftbundle status` (no launcher to read them)
+  report=$(ftb_xids "$((SECONDS + 60))" "${up0:-0}")
+  [ -z "$report" ] || ftb_write "${FTB_EXIT%.exit}.xids" "$report"
 }
 
 ftb_referee() {  # PID VERDICT: rank 0's watcher (see mode_watch)
@@ -524,7 +528,7 @@ mode_node() {
   FTB_JOB=$FTB_MARKER setsid bash -c "$BASH_EXECUTION_STRING" ftb job "$@" </dev/null >/dev/null 2>&1 &
   local pid=$!
   echo "$pid $FTB_MARKER $(hostname)" >"$FTB_PIDFILE"
-  # (a GPU host: a failed run's summary reads its kernel log for Xids, mode_xids; a lookup, no process)
+  # (a GPU host: a failed run's summary reads its kernel log for Xids, ftb_xids; a lookup, no process)
   if command -v nvidia-smi >/dev/null 2>&1; then echo "ftb-gpu" >&2; fi
   echo "ftb-pid $pid" >&2
   if [ "${FTB_DETACH:-0}" = 1 ]; then
@@ -729,21 +733,32 @@ mode_stage() {  # DIR MIN_FREE_MB [LEFTOVER...]: create DIR, unpack the tar arch
   exit 0
 }
 
-mode_xids() {  # WINDOW_S: on a host with nvidia-smi (ftb-gpu), for a failed run's summary (launch/supervisor.py):
-  # "uptime SECONDS" (the kernel's clock, which the log's stamps count), the GPUs' index, UUID and
-  # PCI address ("smi: " lines, nvidia-smi's CSV with its header: a GPU fallen off the bus may
-  # make it slow, so 2 s at most), then the kernel log's NVRM Xid lines (dmesg; where dmesg is
-  # refused, the journal's kernel messages of the window). Nothing on a host without nvidia-smi.
-  command -v nvidia-smi >/dev/null 2>&1 || exit 0
-  local up _ line
+ftb_xids() {  # WINDOW_S [SINCE]: on a host with nvidia-smi (its node program said ftb-gpu), what a
+  # failed run's summary reads (launch/supervisor.py, and runs.py for a detached run): "uptime
+  # SECONDS" (the kernel's clock, which the log's stamps count), the GPUs' index, UUID and PCI
+  # address ("smi: " lines, nvidia-smi's CSV with its header: a GPU fallen off the bus may make it
+  # slow, so 2 s at most), then the kernel log's NVRM Xid lines (dmesg; where dmesg is refused, the
+  # journal's kernel messages of the window). With SINCE (the kernel's uptime in whole seconds when
+  # the job began) only the lines stamped from then on, and nothing at all when there is none.
+  # Nothing on a host without nvidia-smi.
+  command -v nvidia-smi >/dev/null 2>&1 || return 0
+  local up _ line s
+  local -a found=()
   { read -r up _ </proc/uptime; } 2>/dev/null
+  while IFS= read -r line; do
+    if [ -n "${2:-}" ]; then
+      s=${line#*[}; s=${s%%]*}; s=${s// /}; s=${s%%.*}
+      [[ $s =~ ^[0-9]+$ ]] && [ "$s" -ge "$2" ] || continue
+    fi
+    found+=("$line")
+  done < <({ dmesg 2>/dev/null || journalctl -k -o short-monotonic --no-pager --since="-${1:-3600}s" 2>/dev/null; } |
+           grep -F 'NVRM: Xid' | tail -n 100)
+  [ -z "${2:-}" ] || [ "${#found[@]}" -gt 0 ] || return 0
   echo "uptime ${up:-}"
   timeout 2 nvidia-smi --query-gpu=index,uuid,pci.bus_id --format=csv 2>/dev/null | while IFS= read -r line; do
     echo "smi: $line"
   done
-  { dmesg 2>/dev/null || journalctl -k -o short-monotonic --no-pager --since="-${1:-3600}s" 2>/dev/null; } |
-    grep -F 'NVRM: Xid' | tail -n 100
-  exit 0
+  [ "${#found[@]}" = 0 ] || printf '%s\n' "${found[@]}"
 }
 
 mode=${1:-}; shift || true
@@ -758,6 +773,6 @@ case $mode in
   tail-ranks) mode_tail_ranks "$@" ;;
   resume-point) mode_resume_point "$@" ;;
   stage) mode_stage "$@" ;;
-  xids) mode_xids "$@" ;;
+  xids) ftb_xids "$@"; exit 0 ;;
   *) echo "ftbundle node program: unknown mode '$mode'" >&2; exit 2 ;;
 esac
