@@ -26,7 +26,8 @@
 #           (Ctrl-C, laptop lid, network cut) leaves nothing running; without `stop`, the node
 #           says "launcher lost" in the log and in node-R.aN.stopped. A node program that
 #           finds `stop` or a closed stdin already waiting never starts its job.
-#   stderr  `ftb-pid PID` once the job runs, then `ftb-hb [BYTES]` every FTB_HEARTBEAT seconds
+#   stderr  `ftb-gpu` on a host with nvidia-smi (a failed run reads its kernel log: ftb_xids),
+#           `ftb-pid PID` once the job runs, then `ftb-hb [BYTES]` every FTB_HEARTBEAT seconds
 #           (BYTES: how much the ranks have written so far, for the stall watchdog),
 #           `ftb-steps LOCAL_RANK STEPS MEDIAN P90[;...]` when the ranks' step times changed
 #           (FTB_STEPS_FILE.<LOCAL_RANK>, local files; ftbundle/ui/stragglers.py),
