@@ -20,6 +20,7 @@ from .cluster import Cluster
 from .errors import UserError
 from .inventory import Host
 from .plan import ATTEMPTS_FILE, attempts_said
+from .check.health import fold_findings
 from .ui import stragglers
 
 SUMMARY_FILE = "summary.json"
@@ -61,6 +62,7 @@ class RunRow:
     samples_per_s: float | None = None  # over the steps trained (ui.progress.Progress.throughput)
     attempts: list[str] = field(default_factory=list)  # where each attempt after a lost host ran, and why
     step_times: dict | None = None  # every node's median and p90 step time, the stragglers (ui.stragglers)
+    gpu_faults: list[str] = field(default_factory=list)  # the Xids logged during the run (check.health)
 
 
 def _start_of(run_id: str, summary: dict) -> str:
@@ -114,6 +116,8 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
                   samples_per_s=summary.get("samples_per_s"),
                   step_times=summary.get("step_times") or steps_of(files, plan, (files.get("attempt") or "1").strip()),
+                  gpu_faults=summary.get("gpu_faults") or fold_findings(faults_of(files, plan, (files.get("attempt")
+                                                                                              or "1").strip())),
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []))
 
 
@@ -128,6 +132,21 @@ def steps_of(files: dict[str, str], plan: dict, attempt) -> dict | None:
         if node is not None:
             found.append(node)
     return stragglers.as_record(found, float(plan.get("straggler_factor") or stragglers.STRAGGLER_FACTOR))
+
+
+def faults_of(files: dict[str, str], plan: dict, attempt) -> list:
+    """A detached run's GPU faults (check.health findings; folded, what a failed attached run's
+    summary.json holds) from the Xid lines each node's watcher kept in the run directory
+    (node-R.aN.xids: node.sh ftb_xids), on the hosts plan.json names. Pure."""
+    from .check import health
+
+    found = []
+    for entry in plan.get("nodes", []):
+        text = files.get(f"node-{entry.get('rank')}.a{attempt}.xids")
+        if text:
+            gpus, xids = health.parse_xids_report(text)
+            found += health.xid_findings(entry.get("host", "?"), gpus, xids, window_s=float("inf"))
+    return found
 
 
 def split_tail_output(text: str, runs_dir: str) -> dict[str, dict[str, str]]:
@@ -188,7 +207,7 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
     """Every run of ``job_name`` (every job's, with None), oldest first."""
     runs_dir = posixpath.join(shared_dir, "runs")
     files = read_run_files(cluster, host, runs_dir, ("plan.json", SUMMARY_FILE, "*.exit", "*.stopped", "attempt",
-                                                     ATTEMPTS_FILE, "*.steps"))
+                                                     ATTEMPTS_FILE, "*.steps", "*.xids"))
     rows = []
     for run_id in sorted(files):
         row = run_row(run_id, files[run_id])

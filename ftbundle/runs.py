@@ -189,20 +189,14 @@ def _detached_gpu_faults(ref: RunRef, cluster: Cluster) -> list[str]:
     watcher writes node-R.aN.xids when the job ends: node.sh ftb_xids), as a failed attached
     run names them."""
     from .check import health
-    from .history import split_tail_output
+    from .history import faults_of, split_tail_output
 
     pattern = f"node-*.a{ref.attempt}.xids"
     result = _run_dir_command(cluster, ref.nodes[0].host, ["find", ref.run_dir, "-maxdepth", "1", "-name", pattern,
                                                            "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
                               posixpath.join(ref.run_dir, pattern))
     files = split_tail_output(result.stdout, posixpath.dirname(ref.run_dir)).get(ref.run_id, {})
-    found = []
-    for node in ref.nodes:
-        text = files.get(f"node-{node.rank}.a{ref.attempt}.xids")
-        if text:
-            gpus, xids = health.parse_xids_report(text)
-            found += health.xid_findings(node.host.name, gpus, xids, window_s=float("inf"))
-    return health.run_fault_lines(found)
+    return health.run_fault_lines(faults_of(files, ref.record, ref.attempt))
 
 
 def stragglers_lines(record: dict | None) -> list[str]:

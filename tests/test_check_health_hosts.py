@@ -6,6 +6,7 @@ nothing started), or only warned about with `health: warn`."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -112,6 +113,8 @@ def test_a_gpu_fault_during_a_run_is_named_when_the_run_fails(make_cluster, tmp_
     assert "Xid 13" not in faults[1] and "node0" not in faults[1].split("hint:")[0], out
     assert "hint: node1: a GPU there needs a reset or service before the next run" in faults[1], out
     assert "hint: a CUDA error that a GPU fault can cause" in faults[0], out
+    [row] = json.loads(ftbundle("runs", str(job), "--json", timeout=60).stdout)
+    assert len(row["gpu_faults"]) == 1 and re.fullmatch(XID79_NAMED, row["gpu_faults"][0]), row  # (summary.json)
 
 
 def test_a_detached_runs_gpu_fault_is_named_by_status(make_cluster, tmp_path):
@@ -135,3 +138,5 @@ def test_a_detached_runs_gpu_fault_is_named_by_status(make_cluster, tmp_path):
     assert "Xid 13" not in out and "hint: node1: a GPU there needs a reset or service" in faults[1], out
     kept = sorted(p.name for p in cluster.shared_dir.rglob("*.xids"))
     assert kept == ["node-1.a1.xids"], kept
+    [row] = json.loads(ftbundle("runs", str(job), "--json", timeout=60).stdout)
+    assert len(row["gpu_faults"]) == 1 and re.fullmatch(XID79_NAMED, row["gpu_faults"][0]), row  # (no summary.json)

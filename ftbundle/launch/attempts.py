@@ -480,6 +480,8 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
         summary["attempts"] = list(attempts)
     if recoveries:
         summary["recovery"] = list(recoveries)
+    if outcome.gpu_faults:
+        summary["gpu_faults"] = list(outcome.gpu_faults)
     files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
     if len(attempts) > 1:  # (`ftbundle status` reads it: each attempt's recovery, now known)
         files[ATTEMPTS_FILE] = json.dumps(list(attempts), indent=2) + "\n"

@@ -105,6 +105,7 @@ class Outcome:
     # (monotonic) when the attempt began, had every node up, saw its first step, acted on a
     # failure (its teardown began): the recovery's parts (attempts.recovery)
     marks: dict[str, float] = field(default_factory=dict)
+    gpu_faults: tuple[str, ...] = ()  # the Xids its nodes' kernels logged during it (_print_gpu_faults)
 
 
 class Supervisor:
@@ -419,8 +420,9 @@ class Supervisor:
             self._print_failure_summary(first)
         else:
             self._print_log_tail(first.rank)
-        self._print_gpu_faults()
-        return Outcome(first.code, first, teardown_s=took, lost=tuple(lost), progress=self.progress)
+        faults = self._print_gpu_faults()
+        return Outcome(first.code, first, teardown_s=took, lost=tuple(lost), progress=self.progress,
+                       gpu_faults=faults)
 
     def _lost_all_at_once(self) -> bool:
         """Every node of a multi-node run went silent, none said a word about failing: it
@@ -464,9 +466,9 @@ class Supervisor:
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         failure = Failure(culprit.node_rank if culprit else 0, culprit.host if culprit else self.plan.nodes[0].host.name,
                           f"stalled: no progress for {silent:.0f}s", STALLED_EXIT_CODE, t0)
-        self._print_gpu_faults()  # (a GPU that fell off the bus leaves its peers waiting in a collective)
+        faults = self._print_gpu_faults()  # (a GPU that fell off the bus leaves its peers waiting in a collective)
         return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress,
-                       stalled=True)
+                       stalled=True, gpu_faults=faults)
 
     def _stalled_on_storage(self, silent: float) -> Outcome:
         """No progress while shared storage does not answer: that is the story. The ranks'
@@ -510,19 +512,19 @@ class Supervisor:
         if runner.messages:
             self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
 
-    def _print_gpu_faults(self) -> None:
+    def _print_gpu_faults(self) -> tuple[str, ...]:
         """GPU faults the kernel logged during the run (NVRM Xid lines since it began), on every
         node that still answers, named by host, GPU index and UUID, with what they mean: a GPU
         that fell off the bus or hit an uncorrectable error is often what ended the run, and its
         host is not always the one that failed first (its peers' collectives fail too). One
         short command a node with nvidia-smi (its node program said ``ftb-gpu``), all at once
-        (node.sh ``xids``); none on a fleet without GPUs."""
+        (node.sh ``xids``); none on a fleet without GPUs. Returns the findings' lines (summary.json)."""
         from ..check import health
 
         window = time.monotonic() - self.marks.get("begin", time.monotonic()) + XID_SLACK_S
         ranks = [r for r, st in enumerate(self.status) if st.state is not State.LOST and self.runners[r].gpu_host]
         if not ranks:  # (no node said it has nvidia-smi: nothing to read, and no round trip)
-            return
+            return ()
 
         def ask(rank: int) -> list:
             host = self.plan.nodes[rank].host
@@ -536,6 +538,7 @@ class Supervisor:
         found = [f for per_node in parallel(ask, ranks, workers=XID_READ_THREADS) for f in per_node]
         for line in health.run_fault_lines(found):
             self.say(line)
+        return tuple(health.fold_findings(found))
 
     def _unreachable_note(self, lost: list[int]) -> str:
         from ..hostlist import fold
