@@ -16,11 +16,11 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 
+from .check import health
 from .cluster import Cluster
 from .errors import UserError
 from .inventory import Host
 from .plan import ATTEMPTS_FILE, attempts_said
-from .check.health import fold_findings
 from .ui import stragglers
 
 SUMMARY_FILE = "summary.json"
@@ -88,10 +88,10 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
     except ValueError:
         summary = {}
     hosts = [n["host"] for n in plan.get("nodes", [])]
+    attempt = (files.get("attempt") or "1").strip()  # (the newest)
     if summary:
         state, code = summary.get("state", "?"), summary.get("exit_code")
     else:  # judged from the nodes' exit files (of the newest attempt)
-        attempt = (files.get("attempt") or "1").strip()
         codes = []
         for rank in range(len(hosts)):
             text = (files.get(f"node-{rank}.a{attempt}.exit") or "").strip()
@@ -115,9 +115,8 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   duration_s=summary.get("duration_s"), state=state, exit_code=code,
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
                   samples_per_s=summary.get("samples_per_s"),
-                  step_times=summary.get("step_times") or steps_of(files, plan, (files.get("attempt") or "1").strip()),
-                  gpu_faults=summary.get("gpu_faults") or fold_findings(faults_of(files, plan, (files.get("attempt")
-                                                                                              or "1").strip())),
+                  step_times=summary.get("step_times") or steps_of(files, plan, attempt),
+                  gpu_faults=summary.get("gpu_faults") or health.fold_findings(faults_of(files, plan, attempt)),
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []))
 
 
@@ -138,8 +137,6 @@ def faults_of(files: dict[str, str], plan: dict, attempt) -> list:
     """A detached run's GPU faults (check.health findings; folded, what a failed attached run's
     summary.json holds) from the Xid lines each node's watcher kept in the run directory
     (node-R.aN.xids: node.sh ftb_xids), on the hosts plan.json names. Pure."""
-    from .check import health
-
     found = []
     for entry in plan.get("nodes", []):
         text = files.get(f"node-{entry.get('rank')}.a{attempt}.xids")
