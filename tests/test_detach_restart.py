@@ -266,7 +266,8 @@ def test_a_detached_runs_stragglers_are_named_by_status_and_kept_for_runs(make_c
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         status = ftbundle("status", str(job), timeout=60)
-        if "stragglers" in status.stdout:
+        # (every node's watcher writes its first figures at its first beat: wait for all three)
+        if all(re.search(rf"^    node{i} ", status.stdout, re.M) for i in range(3)):
             break
         time.sleep(1)
     assert "  stragglers   node1 3.00x the fleet's median (straggler_factor 1.15)" in status.stdout, status.stdout
