@@ -120,17 +120,22 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []))
 
 
-def steps_of(files: dict[str, str], plan: dict, attempt) -> dict | None:
-    """A detached run's ``step_times`` record (as an attached run's summary.json holds it) from
-    the step times each node's watcher kept in the run directory (node-R.aN.steps: node.sh
-    ftb_keep_steps), the hosts and straggler_factor from plan.json. Pure."""
+def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]:
+    """A detached run's nodes' step figures (ui.stragglers.NodeSteps) from the step times each
+    node's watcher kept in the run directory (node-R.aN.steps: node.sh ftb_keep_steps), on the
+    hosts plan.json names, and its straggler_factor. Pure."""
     found = []
     for entry in plan.get("nodes", []):
         text = files.get(f"node-{entry.get('rank')}.a{attempt}.steps")
         node = stragglers.node_steps(entry.get("host", "?"), stragglers.parse_steps_line(text or ""))
         if node is not None:
             found.append(node)
-    return stragglers.as_record(found, float(plan.get("straggler_factor") or stragglers.STRAGGLER_FACTOR))
+    return found, float(plan.get("straggler_factor") or stragglers.STRAGGLER_FACTOR)
+
+
+def steps_of(files: dict[str, str], plan: dict, attempt) -> dict | None:
+    """A detached run's ``step_times`` record, as an attached run's summary.json holds it. Pure."""
+    return stragglers.as_record(*step_nodes(files, plan, attempt))
 
 
 def faults_of(files: dict[str, str], plan: dict, attempt) -> list:

@@ -145,7 +145,7 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     print(f"state: {summary}", file=out)
     for line in stalled:
         print(line, file=out)
-    for line in _detached_steps(ref, cluster) + _detached_gpu_faults(ref, cluster):
+    for line in _detached_kept(ref, cluster):
         print(line, file=out)
     return 1 if failed or summary.startswith("stopped") or summary == "stalled" else 0
 
@@ -170,43 +170,24 @@ def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
     return [head] + report_lines(diagnose(ranks), out_dir=out_dir, expected=expected)
 
 
-def _detached_steps(ref: RunRef, cluster: Cluster) -> list[str]:
-    """A detached run's stragglers (each node's watcher keeps its ranks' step times in
-    node-R.aN.steps, node.sh ftb_keep_steps), as an attached run's summary shows them; nothing
-    when no node has timed a step (a `command:` job, a run that did not get that far)."""
-    from .history import split_tail_output, steps_of
-
-    pattern = f"node-*.a{ref.attempt}.steps"
-    result = _run_dir_command(cluster, ref.nodes[0].host, ["find", ref.run_dir, "-maxdepth", "1", "-name", pattern,
-                                                           "-exec", "tail", "-v", "-n", "1", "--", "{}", "+"],
-                              posixpath.join(ref.run_dir, pattern))
-    files = split_tail_output(result.stdout, posixpath.dirname(ref.run_dir)).get(ref.run_id, {})
-    return stragglers_lines(steps_of(files, ref.record, ref.attempt))
-
-
-def _detached_gpu_faults(ref: RunRef, cluster: Cluster) -> list[str]:
-    """The GPU faults each node's kernel logged while a detached run's job ran there (its
-    watcher writes node-R.aN.xids when the job ends: node.sh ftb_xids), as a failed attached
-    run names them."""
+def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
+    """What a detached run's watchers kept in its run directory for the launcher they do not
+    have, in one read through rank 0's host: each node's step times (node-R.aN.steps, node.sh
+    ftb_keep_steps), shown as an attached run's summary shows its stragglers, and the GPU faults
+    its kernel logged while the job ran (node-R.aN.xids, node.sh ftb_xids), as a failed attached
+    run names them. Nothing when there is neither (a `command:` job on hosts without GPUs)."""
     from .check import health
-    from .history import faults_of, split_tail_output
-
-    pattern = f"node-*.a{ref.attempt}.xids"
-    result = _run_dir_command(cluster, ref.nodes[0].host, ["find", ref.run_dir, "-maxdepth", "1", "-name", pattern,
-                                                           "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
-                              posixpath.join(ref.run_dir, pattern))
-    files = split_tail_output(result.stdout, posixpath.dirname(ref.run_dir)).get(ref.run_id, {})
-    return health.run_fault_lines(faults_of(files, ref.record, ref.attempt))
-
-
-def stragglers_lines(record: dict | None) -> list[str]:
-    """The summary's straggler lines from a ``step_times`` record (history.steps_of)."""
+    from .history import faults_of, split_tail_output, step_nodes
     from .ui import stragglers
 
-    if not record:
-        return []
-    nodes = [stragglers.NodeSteps(host, **fields) for host, fields in record["nodes"].items()]
-    return stragglers.summary_lines(nodes, record["straggler_factor"])
+    names = [f"node-*.a{ref.attempt}.steps", f"node-*.a{ref.attempt}.xids"]
+    result = _run_dir_command(cluster, ref.nodes[0].host,
+                              ["find", ref.run_dir, "-maxdepth", "1", "(", "-name", names[0], "-o", "-name", names[1],
+                               ")", "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
+                              posixpath.join(ref.run_dir, "node-*"))
+    files = split_tail_output(result.stdout, posixpath.dirname(ref.run_dir)).get(ref.run_id, {})
+    nodes, factor = step_nodes(files, ref.record, ref.attempt)
+    return stragglers.summary_lines(nodes, factor) + health.run_fault_lines(faults_of(files, ref.record, ref.attempt))
 
 
 def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[str]:
