@@ -4,7 +4,7 @@
 #     .ci/gpu-wheels.sh                      # here, once: the wheels into .whl/
 #     device run, carry [".whl"], timeout_s 540, command: OUT=$OUT .ci/gpu-check.sh
 #
-# There: the wheels go into /tmp/site (first on PYTHONPATH, so LlamaFactory's pins win over
+# There: the wheels go into /tmp/ftb-site (first on PYTHONPATH, so LlamaFactory's pins win over
 # the image's newer packages), then `pytest -m gpu tests/test_gpu.py` runs with the image's
 # torch. What comes back in $OUT (the tool returns at most 8 files): env.txt (GPU, driver,
 # versions), pytest.log (each test's figures), recorded.tgz (the nvidia-smi readings and the

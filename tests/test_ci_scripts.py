@@ -4,6 +4,7 @@ must not be rebuilt by a test): pure, about a second."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -137,18 +138,19 @@ def test_venv_script_installs_python3_venv_when_the_interpreter_cannot_make_one(
 
 def test_gpu_check_script_without_a_gpu_skips_the_gpu_tests_and_returns_its_three_files(tmp_path):
     """.ci/gpu-check.sh (docs/testing.md: the `gpu` tests on a lent GPU machine), here where
-    there is no GPU, and no wheels (a checkout's .whl/ is for Python 3.12): the gpu tests are collected and skipped, the versions are
-    read with the interpreter given, and what the device tool would return is there. Both GPU
-    scripts pass shellcheck."""
+    there is no GPU, and no wheels (a checkout's .whl/ is for Python 3.12): the gpu tests are
+    collected and skipped, the versions are read with the interpreter given, and what the
+    device tool would return is there. Both GPU scripts pass shellcheck."""
     shellcheck = subprocess.run(["bash", str(REPO / ".ci" / "shellcheck.sh")], capture_output=True, text=True,
                                 check=True).stdout.strip()
     lint = subprocess.run([shellcheck, str(REPO / ".ci" / "gpu-check.sh"), str(REPO / ".ci" / "gpu-wheels.sh")],
                           capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
     out = tmp_path / "out"
-    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OUT=str(out), PY=sys.executable, WHEELS=str(tmp_path / "none"), PATH="/usr/bin:/bin")
     proc = subprocess.run(["bash", str(REPO / ".ci" / "gpu-check.sh")], capture_output=True, text=True, timeout=300,
-                          env={**env, "OUT": str(out), "PY": sys.executable, "WHEELS": str(tmp_path / "none"), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+                          env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["env.txt", "pytest.log", "recorded.tgz"]
     log = (out / "pytest.log").read_text()

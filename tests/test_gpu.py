@@ -230,3 +230,11 @@ def test_lora_on_the_gpu_shows_no_deprecated_variable_no_raw_bar_and_where_the_t
     """Issue 37 item 5: the quickstart's LoRA on this machine's GPU (bf16, NCCL), one rank."""
     proc, log = lora_through_ftbundle(tmp_path, "cuda")
     assert_what_the_first_gpu_run_showed_is_gone(proc, log, "cuda")
+
+
+@pytest.mark.train
+def test_the_gpu_lora_checks_hold_on_the_cpu(tmp_path):
+    """The same run and checks on the CPU (gloo, fp32), everywhere: the GPU test's own logic is
+    exercised in CI, so a lent GPU's few minutes are not spent finding a fault in the test."""
+    proc, log = lora_through_ftbundle(tmp_path, "cpu")
+    assert_what_the_first_gpu_run_showed_is_gone(proc, log, "cpu")
