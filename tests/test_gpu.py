@@ -238,3 +238,38 @@ def test_the_gpu_lora_checks_hold_on_the_cpu(tmp_path):
     exercised in CI, so a lent GPU's few minutes are not spent finding a fault in the test."""
     proc, log = lora_through_ftbundle(tmp_path, "cpu")
     assert_what_the_first_gpu_run_showed_is_gone(proc, log, "cpu")
+
+
+@pytest.mark.gpu
+def test_the_node_programs_kernel_log_read_names_this_machines_gpus(tmp_path):
+    """node.sh's ``xids`` (what a failed or stalled run reads on every `ftb-gpu` node) against the
+    real driver: the kernel's uptime, nvidia-smi's index/UUID/PCI CSV lined up with
+    `nvidia-smi -L`, the Xid lines parsed with their age; with SINCE in the future, nothing at all
+    (no Xid after the attempt began: the launcher names none). Within its time limit."""
+    import time
+
+    from ftbundle.check.health import parse_xids_report
+
+    node = Path(__file__).resolve().parent.parent / "ftbundle" / "remote" / "node.sh"
+    t = time.monotonic()
+    proc = subprocess.run(["bash", str(node), "xids", "3600"], capture_output=True, text=True, timeout=30)
+    took = time.monotonic() - t
+    assert proc.returncode == 0 and took < 4, (proc.returncode, took, proc.stdout, proc.stderr)
+    uptime = [line for line in proc.stdout.splitlines() if line.startswith("uptime ")]
+    assert uptime and float(uptime[0].split()[1]) > 0, proc.stdout
+    gpus, xids = parse_xids_report(proc.stdout)
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert [g.uuid for g in gpus] == re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)", listing), proc.stdout
+    assert all(g.bus_id for g in gpus) and all(x.age_s is not None for x in xids), proc.stdout
+    later = subprocess.run(["bash", str(node), "xids", "3600", str(int(float(uptime[0].split()[1])) + 3600)],
+                           capture_output=True, text=True, timeout=30)
+    assert later.returncode == 0 and later.stdout == "", later.stdout
+    dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30).returncode
+    sample = f"{slug(listing.split(': ', 1)[1].split(' (UUID')[0])}-x{len(gpus)}"
+    RECORDED.mkdir(parents=True, exist_ok=True)
+    (RECORDED / f"{sample}.xids.txt").write_text(proc.stdout)
+    with open(RECORDED / "SOURCES.md", "a") as sources:
+        sources.write(f"- `{sample}.xids.txt`: `node.sh xids 3600` (a failed run's kernel-log read), recorded "
+                      f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {socket.gethostname()} "
+                      f"by tests/test_gpu.py in {took:.2f} s; dmesg exit {dmesg}; {len(xids)} Xid lines\n")
+    print(f"node.sh xids: {took:.2f} s, {len(gpus)} GPUs, {len(xids)} Xid lines, dmesg exit {dmesg}")
