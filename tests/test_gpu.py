@@ -134,6 +134,20 @@ def test_real_gpu_health_is_read_in_every_field(tmp_path):
                       f"{'; '.join(check.warnings) or 'none'}\n")
 
 
+
+def burn_in_here(tmp_path: Path, seconds: float):
+    """`check --burn-in SECONDS` of a one-host job on this machine (its report)."""
+    from ftbundle.check.burnin import run_burnin
+    from ftbundle.commands.common import load_layout, open_cluster
+    from ftbundle.plan import make_plan
+    from tests.test_check import local_job
+
+    (tmp_path / ".shared").mkdir()
+    _, layout = load_layout(str(local_job(tmp_path, train={"command": "true"}, nproc_per_node=1)), None)
+    with open_cluster(layout.hosts) as cluster:
+        return run_burnin(make_plan(layout), cluster, seconds=seconds)
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_real_gpu_burn_in_measures_every_gpu(tmp_path):
@@ -144,15 +158,7 @@ def test_real_gpu_burn_in_measures_every_gpu(tmp_path):
     GPUs are alike: none is named slow."""
     import json
 
-    from ftbundle.check.burnin import run_burnin
-    from ftbundle.commands.common import load_layout, open_cluster
-    from ftbundle.plan import make_plan
-    from tests.test_check import local_job
-
-    (tmp_path / ".shared").mkdir()
-    _, layout = load_layout(str(local_job(tmp_path, train={"command": "true"}, nproc_per_node=1)), None)
-    with open_cluster(layout.hosts) as cluster:
-        report = run_burnin(make_plan(layout), cluster, seconds=20)
+    report = burn_in_here(tmp_path, 20)
     assert report.ok, report.errors
     gpus = {f.device for f in report.figures}
     count = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout.count("GPU ")
@@ -273,3 +279,52 @@ def test_the_node_programs_kernel_log_read_names_this_machines_gpus(tmp_path):
                       f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {socket.gethostname()} "
                       f"by tests/test_gpu.py in {took:.2f} s; dmesg exit {dmesg}; {len(xids)} Xid lines\n")
     print(f"node.sh xids: {took:.2f} s, {len(gpus)} GPUs, {len(xids)} Xid lines, dmesg exit {dmesg}")
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_a_healthy_gpu_under_a_burn_ins_load_is_named_by_no_health_rule(tmp_path):
+    """The health query, as the probe asks it, every 0.5 s while the burn-in loads this machine's
+    GPUs: under full load (power at its cap, clocks moving, the link busy) a healthy GPU must not
+    be named (clocks cut, a slow PCIe link, anything fatal): a check run beside a busy job, or a
+    rule that only holds at idle, would otherwise name a good GPU. The readings are recorded
+    (`<sample>.under-load.health.csv`, replayed by tests/test_check_health.py) with what they
+    show: the clock event reasons seen, the SM clock and the power draw."""
+    from ftbundle.check import health as H
+
+    fields = ",".join(H.FIELD_ALIASES.get(f, f) for f in H.HEALTH_FIELDS)  # (this driver's name for the reasons)
+    samples = tmp_path / "under-load.csv"
+    with open(samples, "w") as out:
+        sampler = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,nounits", "-lms", "500"],
+                                   stdout=out, stderr=subprocess.STDOUT)
+        try:
+            report = burn_in_here(tmp_path, 20)
+        finally:
+            sampler.terminate()
+            sampler.wait(timeout=30)
+    assert report.ok, report.errors
+    lines = samples.read_text().splitlines()
+    text = "\n".join([lines[0], *(line for line in lines[1:] if not line.startswith("index"))]) + "\n"
+    readings = H.parse_health_csv(text)
+    busy = [g for g in readings if not (g.clock_events or 0) & H.IDLE_REASON]
+    assert len(busy) >= 20, text[:2000]  # the load was seen (20 s at 2 readings a second, all GPUs)
+    named = [f"{f.gpu}: {f.reading}" for g in readings for f in H.gpu_findings("here", g)]
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True).stdout
+    sample = f"{slug(listing.split(': ', 1)[1].split(' (UUID')[0])}-x{listing.count('GPU ')}"
+    RECORDED.mkdir(parents=True, exist_ok=True)
+    (RECORDED / f"{sample}.under-load.health.csv").write_text(text)
+    reasons = sorted({g.clock_events or 0 for g in readings})
+    clocks = sorted(g.sm_clock_mhz for g in busy if g.sm_clock_mhz is not None)
+    column = [re.sub(r"\s*\[.*\]$", "", c) for c in lines[0].split(", ")].index("power.draw")
+    power = [float(cells[column]) for cells in (line.split(", ") for line in text.splitlines()[1:])
+             if len(cells) > column and re.fullmatch(r"[0-9.]+", cells[column])]
+    seen = (f"{len(readings)} readings, {len(busy)} busy; clock event reasons seen "
+            f"{', '.join(f'{r:#x}' for r in reasons)}; busy SM clock {clocks[0]}-{clocks[-1]} MHz "
+            f"(median {clocks[len(clocks) // 2]}); power draw up to {max(power, default=0):.0f} W; "
+            f"burn-in {'; '.join(f'{f.device} {f.metric} {f.value:.0f}' for f in report.figures)}")
+    with open(RECORDED / "SOURCES.md", "a") as sources:
+        sources.write(f"- `{sample}.under-load.health.csv`: the probe's health query every 0.5 s during "
+                      f"`check --burn-in 20`, recorded {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC "
+                      f"on {socket.gethostname()} by tests/test_gpu.py: {seen}; named: {'; '.join(named) or 'nothing'}\n")
+    print(f"under load: {seen}")
+    assert not named, named
