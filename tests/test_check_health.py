@@ -32,6 +32,7 @@ from tests.test_check_unit import (
     run_probe,
 )
 
+RECORDED = SMI / "recorded"  # what tests/test_gpu.py recorded on lent GPU machines
 REAL = SMI / "health"  # verbatim copies of the recorded H100 readings
 SAMPLE = "h100-health"  # what the stand-in replays: the real readings (README: two columns added)
 UUID = "GPU-0e7e2459-5537-7ce0-d915-6c9a8d0e0338"
@@ -122,6 +123,57 @@ def test_the_real_temperature_section_gives_hoppers_t_limit_margins():
     assert g.at_slowdown and g.slowdown_c == 89 and g.tlimit_c is None
     (found,) = H.gpu_findings("n", g)
     assert found.reading == "temperature at its slowdown threshold (89 C, slowdown at 89 C)" and not found.fatal
+
+
+def test_the_probes_own_health_query_on_a_real_h100_reads_every_field():
+    """What the probe itself asked and got on a lent H100 (tests/test_gpu.py, 2026-11-27: no units,
+    the reasons under their new name, the two columns the hand-made sample adds): every field
+    read, the same columns as the sample the stand-in replays, and a healthy GPU named by nothing."""
+    text = (RECORDED / "nvidia-h100-80gb-hbm3-x1.health.csv").read_text()
+    names = lambda t: [c.split(" [")[0] for c in t.splitlines()[0].split(", ")]  # noqa: E731
+    assert names(text) == names((SMI / f"{SAMPLE}.health.csv").read_text())
+    (g,) = H.with_temperatures(H.parse_health_csv(text),
+                               (RECORDED / "nvidia-h100-80gb-hbm3-x1.temperature.txt").read_text())
+    assert g.uuid == "GPU-d8da991c-ad10-ca85-a0ea-0b51b3553ee1" and g.bus_id == "00000000:00:06.0"
+    assert (g.ecc_mode, g.ecc_uncorrected, g.remap_pending, g.remap_failure) == ("Enabled", 0, False, False)
+    assert (g.clock_events, g.sm_clock_max_mhz, g.pcie_gen, g.pcie_gen_max, g.pcie_width, g.pcie_width_max) == (
+        0x1, 1980, 5, 5, 16, 16)
+    assert (g.tlimit_c, g.slowdown_tlimit_c, g.at_slowdown) == (40, -2, False)
+    assert H.gpu_findings("h", g) == []
+
+
+def test_a_real_h100_at_its_power_cap_in_a_burn_in_is_named_by_no_rule_and_a_brake_would_be():
+    """The probe's health query every 0.5 s through a 20 s burn-in on a lent H100 (tests/test_gpu.py):
+    the GEMM half runs at the 700 W cap (reason 0x4, SW power cap) with the SM clock pulled down to
+    about 1350 of 1980 MHz. That is how a healthy H100 runs a long load, and no rule names it. The
+    documented edits on the same busy readings are named: the power brake (0x80) and a link that
+    dropped to gen 4 while busy."""
+    text = (RECORDED / "nvidia-h100-80gb-hbm3-x1.under-load.health.csv").read_text()
+    readings = H.parse_health_csv(text)
+    capped = [g for g in readings if g.clock_events == 0x4]
+    assert len(capped) >= 20 and max(g.sm_clock_mhz for g in capped) < 1500 <= capped[0].sm_clock_max_mhz
+    assert [f.reading for g in readings for f in H.gpu_findings("h", g)] == []
+    braked = H.parse_health_csv(text.replace(", 0x0000000000000004, ", ", 0x0000000000000084, "))
+    named = [f for g in braked for f in H.gpu_findings("h", g)]
+    assert len(named) == len(capped) and {f.kind for f in named} == {"clocks cut"}
+    assert named[0].reading == "clock event reasons 0x84 (HW power brake slowdown), SM 1410 of 1980 MHz"
+    slower = H.parse_health_csv(edit(text, pcie__link__gen__current="4"))
+    kinds = [(g.clock_events, f.kind) for g in slower for f in H.gpu_findings("h", g)]
+    assert kinds and all(k == "PCIe gen" and not reasons & H.IDLE_REASON for reasons, k in kinds)
+    assert len(kinds) == sum(1 for g in slower if not g.clock_events & H.IDLE_REASON)  # busy ones only
+
+
+def test_the_node_programs_kernel_log_read_on_a_real_h100_names_an_xid_by_uuid():
+    """node.sh's `xids` answer as it came from a lent H100 (tests/test_gpu.py): the GPU by index,
+    UUID and bus; no Xid. With an Xid 79 line added, stamped 10 s before, the GPU is named fatal."""
+    text = (RECORDED / "nvidia-h100-80gb-hbm3-x1.xids.txt").read_text()
+    gpus, xids = H.parse_xids_report(text)
+    assert [(g.index, g.uuid, g.bus_id) for g in gpus] == [("0", "GPU-d8da991c-ad10-ca85-a0ea-0b51b3553ee1",
+                                                            "00000000:00:06.0")] and xids == []
+    gpus, xids = H.parse_xids_report(text + f"[  147.98] {XID79}\n")
+    (found,) = H.xid_findings("node1", gpus, xids)
+    assert (found.gpu, found.kind, found.fatal) == ("GPU 0 (GPU-d8da991c-ad10-ca85-a0ea-0b51b3553ee1)", "Xid 79", True)
+    assert found.reading.startswith("Xid 79 10 s ago")
 
 
 def test_na_not_supported_and_lost_gpus_read_as_unknown_never_as_zero():
