@@ -75,6 +75,26 @@ def test_summary_lines_show_every_node():
     assert lines[4].split()[:5] == ["node2", "42.0", "ms", "50.4", "ms"]
 
 
+def test_a_large_fleets_summary_names_the_slow_and_folds_the_rest_into_ranges():
+    """256 nodes: not 256 lines. The straggler and the three slowest others a line each, every
+    other node in one folded line with the ranges of their figures (which expands back to exactly
+    those nodes); up to 16 nodes, every node a line, in natural order (node2 before node10)."""
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
+
+    nodes = [NodeSteps(f"node{i}", 40 + i % 2, 0.090 if i == 7 else 0.030 + (i % 5) * 0.0005,
+                       0.036 + (i % 3) * 0.001) for i in range(256)]
+    lines = stragglers.summary_lines(nodes)
+    assert lines[0] == "  stragglers   node7 2.90x the fleet's median (straggler_factor 1.15)"
+    assert len(lines) == 8 and [line.split()[0] for line in lines[2:6]] == ["node7", "node4", "node9", "node14"]
+    folded, count = lines[6].split()[:2]
+    assert count == "(252" and sorted(NodeSet(folded, resolver=RESOLVER_NOGROUP)) == sorted(
+        f"node{i}" for i in range(256) if i not in (4, 7, 9, 14))
+    assert lines[6].split()[3:] == ["30.0-32.0", "ms", "36.0-38.0", "ms", "40-41"]
+    assert "`ftbundle runs --json`" in lines[7]
+    few = stragglers.summary_lines(nodes[:16])
+    assert [line.split()[0] for line in few[2:]] == [f"node{i}" for i in range(16)]
+
+
 def test_record_is_json():
     record = json.loads(json.dumps(stragglers.as_record(fleet(0.030, 0.031, 0.042))))
     assert record["fleet_median_s"] == 0.031 and record["straggler_factor"] == 1.15

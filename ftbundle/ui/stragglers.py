@@ -15,8 +15,11 @@ fleet's median is the median of the nodes' medians, and a node whose median is a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+
+from ..hostlist import fold
 
 STRAGGLER_FACTOR = 1.15  # the job's straggler_factor by default
 # a node is judged once it has timed this many steps: the first ones warm up, and a median of a
@@ -24,6 +27,10 @@ STRAGGLER_FACTOR = 1.15  # the job's straggler_factor by default
 # 200-step run, bench/health.py; the summary, judged at the end, named nobody)
 MIN_STEPS = 20
 MIN_NODES = 2  # no fleet to compare with below this
+# the closing summary lists every node up to this many; beyond, the stragglers and the slowest
+# others each on a line, the rest folded into one line of ranges (all: `runs --json`)
+TABLE_MAX = 16
+SLOWEST_SHOWN = 3
 
 
 @dataclass(frozen=True)
@@ -125,10 +132,23 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
+def _natural(host: str) -> list:
+    """node2 before node10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", host)]
+
+
+def _span(values: list[float], fmt) -> str:
+    low, high = min(values), max(values)
+    return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low).split()[0]}-{fmt(high)}"
+
+
 def summary_lines(nodes: Iterable[NodeSteps], factor: float = STRAGGLER_FACTOR) -> list[str]:
     """The closing summary's lines: the straggler(s) named (or nobody), then every node's
-    median and p90 compute time per step; none for a run of one node (no fleet to compare)."""
-    nodes = sorted(nodes, key=lambda n: n.host)
+    median and p90 compute time per step; none for a run of one node (no fleet to compare).
+    Beyond TABLE_MAX nodes, the stragglers and the SLOWEST_SHOWN slowest others a line each,
+    and the rest one folded line of ranges: 256 lines would push the run's end off the screen
+    (every node's figures stay in summary.json and `ftbundle runs --json`)."""
+    nodes = sorted(nodes, key=lambda n: _natural(n.host))
     if len(nodes) < MIN_NODES:
         return []
     fleet = fleet_median(nodes)
@@ -140,12 +160,25 @@ def summary_lines(nodes: Iterable[NodeSteps], factor: float = STRAGGLER_FACTOR) 
         lines = [f"  stragglers   none (every node within {factor:g}x the fleet's median)"]
     else:
         lines = [f"  stragglers   not judged (fewer than {MIN_NODES} nodes with {MIN_STEPS}+ steps timed)"]
-    width = max(len(n.host) for n in nodes)
+    shown, rest = nodes, []
+    if len(nodes) > TABLE_MAX:
+        named = [n for n, _ in found]
+        others = sorted((n for n in nodes if n not in named), key=lambda n: -n.median_s)
+        shown = named + others[:SLOWEST_SHOWN]
+        rest = sorted(others[SLOWEST_SHOWN:], key=lambda n: _natural(n.host))
+    folded = f"{fold(n.host for n in rest)} ({len(rest)} nodes)" if rest else ""
+    width = max([len(n.host) for n in shown] + [len(folded)])
     lines.append("  step compute per node (forward to last gradient; median / p90 / steps timed"
                  + (f"; fleet median {_ms(fleet)}" if fleet else "") + "):")
-    for n in nodes:
+    for n in shown:
         rank = f"  (local rank {n.local_rank})" if n.local_rank else ""
         lines.append(f"    {n.host.ljust(width)}  {_ms(n.median_s):>10}  {_ms(n.p90_s):>10}  {n.steps:>6}{rank}")
+    if rest:
+        steps = _span([float(n.steps) for n in rest], lambda v: f"{v:.0f}")
+        lines.append(f"    {folded.ljust(width)}  {_span([n.median_s for n in rest], _ms):>10}  "
+                     f"{_span([n.p90_s for n in rest], _ms):>10}  {steps:>6}")
+        lines.append(f"    (the {len(shown)} above: stragglers and the slowest others; every node's figures: "
+                     "`ftbundle runs --json`, step_times)")
     return lines
 
 
