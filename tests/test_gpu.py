@@ -211,6 +211,53 @@ def lora_through_ftbundle(tmp_path: Path, device: str) -> tuple[subprocess.Compl
     return proc, (logs[-1].read_text(errors="replace") if logs else "")
 
 
+def assert_the_ranks_step_clock_ran(job_dir: Path, steps: int) -> None:
+    """The run's summary.json has the rank's own step times (shims/steptimes.py: CUDA events on
+    a GPU, the CPU's clock elsewhere): every step timed (on a GPU the last ones, still on it when
+    training ended, waited for then), each below what a whole step took."""
+    import json
+
+    (summary,) = (job_dir / "quickstart/.shared/runs").glob("*/summary.json")
+    record = json.loads(summary.read_text())
+    (node,) = record["step_times"]["nodes"].values()
+    assert node["steps"] == steps and 0 < node["median_s"] <= node["p90_s"], record["step_times"]
+    assert node["median_s"] < record["duration_s"] / steps, (node, record["duration_s"])
+    print(f"step clock: {node['steps']} steps, median {node['median_s'] * 1000:.1f} ms, "
+          f"p90 {node['p90_s'] * 1000:.1f} ms")
+
+
+def step_clock_against_the_wall(tmp_path: Path, device: str, size: int) -> tuple[list[float], list[float]]:
+    """The step clock on a plain model of 4 square layers, 25 steps: its times, and each step's
+    forward and backward timed from outside with the device synchronized before and after."""
+    import time
+
+    import torch
+
+    from ftbundle.shims.steptimes import StepClock
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = torch.nn.Sequential(*[torch.nn.Linear(size, size, bias=False) for _ in range(4)]).to(device, dtype)
+    x = torch.randn(size, size, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    clock = StepClock(path=str(tmp_path / "steps"), local_rank="0")
+    clock.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    walls = []
+    for _ in range(25):
+        sync()
+        began = time.perf_counter()
+        clock.step_begins()
+        model(x).float().square().mean().backward()
+        sync()
+        walls.append(time.perf_counter() - began)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        clock.step_done()
+    clock.finish()  # (the steps the GPU had not passed at their end are waited for)
+    assert (tmp_path / "steps.0").read_text().split()[:2] == ["0", "25"]
+    return clock.times, walls
+
+
 def assert_what_the_first_gpu_run_showed_is_gone(proc: subprocess.CompletedProcess, log: str, device: str) -> None:
     """What ../shared/gpu/RUN-2026-11-27.md saw on the terminal of a real H100 run (issue 37
     item 5): the deprecated TORCH_NCCL_TRACE_BUFFER_SIZE warning, raw tqdm fragments, and 32 s
@@ -233,9 +280,11 @@ def assert_what_the_first_gpu_run_showed_is_gone(proc: subprocess.CompletedProce
 
 @pytest.mark.gpu
 def test_lora_on_the_gpu_shows_no_deprecated_variable_no_raw_bar_and_where_the_time_went(tmp_path):
-    """Issue 37 item 5: the quickstart's LoRA on this machine's GPU (bf16, NCCL), one rank."""
+    """Issue 37 item 5: the quickstart's LoRA on this machine's GPU (bf16, NCCL), one rank; and
+    the rank's step clock (CUDA events, item 3) reached the summary."""
     proc, log = lora_through_ftbundle(tmp_path, "cuda")
     assert_what_the_first_gpu_run_showed_is_gone(proc, log, "cuda")
+    assert_the_ranks_step_clock_ran(tmp_path, 30)
 
 
 @pytest.mark.train
@@ -244,6 +293,29 @@ def test_the_gpu_lora_checks_hold_on_the_cpu(tmp_path):
     exercised in CI, so a lent GPU's few minutes are not spent finding a fault in the test."""
     proc, log = lora_through_ftbundle(tmp_path, "cpu")
     assert_what_the_first_gpu_run_showed_is_gone(proc, log, "cpu")
+    assert_the_ranks_step_clock_ran(tmp_path, 30)
+
+
+@pytest.mark.gpu
+def test_the_step_clock_times_the_gpus_work_not_the_kernel_launches(tmp_path):
+    """The straggler figure on a GPU (shims/steptimes.py, item 3) is CUDA events around each
+    micro-batch, read once the GPU has passed them. Launching a step's kernels takes the CPU a
+    hundredth of what running them takes the GPU, so a clock that timed the launches would name
+    no slow GPU: its median must be close to each step's forward and backward timed from outside
+    with the GPU synchronized (4 bf16 layers of 8192: 12 GEMMs a step, about 20 ms on an H100)."""
+    times, walls = step_clock_against_the_wall(tmp_path, "cuda", 8192)
+    ratio = sorted(times)[len(times) // 2] / sorted(walls)[len(walls) // 2]
+    print(f"step clock on the GPU: median {sorted(times)[12] * 1000:.2f} ms, synchronized wall "
+          f"{sorted(walls)[12] * 1000:.2f} ms ({ratio:.2f}x), {len(times)} steps")
+    assert len(times) == 25 and 0.7 < ratio <= 1.05, (times, walls)
+
+
+@pytest.mark.train
+def test_the_step_clock_against_the_wall_on_the_cpu(tmp_path):
+    """The same comparison on the CPU (its clock, no events), everywhere."""
+    times, walls = step_clock_against_the_wall(tmp_path, "cpu", 256)
+    ratio = sorted(times)[len(times) // 2] / sorted(walls)[len(walls) // 2]
+    assert len(times) == 25 and 0.7 < ratio <= 1.05, (times, walls)
 
 
 @pytest.mark.gpu

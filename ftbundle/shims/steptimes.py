@@ -7,7 +7,8 @@ Staged into the run directory as ``ftb_steptimes.py``. The LlamaFactory entry ad
     trainer.add_callback(StepTimes())
 
 and a script with a training loop of its own calls ``clock = StepClock(); clock.watch(model)``
-once (the model itself, not its DDP wrapper) and ``clock.step_done()`` after each optimizer step.
+once (the model itself, not its DDP wrapper), ``clock.step_done()`` after each optimizer step
+and ``clock.finish()`` once training ends.
 
 What is timed: the rank's own compute of each optimizer step, from its model's forward pass to
 the last gradient its backward pass computes (every micro-batch of the step, summed). In
@@ -100,8 +101,7 @@ class StepClock:
         if self._events:  # CUDA: read once the GPU has passed them, a step or two later (no wait)
             self._waiting.append(self._events)
             self._events = []
-        while self._waiting and all(stop.query() for _, stop in self._waiting[0]):
-            self.times.append(sum(start.elapsed_time(stop) for start, stop in self._waiting.pop(0)) / 1000)
+        self._read_passed()
         if self._step > 0:
             self.times.append(self._step)
         del self.times[:-KEEP]
@@ -110,6 +110,20 @@ class StepClock:
         if now - self._written >= WRITE_EVERY_S:
             self.write()
             self._written = now
+
+    def _read_passed(self, wait: bool = False) -> None:
+        """CUDA: the waiting steps' times, those the GPU has passed (``wait``: all, waiting for them)."""
+        while self._waiting and (wait or all(stop.query() for _, stop in self._waiting[0])):
+            pairs = self._waiting.pop(0)
+            if wait:
+                pairs[-1][1].synchronize()
+            self.times.append(sum(start.elapsed_time(stop) for start, stop in pairs) / 1000)
+
+    def finish(self) -> None:
+        """Training ended: the steps still on the GPU are waited for (once, at the end), then written."""
+        self._read_passed(wait=True)
+        del self.times[:-KEEP]
+        self.write()
 
     def line(self) -> str | None:
         if not self.times:
@@ -156,6 +170,6 @@ def StepTimes(clock: StepClock | None = None):  # (a class to its users: named l
             self.clock.step_done()
 
         def on_train_end(self, args, state, control, **kwargs):
-            self.clock.write()
+            self.clock.finish()
 
     return _StepTimes()
