@@ -489,6 +489,15 @@ class Cluster:
     def alive(self, host: Host) -> bool:
         return host.local or self._transport(host) is not None
 
+    def can_send(self, host: Host, wait: float = 0.0) -> bool:
+        """Whether a message to ``host`` would go out now: its transport is up and no key exchange
+        holds its sends (one in progress is waited for up to ``wait`` seconds; a real one takes
+        milliseconds, one whose peer stopped mid-way never ends, while the transport stays active)."""
+        if host.local:
+            return True
+        transport = self._transport(host)
+        return transport is not None and transport.clear_to_send.wait(wait)
+
     def answers(self, host: Host, timeout: float) -> bool:
         """Whether the host's sshd replies within ``timeout``: a global request that wants a
         reply (sshd answers one it does not know with a failure, which is an answer). A

@@ -296,6 +296,36 @@ def test_a_full_disk_is_refused_before_launch_and_named_when_it_fills(small_disk
     fill.unlink()
 
 
+def test_a_runs_record_goes_through_another_host_when_rank0s_key_exchange_hangs(cluster2, tmp_path):
+    """summary.json is written through a node the launcher can send to. Rank 0's host first, as
+    before, only while its sends go out: with its key exchange held (its transport active, its
+    ``clear_to_send`` cleared, as in the test below), the record went through it, waited the 5 s
+    limit and was lost (seen under load, when rank 0's exit arrived before it was given up on).
+    Now it goes through node1 at once, and rank 0's log is not waited for either."""
+    from ftbundle.commands.common import load_layout, open_cluster
+    from ftbundle.launch.attempts import record_hosts, record_run
+    from ftbundle.launch.supervisor import Outcome
+    from ftbundle.plan import make_plan
+
+    _, layout = load_layout(command_job(cluster2, tmp_path, "record", "true"), None)
+    plan = make_plan(layout)
+    with open_cluster(layout.hosts) as cluster:
+        node0, node1 = (n.host for n in plan.nodes)
+        assert [h.name for h in record_hosts(plan, cluster, ())] == ["node0", "node1"]  # (the usual order)
+        transport = cluster._transport(node0)
+        transport.clear_to_send.clear()
+        try:
+            assert not cluster.can_send(node0, 0.2) and cluster.can_send(node1)
+            assert [h.name for h in record_hosts(plan, cluster, ())] == ["node1", "node0"]
+            t0 = time.monotonic()
+            record_run(plan, cluster, Outcome(1), attempt=1, started_wall=time.time(), duration_s=1.0)
+            took = time.monotonic() - t0
+        finally:
+            transport.clear_to_send.set()
+    summary = json.loads((Path(plan.run_dir) / "summary.json").read_text())
+    assert summary["exit_code"] == 1 and took < 4, (summary, took)  # (4: under the 5 s a held host took)
+
+
 @pytest.mark.parametrize("held", [1, 0], ids=["node1-held", "node0-held"])
 def test_a_host_whose_key_exchange_hangs_is_named_and_holds_nobody_else_back(cluster2, tmp_path, monkeypatch,
                                                                               capfd, held):

@@ -20,6 +20,7 @@ import posixpath
 import re
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
@@ -39,7 +40,8 @@ from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
 from .supervisor import LOST_EXIT_CODE, Outcome, State, Supervisor, stage_files
 
 RESTART_DELAY_S = 1.0
-RECORD_TIMEOUT_S = 5.0  # writing summary.json at the end of a run
+RECORD_TIMEOUT_S = 5.0  # writing summary.json at the end of a run, through one host
+RECORD_TRIES = 3  # hosts tried in turn for it (record_hosts)
 FENCE_MARGIN_S = 5.0  # beyond a lost node's watchdog and stop grace: its stop written, on a loaded host
 
 
@@ -487,10 +489,24 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
         files[ATTEMPTS_FILE] = json.dumps(list(attempts), indent=2) + "\n"
     if progress.records:
         files[METRICS_FILE] = "".join(json.dumps(r) + "\n" for r in progress.records)
-    # through a node the run could still reach (rank 0's host may be the one that was lost)
-    host = next((n.host for n in plan.nodes if n.rank not in outcome.lost and cluster.alive(n.host)),
-                plan.nodes[0].host)
-    try:  # (briefly: an interrupted ftbundle must not wait long on a record)
-        stage_files(cluster, host, plan.run_dir, files, timeout=RECORD_TIMEOUT_S)
-    except Exception:
-        pass
+    # through a node the run could still reach (rank 0's host may be the one that was lost, or
+    # one whose SSH key exchange hangs: its transport is active, nothing sent to it goes out)
+    for host in record_hosts(plan, cluster, outcome.lost):
+        try:  # (briefly: an interrupted ftbundle must not wait long on a record)
+            stage_files(cluster, host, plan.run_dir, files, timeout=RECORD_TIMEOUT_S)
+            return
+        except Exception:  # noqa: BLE001 - the next host, if any
+            continue
+
+
+def record_hosts(plan: Plan, cluster: Cluster, lost: Iterable[int], tries: int = RECORD_TRIES) -> list[Host]:
+    """Where the run's record is written through, in order, ``tries`` at most: the nodes not
+    lost whose sends go out now (rank order), then those whose transport is up but held (a key
+    exchange in progress), then rank 0's host whatever its state."""
+    kept = [n.host for n in plan.nodes if n.rank not in set(lost) and cluster.alive(n.host)]
+    ready = [h for h in kept if cluster.can_send(h)]
+    order = ready + [h for h in kept if h not in ready] + [plan.nodes[0].host]
+    each: dict[str, Host] = {}
+    for host in order:
+        each.setdefault(host.name, host)  # (each once, at its first place)
+    return list(each.values())[:tries]
