@@ -58,6 +58,7 @@ LOST_EXIT_CODE = 255  # like ssh, for a node whose connection or heartbeat was l
 PAUSED_AFTER_S = 2.0  # the loop wakes every 0.2 s: a gap this long means ftbundle itself did not run
 TAIL_LINES = 20
 DRAIN_S = 3.0  # how long rank 0's log may take to reach its end after the job
+HELD_WAIT_S = 0.5  # a key exchange in progress on rank 0's connection waited for before the drain
 FAILURE_TAIL_LINES = 300  # of the failed node's log, read for torchrun's root-cause report
 TRAINER_LOG = "trainer_log.jsonl"  # LlamaFactory's LogCallback, in output_dir
 # a failed run's GPU faults (_print_gpu_faults): each node's kernel log read in at most this long,
@@ -217,9 +218,7 @@ class Supervisor:
             if self.ui is not None:
                 self.ui.stop()
             self.say("interrupted: stopping every node")
-            t0 = time.monotonic()
-            lost = self._teardown()
-            took = time.monotonic() - t0
+            lost, took = self._teardown()
             self.say(f"all nodes stopped in {took:.1f}s" if not lost else
                      f"reachable nodes stopped in {took:.1f}s; " + self._unreachable_note(lost))
             outcome = Outcome(130, interrupted=True, teardown_s=took, lost=tuple(lost))
@@ -403,9 +402,7 @@ class Supervisor:
 
     # -- failure and teardown ---------------------------------------------------------
     def _fail(self) -> Outcome:
-        t0 = time.monotonic()
-        lost = self._teardown()
-        took = time.monotonic() - t0
+        lost, took = self._teardown()
         first = min(self.failures, key=lambda f: f.at)
         node = self.plan.nodes[first.rank]
         if self.ui is not None:
@@ -461,8 +458,7 @@ class Supervisor:
         for line in lines:
             self.say(self.redact(line))
         t0 = time.monotonic()
-        lost = self._teardown()
-        took = time.monotonic() - t0
+        lost, took = self._teardown()
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         failure = Failure(culprit.node_rank if culprit else 0, culprit.host if culprit else self.plan.nodes[0].host.name,
                           f"stalled: no progress for {silent:.0f}s", STALLED_EXIT_CODE, t0)
@@ -482,8 +478,7 @@ class Supervisor:
         self.say(f"stalled: {what}; no progress from any rank for {silent:.0f}s "
                  f"(stall_timeout {self.plan.stall_timeout}s)")
         t0 = time.monotonic()
-        lost = self._teardown()
-        took = time.monotonic() - t0
+        lost, took = self._teardown()
         self.say(f"stopped every node in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         if lost:
             self.say("a process waiting on that storage cannot be killed: its SIGKILL waits until the storage "
@@ -555,8 +550,11 @@ class Supervisor:
                          "`ftbundle status` shows what is left)")
         return "; ".join(notes)
 
-    def _teardown(self) -> list[int]:
-        """Stop every node over the open connections; the ranks not confirmed stopped.
+    def _teardown(self) -> tuple[list[int], float]:
+        """Stop every node over the open connections; the ranks not confirmed stopped, and the
+        seconds the stopping took (what "stopped the other nodes in" says: not the wait for rank
+        0's log to reach its end after it, up to DRAIN_S, which a rank 0 whose host's SSH key
+        exchange hangs spends whole).
 
         The fence goes up first: a node whose channel opens from now on never starts its
         job (:meth:`.node.NodeRunner.fenced`). Then every node's stdin says stop and closes:
@@ -572,7 +570,8 @@ class Supervisor:
         (:meth:`Cluster.answers`): only one that does not is lost, its failure dated by its
         last heartbeat (a dead host found now may still be the root cause). A node that
         answers is being stopped, just slowly (a loaded controller or host): waited for."""
-        self.marks.setdefault("failed", time.monotonic())  # (the launcher acted: Outcome.marks)
+        t0 = time.monotonic()
+        self.marks.setdefault("failed", t0)  # (the launcher acted: Outcome.marks)
         self.fence.set()
         stoppers = _Stoppers(min(STOPPER_THREADS, len(self.runners)))
         for runner, st in zip(self.runners, self.status):
@@ -611,12 +610,18 @@ class Supervisor:
                     deadline = max(deadline, now + STOP_GRACE_S + 1.5)
             self._check_silence(TEARDOWN_SILENT_S, ask_before=0)  # (waited for while its host answers)
         stoppers.close()  # (not waited for: a send to a held transport may wait 15 s, for nothing)
+        took = time.monotonic() - t0
         self._drain_rank0()
-        return [r for r, st in enumerate(self.status) if not stopped(r)]
+        return [r for r, st in enumerate(self.status) if not stopped(r)], took
 
     def _drain_rank0(self) -> None:
-        """Rank 0's log to its end on the terminal before we return."""
-        if self.status[0].state is State.EXITED:
+        """Rank 0's log to its end on the terminal before we return. Not waited for while a key
+        exchange holds rank 0's connection (HELD_WAIT_S): paramiko's transport thread then waits
+        to send a channel's close and reads nothing more, so the log cannot reach its end (DRAIN_S
+        spent for nothing); the log is whole on shared storage."""
+        host = self.plan.nodes[0].host
+        held = self.cluster.alive(host) and not self.cluster.can_send(host, HELD_WAIT_S)
+        if self.status[0].state is State.EXITED and not held:
             self.runners[0].log_drained(DRAIN_S)
             if self._log_follower is not None:
                 self._log_follower.join(DRAIN_S)
