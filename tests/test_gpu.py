@@ -38,6 +38,12 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+def listed_gpus() -> tuple[str, str]:
+    """`nvidia-smi -L` as printed, and the recorded files' sample name (`nvidia-h100-80gb-hbm3-x1`)."""
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True).stdout
+    return listing, f"{slug(listing.split(': ', 1)[1].split(' (UUID')[0])}-x{listing.count('GPU ')}"
+
+
 def record_nvidia_smi(out_dir: Path, env: dict | None = None) -> tuple[str, dict[str, str]]:
     """Run the probe's queries on this machine and write each output as nvidia-smi printed
     it: ``<gpu-name>-x<count><suffix>``. Returns (sample name, suffix -> text)."""
@@ -336,14 +342,13 @@ def test_the_node_programs_kernel_log_read_names_this_machines_gpus(tmp_path):
     uptime = [line for line in proc.stdout.splitlines() if line.startswith("uptime ")]
     assert uptime and float(uptime[0].split()[1]) > 0, proc.stdout
     gpus, xids = parse_xids_report(proc.stdout)
-    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True).stdout
+    listing, sample = listed_gpus()
     assert [g.uuid for g in gpus] == re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)", listing), proc.stdout
     assert all(g.bus_id for g in gpus) and all(x.age_s is not None for x in xids), proc.stdout
     later = subprocess.run(["bash", str(node), "xids", "3600", str(int(float(uptime[0].split()[1])) + 3600)],
                            capture_output=True, text=True, timeout=30)
     assert later.returncode == 0 and later.stdout == "", later.stdout
     dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30).returncode
-    sample = f"{slug(listing.split(': ', 1)[1].split(' (UUID')[0])}-x{len(gpus)}"
     RECORDED.mkdir(parents=True, exist_ok=True)
     (RECORDED / f"{sample}.xids.txt").write_text(proc.stdout)
     with open(RECORDED / "SOURCES.md", "a") as sources:
@@ -381,8 +386,7 @@ def test_a_healthy_gpu_under_a_burn_ins_load_is_named_by_no_health_rule(tmp_path
     busy = [g for g in readings if not (g.clock_events or 0) & H.IDLE_REASON]
     assert len(busy) >= 20, text[:2000]  # the load was seen (20 s at 2 readings a second, all GPUs)
     named = [f"{f.gpu}: {f.reading}" for g in readings for f in H.gpu_findings("here", g)]
-    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True).stdout
-    sample = f"{slug(listing.split(': ', 1)[1].split(' (UUID')[0])}-x{listing.count('GPU ')}"
+    _, sample = listed_gpus()
     RECORDED.mkdir(parents=True, exist_ok=True)
     (RECORDED / f"{sample}.under-load.health.csv").write_text(text)
     reasons = sorted({g.clock_events or 0 for g in readings})

@@ -503,10 +503,10 @@ def record_hosts(plan: Plan, cluster: Cluster, lost: Iterable[int], tries: int =
     """Where the run's record is written through, in order, ``tries`` at most: the nodes not
     lost whose sends go out now (rank order), then those whose transport is up but held (a key
     exchange in progress), then rank 0's host whatever its state."""
-    kept = [n.host for n in plan.nodes if n.rank not in set(lost) and cluster.alive(n.host)]
+    lost = set(lost)
+    kept = [n.host for n in plan.nodes if n.rank not in lost and cluster.alive(n.host)]
     ready = [h for h in kept if cluster.can_send(h)]
-    order = ready + [h for h in kept if h not in ready] + [plan.nodes[0].host]
-    each: dict[str, Host] = {}
-    for host in order:
-        each.setdefault(host.name, host)  # (each once, at its first place)
-    return list(each.values())[:tries]
+    order = ready + [h for h in kept if h not in ready]
+    if plan.nodes[0].host not in order:
+        order.append(plan.nodes[0].host)
+    return order[:tries]

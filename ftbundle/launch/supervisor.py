@@ -620,8 +620,8 @@ class Supervisor:
         to send a channel's close and reads nothing more, so the log cannot reach its end (DRAIN_S
         spent for nothing); the log is whole on shared storage."""
         host = self.plan.nodes[0].host
-        held = self.cluster.alive(host) and not self.cluster.can_send(host, HELD_WAIT_S)
-        if self.status[0].state is State.EXITED and not held:
+        if self.status[0].state is State.EXITED and (not self.cluster.alive(host)
+                                                     or self.cluster.can_send(host, HELD_WAIT_S)):
             self.runners[0].log_drained(DRAIN_S)
             if self._log_follower is not None:
                 self._log_follower.join(DRAIN_S)

@@ -165,7 +165,7 @@ def summary_lines(nodes: Iterable[NodeSteps], factor: float = STRAGGLER_FACTOR) 
         named = [n for n, _ in found]
         others = sorted((n for n in nodes if n not in named), key=lambda n: -n.median_s)
         shown = named + others[:SLOWEST_SHOWN]
-        rest = sorted(others[SLOWEST_SHOWN:], key=lambda n: _natural(n.host))
+        rest = [n for n in nodes if n not in shown]  # (in the table's natural order)
     folded = f"{fold(n.host for n in rest)} ({len(rest)} nodes)" if rest else ""
     width = max([len(n.host) for n in shown] + [len(folded)])
     lines.append("  step compute per node (forward to last gradient; median / p90 / steps timed"
