@@ -46,7 +46,7 @@ from tests.test_node_loss import ddp_job, lora_job, wait_for  # noqa: E402
 sys.path.insert(0, str(REPO / "bench"))
 from common import OUT_DIR, median, table, write_section  # noqa: E402
 
-from ftbundle.plan import RECOVERY_PARTS  # noqa: E402
+from ftbundle.recovery import RECOVERY_PARTS  # noqa: E402
 
 LOSE = "node1"
 KILL_AFTER_STEP = 10

@@ -16,15 +16,14 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 
-from .check import health
 from .cluster import Cluster
 from .errors import UserError
+from .gpu_health import fold_findings, parse_xids_report, xid_findings
 from .inventory import Host
-from .plan import ATTEMPTS_FILE, attempts_said
+from .recovery import attempts_said
+from .rundir import ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, node_glob, node_name, runs_dir
 from .ui import stragglers
 
-SUMMARY_FILE = "summary.json"
-METRICS_FILE = "metrics.jsonl"
 _RUN_ID = re.compile(r"^(?P<job>.+)-(?P<date>\d{8}-\d{6})-[0-9a-f]+$")
 _HEADER = re.compile(r"^==> (.*) <==$")
 
@@ -62,7 +61,7 @@ class RunRow:
     samples_per_s: float | None = None  # over the steps trained (ui.progress.Progress.throughput)
     attempts: list[str] = field(default_factory=list)  # where each attempt after a lost host ran, and why
     step_times: dict | None = None  # every node's median and p90 step time, the stragglers (ui.stragglers)
-    gpu_faults: list[str] = field(default_factory=list)  # the Xids logged during the run (check.health)
+    gpu_faults: list[str] = field(default_factory=list)  # the Xids logged during the run (gpu_health)
 
 
 def _start_of(run_id: str, summary: dict) -> str:
@@ -78,26 +77,26 @@ def _start_of(run_id: str, summary: dict) -> str:
 def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
     """One run's row from its files ({name in the run directory: text}). Pure."""
     try:
-        plan = json.loads(files.get("plan.json") or "null")
+        plan = json.loads(files.get(PLAN) or "null")
     except ValueError:
         plan = None
     if not isinstance(plan, dict):
         return None
     try:
-        summary = json.loads(files.get(SUMMARY_FILE) or "{}")
+        summary = json.loads(files.get(SUMMARY) or "{}")
     except ValueError:
         summary = {}
     hosts = [n["host"] for n in plan.get("nodes", [])]
-    attempt = (files.get("attempt") or "1").strip()  # (the newest)
+    attempt = (files.get(ATTEMPT) or "1").strip()  # (the newest)
     if summary:
         state, code = summary.get("state", "?"), summary.get("exit_code")
     else:  # judged from the nodes' exit files (of the newest attempt)
         codes = []
         for rank in range(len(hosts)):
-            text = (files.get(f"node-{rank}.a{attempt}.exit") or "").strip()
+            text = (files.get(node_name(rank, attempt, "exit")) or "").strip()
             codes.append(int(text) if text.lstrip("-").isdigit() else None)
         failed = [c for c in codes if c not in (None, 0)]
-        stopped = [files.get(f"node-{rank}.a{attempt}.stopped", "").strip() for rank in range(len(hosts))]
+        stopped = [files.get(node_name(rank, attempt, "stopped"), "").strip() for rank in range(len(hosts))]
         why = next((w for w in stopped if w), "")
         if why:  # a node stopped its job by itself: the launcher was gone
             state, code = "stopped: " + why.split(":", 1)[0], failed[0] if failed else None
@@ -108,7 +107,7 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
         else:
             state, code = "running?", None
     try:
-        attempts = summary.get("attempts") or json.loads(files.get(ATTEMPTS_FILE) or "[]")
+        attempts = summary.get("attempts") or json.loads(files.get(ATTEMPTS) or "[]")
     except ValueError:
         attempts = []
     return RunRow(run_id=run_id, job=plan.get("job", ""), hosts=hosts, start=_start_of(run_id, summary),
@@ -116,7 +115,7 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
                   samples_per_s=summary.get("samples_per_s"),
                   step_times=summary.get("step_times") or steps_of(files, plan, attempt),
-                  gpu_faults=summary.get("gpu_faults") or health.fold_findings(faults_of(files, plan, attempt)),
+                  gpu_faults=summary.get("gpu_faults") or fold_findings(faults_of(files, plan, attempt)),
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []))
 
 
@@ -126,7 +125,7 @@ def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]
     hosts plan.json names, and its straggler_factor. Pure."""
     found = []
     for entry in plan.get("nodes", []):
-        text = files.get(f"node-{entry.get('rank')}.a{attempt}.steps")
+        text = files.get(node_name(entry.get('rank'), attempt, "steps"))
         node = stragglers.node_steps(entry.get("host", "?"), stragglers.parse_steps_line(text or ""))
         if node is not None:
             found.append(node)
@@ -139,15 +138,15 @@ def steps_of(files: dict[str, str], plan: dict, attempt) -> dict | None:
 
 
 def faults_of(files: dict[str, str], plan: dict, attempt) -> list:
-    """A detached run's GPU faults (check.health findings; folded, what a failed attached run's
+    """A detached run's GPU faults (gpu_health findings; folded, what a failed attached run's
     summary.json holds) from the Xid lines each node's watcher kept in the run directory
     (node-R.aN.xids: node.sh ftb_xids), on the hosts plan.json names. Pure."""
     found = []
     for entry in plan.get("nodes", []):
-        text = files.get(f"node-{entry.get('rank')}.a{attempt}.xids")
+        text = files.get(node_name(entry.get('rank'), attempt, "xids"))
         if text:
-            gpus, xids = health.parse_xids_report(text)
-            found += health.xid_findings(entry.get("host", "?"), gpus, xids, window_s=float("inf"))
+            gpus, xids = parse_xids_report(text)
+            found += xid_findings(entry.get("host", "?"), gpus, xids, window_s=float("inf"))
     return found
 
 
@@ -207,9 +206,9 @@ def read_run_files(cluster: Cluster | None, host: Host | None, runs_dir: str,
 def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = None,
               host: Host | None = None) -> list[RunRow]:
     """Every run of ``job_name`` (every job's, with None), oldest first."""
-    runs_dir = posixpath.join(shared_dir, "runs")
-    files = read_run_files(cluster, host, runs_dir, ("plan.json", SUMMARY_FILE, "*.exit", "*.stopped", "attempt",
-                                                     ATTEMPTS_FILE, "*.steps", "*.xids"))
+    files = read_run_files(cluster, host, runs_dir(shared_dir),
+                           (PLAN, SUMMARY, node_glob("*", "exit"), node_glob("*", "stopped"), ATTEMPT, ATTEMPTS,
+                            node_glob("*", "steps"), node_glob("*", "xids")))
     rows = []
     for run_id in sorted(files):
         row = run_row(run_id, files[run_id])
@@ -248,11 +247,10 @@ def runs_json(rows: list[RunRow]) -> str:
 def read_metrics(run_ids: list[str], shared_dir: str, cluster: Cluster | None = None,
                  host: Host | None = None) -> dict[str, list[dict]]:
     """{run id: trainer log records} for the runs asked for (those that have any)."""
-    runs_dir = posixpath.join(shared_dir, "runs")
-    files = read_run_files(cluster, host, runs_dir, (METRICS_FILE,))
+    files = read_run_files(cluster, host, runs_dir(shared_dir), (METRICS,))
     out = {}
     for run_id in run_ids:
-        text = files.get(run_id, {}).get(METRICS_FILE, "")
+        text = files.get(run_id, {}).get(METRICS, "")
         records = []
         for line in text.splitlines():
             try:

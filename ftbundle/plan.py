@@ -14,26 +14,22 @@ import dataclasses
 import functools
 import posixpath
 import re
-import secrets
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import yaml
 
 from . import deepspeed, llamafactory, runtimes
 from .errors import UserError
-from .inventory import Host, host_gpus, host_nproc
-from .job import MIN_SECRET_LEN, PINNED_IMAGE_RE, Job, check_pinned_image, is_secret
+from .layout import Layout
+from .rundir import NCCL_TRACE_PREFIX, NodeFiles, RunDir, node_log_name
+from .inventory import Host
+from .job import MIN_SECRET_LEN, Job, check_pinned_image, is_secret
 
 if TYPE_CHECKING:
-    from .check.facts import ClusterFacts
+    from .facts import ClusterFacts
 
 IMAGE_REF_FILE = "/etc/ftbundle/image.ref"  # written by site.yml (roles/training_image)
 
-# Set by ftbundle on every node; a job's `env:` may not override them.
-RESERVED_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE",
-                "FTB_RUN_ID", "FTB_RUN_DIR", "FTB_ATTEMPT", "FTB_EXCLUDED_HOSTS")
 REDACTED = "<redacted>"
 
 
@@ -94,6 +90,15 @@ class Plan:
     resumes: bool = False
     stall_timeout: int = 0  # seconds without progress before the run is diagnosed and stopped; 0: never
     straggler_factor: float = 1.15  # a node's median step time above this x the fleet's: named (ui.stragglers)
+
+    @property
+    def rundir(self) -> RunDir:
+        """Every name under run_dir (:mod:`ftbundle.rundir`)."""
+        return RunDir(self.run_dir, self.run_id)
+
+    def node_files(self, node: NodePlan, attempt: int) -> NodeFiles:
+        """One node's files of one attempt in the run directory."""
+        return self.rundir.node(node.rank, node.host.name, attempt)
 
     @property
     def nprocs(self) -> tuple[int, ...]:
@@ -198,199 +203,6 @@ def shape_text(nprocs: tuple[int, ...] | list[int], unit: str = "node(s)") -> st
     return f"{len(nprocs)} {unit} with {'+'.join(map(str, nprocs))} rank(s)"
 
 
-def node_log_name(rank: int, host: str, attempt: int = 1) -> str:
-    """A node's log in the run directory; each attempt (restart) writes a log of its own."""
-    return f"node-{rank}-{host}.a{attempt}.log"
-
-
-@dataclass(frozen=True)
-class NodeFiles:
-    """One node's files of one attempt, in the run directory on shared storage."""
-
-    log: str
-    pid: str  # "PID MARKER HOSTNAME" of the job
-    exit: str  # the job's exit code, once it ended
-    hb: str  # a detached node's heartbeat counter
-    marker: str  # FTB_JOB of every process of the job: how stop finds them all
-
-    @classmethod
-    def of(cls, run_dir: str, run_id: str, rank: int, host: str, attempt: int) -> NodeFiles:
-        base = posixpath.join(run_dir, f"node-{rank}.a{attempt}")
-        return cls(log=posixpath.join(run_dir, node_log_name(rank, host, attempt)), pid=base + ".pid",
-                   exit=base + ".exit", hb=base + ".hb", marker=f"{run_id}.a{attempt}-{rank}")
-
-
-ATTEMPT_FILE = "attempt"  # in the run directory: the number of the attempt now running
-ATTEMPTS_FILE = "attempts.json"  # beside it: each attempt's hosts and why they changed (ftbundle.launch.attempts)
-
-
-RECOVERY_PARTS = ("detection", "teardown", "preflight", "fence_wait", "start", "resume")  # (launch.attempts.recovery)
-
-
-def attempts_said(records: list | None) -> list[str]:
-    """The lines an attempts record says: for each attempt after a loss, where it ran and why
-    ("attempt 2 on node[0-1]: node2 lost (...); global batch 12 kept: ..."), and when it
-    trained again (its "recovery", once known: :func:`recovery_said`). Pure."""
-    lines = []
-    for r in records or []:
-        if isinstance(r, dict) and r.get("why"):
-            lines.append(str(r["why"]))
-            said = recovery_said(r.get("attempt"), r.get("recovery"))
-            if said:
-                lines.append("  " + said)
-    return lines
-
-
-def recovery_said(attempt: int, parts: dict | None) -> str | None:
-    """"attempt 2 trained again 38 s after the loss: detection 6 s, teardown 2 s, ..."; None
-    when its first step was never seen (a command job, or it failed before)."""
-    number = (int, float)
-    if not isinstance(parts, dict) or not isinstance(parts.get("total"), number):
-        return None
-    said = ", ".join(f"{name.replace('_', ' ')} {parts[name]:.0f} s" for name in RECOVERY_PARTS
-                     if isinstance(parts.get(name), number))
-    return f"attempt {attempt} trained again {parts['total']:.0f} s after the failure: {said}"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Everything about a run that does not depend on the hosts' facts: where it runs, its
-    directories, its interpreter or image, what is staged. Built once from the job and the
-    hosts; the probe is asked about it, and :func:`make_plan` turns it and the facts into
-    the plan."""
-
-    job: Job = field(repr=False)
-    hosts: tuple[Host, ...]
-    run_id: str
-    run_dir: str
-    shared_dir: str
-    workdir: str
-    master_addr: str
-    python: str | None  # host runtime: the interpreter (resolved path, or a name on PATH)
-    image: str | None  # docker runtime: pinned by the job or the inventory; None: site.yml's record
-    checkpoint_dir: str | None  # LlamaFactory's output_dir, absolute
-    dataset_dir: str | None  # LlamaFactory: absolute dataset_dir with local files to compare
-    datasets: tuple[str, ...] = ()
-    files: dict[str, str] = field(default_factory=dict, repr=False)  # staged into run_dir
-    lf_config: dict[str, Any] | None = field(default=None, repr=False)  # as staged (no credentials)
-    lf_secrets: dict[str, str] = field(default_factory=dict, repr=False)  # config key -> value, via env
-    # per-host settings from the inventory (host name -> value; absent: the job's)
-    host_nprocs: dict[str, int] = field(default_factory=dict)  # ftb_nproc_per_node
-    host_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # ftb_gpus
-    # hosts an earlier attempt lost and this one runs without (ftbundle.launch.attempts):
-    # FTB_EXCLUDED_HOSTS for every node
-    excluded: tuple[str, ...] = ()
-
-    @property
-    def master_port(self) -> int:
-        return self.job.master_port
-
-    def visible_env(self, host: str) -> dict[str, str]:
-        """What decides the GPUs a host's ranks see: the job's env, with the host's
-        ``ftb_gpus`` as its CUDA_VISIBLE_DEVICES (the check and ``auto`` count by it)."""
-        chosen = self.host_gpus.get(host)
-        return {**self.job.env, "CUDA_VISIBLE_DEVICES": ",".join(chosen)} if chosen else self.job.env
-
-    def host_nproc(self, host: str, seen: int | None = None) -> int | None:
-        """A host's ranks: its ``ftb_nproc_per_node``, else the job's ``nproc_per_node``; for
-        ``auto``, the GPUs its ranks will see: ``gpus_per_node`` when a number, else the count
-        of its ``ftb_gpus``, else ``seen`` (what the probe found visible to the job there).
-        None: ``auto`` with nothing to count yet."""
-        job = self.job
-        if host in self.host_nprocs:
-            return self.host_nprocs[host]
-        if isinstance(job.nproc_per_node, int):
-            return job.nproc_per_node
-        if isinstance(job.gpus_per_node, int) and job.gpus_per_node > 0:
-            return job.gpus_per_node
-        if host in self.host_gpus:
-            return len(self.host_gpus[host])
-        return seen
-
-    @property
-    def needs_gpu_counts(self) -> bool:
-        """``auto`` ranks that only the hosts' own GPUs can decide, on some host."""
-        return any(self.host_nproc(h.name) is None for h in self.hosts)
-
-    @property
-    def all_local(self) -> bool:
-        return all(h.local for h in self.hosts)
-
-    @property
-    def docker(self) -> bool:
-        return self.job.runtime.kind == "docker"
-
-
-def new_run_id(job_name: str) -> str:
-    """A fresh run id (the run directory's name): the job's name, the time, 4 random hex digits.
-    The one impure helper here: callers make it and hand it to :func:`make_layout`."""
-    return f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-
-
-def make_layout(job: Job, hosts: list[Host], run_id: str) -> Layout:
-    """What the job means on these hosts, before anything is known about them."""
-    if not hosts:
-        raise UserError("no hosts to run on", file=str(job.path), key="hosts")
-    _check_distinct_addresses(hosts, job)
-    all_local = all(h.local for h in hosts)
-
-    shared_dir = _resolve_dir(job, "shared_dir", job.shared_dir or _inventory_shared_dir(hosts, job),
-                              all_local, default=str(job.base_dir / ".ftbundle"))
-    workdir = _resolve_dir(job, "workdir", job.workdir, all_local,
-                           default=str(job.base_dir) if all_local else shared_dir)
-    run_dir = posixpath.join(shared_dir, "runs", run_id)
-    master_addr = master_addr_of(hosts, job)
-
-    clash = sorted(set(RESERVED_ENV) & set(job.env))
-    if clash:
-        raise UserError(f"{', '.join(clash)} is set by ftbundle for every node and cannot be overridden",
-                        file=str(job.path), key=f"env.{clash[0]}")
-
-    python = None
-    if job.runtime.kind == "host":
-        python = job.runtime.python
-        if "/" in python and not posixpath.isabs(python):
-            python = _resolve_dir(job, "runtime.python", python, all_local, default=python)
-    image = _docker_image(job, hosts) if job.runtime.kind == "docker" else None
-
-    files: dict[str, str] = {}
-    checkpoint_dir = dataset_dir = None
-    datasets: tuple[str, ...] = ()
-    config = secrets_ = None
-    if job.train.mode == "llamafactory":
-        config, secrets_ = llamafactory.split_credentials(job.train.llamafactory)
-        output_dir = config.get("output_dir")
-        if output_dir:
-            checkpoint_dir = posixpath.normpath(posixpath.join(workdir, str(output_dir)))
-        dataset_dir, datasets = llamafactory.local_datasets(config, workdir)
-        config = llamafactory.capped(config)
-        if job.train.deepspeed_json is not None:
-            files[runtimes.DEEPSPEED_CONFIG] = job.train.deepspeed_json
-            config = {**config, "deepspeed": posixpath.join(run_dir, runtimes.DEEPSPEED_CONFIG)}
-        files[runtimes.LLAMAFACTORY_CONFIG] = yaml.safe_dump(config, sort_keys=False)
-        files[runtimes.LLAMAFACTORY_ENTRY] = runtimes.llamafactory_entry_source()
-    if job.train.mode in ("llamafactory", "script"):  # (a script adds its callback itself: shims/steptimes.py)
-        files[runtimes.STEPTIMES] = runtimes.steptimes_source()
-
-    host_nprocs, gpus = host_settings(job, hosts)
-    return Layout(job=job, hosts=tuple(hosts), run_id=run_id, run_dir=run_dir, shared_dir=shared_dir,
-                  workdir=workdir, master_addr=master_addr, python=python, image=image,
-                  checkpoint_dir=checkpoint_dir, dataset_dir=dataset_dir, datasets=datasets, files=files,
-                  lf_config=config, lf_secrets=secrets_ or {}, host_nprocs=host_nprocs, host_gpus=gpus)
-
-
-def host_settings(job: Job, hosts: list[Host]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
-    """The inventory's per-host ``ftb_nproc_per_node`` and ``ftb_gpus``, validated."""
-    source = str(job.inventory or job.path)
-    nprocs = {h.name: n for h in hosts if (n := host_nproc(h, source)) is not None}
-    gpus = {h.name: g for h in hosts if (g := host_gpus(h, source)) is not None}
-    if gpus and "CUDA_VISIBLE_DEVICES" in job.env:
-        raise UserError(f"CUDA_VISIBLE_DEVICES is set for every host here, and ftb_gpus in the inventory for "
-                        f"{', '.join(gpus)}: choose the GPUs in one place", file=str(job.path),
-                        key="env.CUDA_VISIBLE_DEVICES")
-    return nprocs, gpus
-
-
 def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
     """Decide every node's command line and environment, from the layout and (when the
     hosts were asked) their facts: ``nproc_per_node: auto`` from the GPUs the job will see,
@@ -439,6 +251,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             "NPROC_PER_NODE": str(nproc),
             "FTB_RUN_ID": layout.run_id,
             "FTB_RUN_DIR": layout.run_dir,
+            "FTB_ATTEMPT_FILE": layout.rundir.attempt,  # (a fenced rank reads it: shims/llamafactory_entry.py)
             "PYTHONUNBUFFERED": "1",
             **(nccl_debug_env(layout.run_dir, _torch_version(facts)) if nccl else {}),
             **({"FTB_EXCLUDED_HOSTS": ",".join(layout.excluded)} if layout.excluded else {}),
@@ -449,7 +262,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         torchrun = tuple(runtimes.torchrun_argv(
             layout.python or "python3", nnodes=len(layout.hosts), nproc_per_node=nproc, node_rank=rank,
             master_addr=layout.master_addr, master_port=job.master_port,
-            log_dir=posixpath.join(layout.run_dir, runtimes.RANKS_DIR, f"node-{rank}"),
+            log_dir=layout.rundir.rank_logs(rank),
         ))
         program = tuple(runtimes.program_argv(job.train.mode, run_dir=layout.run_dir, script=job.train.script,
                                               args=job.train.args, command=job.train.command))
@@ -482,9 +295,6 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         finetuning_type=finetuning_type, resumes=resumes,
         stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor,
     )
-
-
-NCCL_TRACE_PREFIX = "nccl-trace-rank-"  # in the run directory; torch appends the global rank
 
 
 # The flight recorder's size, under the name the ranks' torch reads: TORCH_FR_BUFFER_SIZE
@@ -636,75 +446,3 @@ def _infiniband(layout: Layout, facts: ClusterFacts | None) -> bool:
     return said == "0"
 
 
-def _check_distinct_addresses(hosts: list[Host], job: Job) -> None:
-    seen: dict[tuple[str, int], str] = {}
-    for host in hosts:
-        if host.local:
-            continue
-        key = (host.address, host.port)
-        if key in seen:
-            raise UserError(
-                f"hosts {seen[key]} and {host.name} have the same address {host.address}:{host.port}; "
-                "each node must be a different machine",
-                file=str(job.inventory or job.path), key="ansible_host",
-            )
-        seen[key] = host.name
-
-
-def _inventory_shared_dir(hosts: list[Host], job: Job) -> str | None:
-    values = {str(h.vars["ftb_shared_dir"]) for h in hosts if h.vars.get("ftb_shared_dir")}
-    if len(values) > 1:
-        raise UserError(f"hosts disagree on ftb_shared_dir: {sorted(values)}",
-                        file=str(job.inventory or job.path), key="ftb_shared_dir")
-    return values.pop() if values else None
-
-
-# Never a shared_dir: `shared_dir: /` wrote /runs/<run-id>/ at the filesystem's root
-SYSTEM_DIRS = frozenset(("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run",
-                         "/sbin", "/sys", "/usr", "/var"))
-
-
-def _resolve_dir(job: Job, key: str, value: str | None, all_local: bool, default: str) -> str:
-    if value is None:
-        if key == "shared_dir" and not all_local:
-            raise UserError(
-                "is required when hosts are remote: the same absolute path on every host, on shared "
-                "storage (site.yml mounts NFS at ftb_shared_dir)", file=str(job.path), key=key)
-        return posixpath.normpath(default)
-    if posixpath.isabs(value):
-        value = posixpath.normpath(value)
-        if key == "shared_dir" and value in SYSTEM_DIRS:
-            raise UserError(f"is {value}, a system directory: run directories (runs/<run-id>/) would be written "
-                            "there; give a directory of its own on the shared storage, e.g. /shared/ftbundle",
-                            file=str(job.path), key=key)
-        return value
-    if not all_local:
-        raise UserError(f"must be an absolute path when hosts are remote, got {value!r}",
-                        file=str(job.path), key=key)
-    return posixpath.normpath(posixpath.join(str(job.base_dir), value))
-
-
-def master_addr_of(hosts: list[Host], job: Job) -> str:
-    """MASTER_ADDR of a run on ``hosts``: rank 0's (it moves when rank 0's host is lost)."""
-    rank0 = hosts[0]
-    if all(h.local for h in hosts):
-        return "127.0.0.1"
-    if rank0.local and not rank0.vars.get("ftb_master_addr"):
-        raise UserError(
-            f"rank 0 ({rank0.name}) is this machine but other hosts are remote: set ftb_master_addr "
-            "for it in the inventory to an address the other hosts can reach",
-            file=str(job.inventory or job.path), key="ftb_master_addr")
-    return rank0.master_addr
-
-
-def _docker_image(job: Job, hosts: list[Host]) -> str | None:
-    """runtime.image, else the inventory's ftb_image when it is pinned, else None: the digest
-    site.yml recorded on the hosts is used (a tagged ftb_image is what site.yml resolved)."""
-    if job.runtime.image:
-        return job.runtime.image
-    values = {str(h.vars["ftb_image"]) for h in hosts if h.vars.get("ftb_image")}
-    if len(values) > 1:
-        raise UserError(f"hosts disagree on ftb_image: {sorted(values)}",
-                        file=str(job.inventory or job.path), key="ftb_image")
-    image = values.pop() if values else None
-    return image if image and PINNED_IMAGE_RE.search(image) else None

@@ -18,10 +18,11 @@ from .cluster import Cluster, first_line, parallel
 from .errors import UserError
 from .hostlist import fold, fold_numbers
 from .inventory import Host
-from .launch.node import STOP_GRACE_S, STOP_REQUEST, node_argv
-from .launch.supervisor import stage_files
-from .plan import ATTEMPT_FILE, ATTEMPTS_FILE, NodeFiles, NodePlan, attempts_said, shape_text
-from .runtimes import RANKS_DIR
+from .launch.node import STOP_GRACE_S, node_argv
+from .launch.staging import stage_files
+from .plan import NodePlan, shape_text
+from .recovery import attempts_said
+from .rundir import STOP_REQUEST, NodeFiles, RunDir, node_glob, runs_dir
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,17 @@ class RunRef:
     attempt: int
     attempts: tuple[str, ...] = ()  # where each attempt after a lost host ran, and why (attempts.json)
 
+    @property
+    def rundir(self) -> RunDir:
+        return RunDir(self.run_dir, self.run_id)
+
     def files(self, node: NodePlan) -> NodeFiles:
-        return NodeFiles.of(self.run_dir, self.run_id, node.rank, node.host.name, self.attempt)
+        return self.rundir.node(node.rank, node.host.name, self.attempt)
 
     @property
     def shared_dir(self) -> str:
         """The job's shared_dir (the run directory is ``<shared_dir>/runs/<run id>``)."""
-        return posixpath.dirname(posixpath.dirname(self.run_dir))
+        return self.rundir.shared_dir
 
 
 READ_S = 15  # a read of the run directory through a host
@@ -69,22 +74,23 @@ def _read(cluster: Cluster, host: Host, path: str) -> str | None:
 def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | None, cluster: Cluster) -> RunRef:
     """The run `run_id`, or the job's latest run, read through ``hosts[0]`` (rank 0's host, or
     the first that answers)."""
-    runs_dir = posixpath.join(shared_dir, "runs")
+    runs = runs_dir(shared_dir)
     if run_id is None:
-        listing = _run_dir_command(cluster, hosts[0], ["ls", "-1", "--", runs_dir], runs_dir).stdout.split()
+        listing = _run_dir_command(cluster, hosts[0], ["ls", "-1", "--", runs], runs).stdout.split()
         pattern = re.compile(re.escape(job_name) + r"-\d{8}-\d{6}-[0-9a-f]+$")
         mine = sorted(name for name in listing if pattern.match(name))
         if not mine:
-            raise UserError(f"no run of job {job_name!r} in {runs_dir}", key="--run")
+            raise UserError(f"no run of job {job_name!r} in {runs}", key="--run")
         run_id = mine[-1]
-    run_dir = posixpath.join(runs_dir, run_id)
-    text = _read(cluster, hosts[0], posixpath.join(run_dir, "plan.json"))
+    rundir = RunDir.of(shared_dir, run_id)
+    run_dir = rundir.path
+    text = _read(cluster, hosts[0], rundir.plan)
     if text is None:
-        raise UserError(f"no run {run_id!r} in {runs_dir} (no plan.json there)", key="--run")
+        raise UserError(f"no run {run_id!r} in {runs} (no {posixpath.basename(rundir.plan)} there)", key="--run")
     record = json.loads(text)
-    attempt_text = (_read(cluster, hosts[0], posixpath.join(run_dir, ATTEMPT_FILE)) or "1").strip()
+    attempt_text = (_read(cluster, hosts[0], rundir.attempt) or "1").strip()
     try:
-        attempts = attempts_said(json.loads(_read(cluster, hosts[0], posixpath.join(run_dir, ATTEMPTS_FILE)) or "[]"))
+        attempts = attempts_said(json.loads(_read(cluster, hosts[0], rundir.attempts) or "[]"))
     except (ValueError, TypeError):
         attempts = []
     by_name = {h.name: h for h in hosts}
@@ -109,7 +115,7 @@ def node_states(ref: RunRef, cluster: Cluster) -> list[tuple[NodePlan, str, str]
     def ask(node: NodePlan) -> tuple[NodePlan, str, str]:
         files = ref.files(node)
         try:
-            result = cluster.run(node.host, node_argv("state", files.marker, files.exit, files.log), timeout=READ_S)
+            result = cluster.run(node.host, node_argv("state", files.marker, files.exit, files.log, files.stopped), timeout=READ_S)
         except TimeoutError as exc:  # the host answers, its run directory does not?
             if not cluster.answers(node.host, 1.5):
                 return node, "unreachable", first_line(exc)
@@ -155,13 +161,13 @@ def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
     view of what its nodes collected; nothing when it did not stall."""
     import dataclasses
 
-    from .launch.stall import DETACHED_STACKS, DETACHED_STALL, STACKS_DIR, diagnose, read_collected, report_lines
+    from .launch.stall import diagnose, read_collected, report_lines
 
     host = ref.nodes[0].host
-    said = _read(cluster, host, posixpath.join(ref.run_dir, DETACHED_STALL.format(attempt=ref.attempt)))
+    said = _read(cluster, host, ref.rundir.stalled(ref.attempt))
     if said is None:
         return []
-    out_dir = posixpath.join(ref.run_dir, STACKS_DIR, DETACHED_STACKS.format(attempt=ref.attempt))
+    out_dir = ref.rundir.detached_stacks(ref.attempt)
     names = {n.rank: n.host.name for n in ref.nodes}
     ranks = [dataclasses.replace(r, host=names.get(r.node_rank, r.host)) for r in read_collected(cluster, host, out_dir)]
     timeout = ref.record.get("stall_timeout")
@@ -176,18 +182,18 @@ def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
     ftb_keep_steps), shown as an attached run's summary shows its stragglers, and the GPU faults
     its kernel logged while the job ran (node-R.aN.xids, node.sh ftb_xids), as a failed attached
     run names them. Nothing when there is neither (a `command:` job on hosts without GPUs)."""
-    from .check import health
+    from .gpu_health import run_fault_lines
     from .history import faults_of, split_tail_output, step_nodes
     from .ui import stragglers
 
-    names = [f"node-*.a{ref.attempt}.steps", f"node-*.a{ref.attempt}.xids"]
+    names = [node_glob(ref.attempt, "steps"), node_glob(ref.attempt, "xids")]
     result = _run_dir_command(cluster, ref.nodes[0].host,
                               ["find", ref.run_dir, "-maxdepth", "1", "(", "-name", names[0], "-o", "-name", names[1],
                                ")", "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
-                              posixpath.join(ref.run_dir, "node-*"))
-    files = split_tail_output(result.stdout, posixpath.dirname(ref.run_dir)).get(ref.run_id, {})
+                              ref.rundir.node_glob(ref.attempt, "steps"))
+    files = split_tail_output(result.stdout, runs_dir(ref.shared_dir)).get(ref.run_id, {})
     nodes, factor = step_nodes(files, ref.record, ref.attempt)
-    return stragglers.summary_lines(nodes, factor) + health.run_fault_lines(faults_of(files, ref.record, ref.attempt))
+    return stragglers.summary_lines(nodes, factor) + run_fault_lines(faults_of(files, ref.record, ref.attempt))
 
 
 def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[str]:
@@ -295,7 +301,7 @@ def _tail_argv(ref: RunRef, node: NodePlan, lines: int, follow: bool, locals_: l
     """node.sh's tail-ranks: the node's log and its local ranks' files, the last lines (and
     with ``follow`` the new ones, with what the follow says of a storage that does not answer)."""
     files = ref.files(node)
-    ranks_dir = posixpath.join(ref.run_dir, RANKS_DIR, f"node-{node.rank}")
+    ranks_dir = ref.rundir.rank_logs(node.rank)
     return node_argv("tail-ranks", str(lines), "1" if follow else "0", files.marker, files.log, ranks_dir,
                      ref.shared_dir, *map(str, locals_))
 

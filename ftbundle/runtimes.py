@@ -6,7 +6,9 @@ Pure functions from settings to argv lists; nothing here runs anything.
 from __future__ import annotations
 
 import posixpath
+
 from . import shipped
+from .rundir import LLAMAFACTORY_CONFIG, LLAMAFACTORY_ENTRY
 
 
 def llamafactory_entry_source() -> str:
@@ -18,21 +20,17 @@ def steptimes_source() -> str:
     return shipped.read_text("shims", "steptimes.py")
 
 
-LLAMAFACTORY_CONFIG = "llamafactory.yaml"  # staged into the run directory
-LLAMAFACTORY_ENTRY = "ftb_llamafactory.py"  # ftbundle/shims/llamafactory_entry.py, staged beside it
-STEPTIMES = "ftb_steptimes.py"  # ftbundle/shims/steptimes.py: the ranks' step times (stragglers)
-DEEPSPEED_CONFIG = "deepspeed.json"  # the config's `deepspeed:` file, when it is beside the config
-
-
-RANKS_DIR = "ranks"  # in the run directory: torchrun's --log-dir, one folder per node
-
-
 def steps_dir(run_id: str, rank: int) -> str:
     """Where a node's local ranks write their step times (shims/steptimes.py): /tmp of its host,
     one folder per run and node (each attempt's files in it), never shared storage (the node
     program reads them with every heartbeat, which must not hang). The docker runtime mounts it
     into the container at the same path."""
     return f"/tmp/ftb-steps-{run_id}-{rank}"
+
+
+def host_steps_file(run_id: str, rank: int, attempt: int) -> str:
+    """FTB_STEPS_FILE of a node's attempt: each local rank writes ``<it>.<LOCAL_RANK>``."""
+    return f"{steps_dir(run_id, rank)}/a{attempt}.steps"
 
 
 def torchrun_argv(python: str, *, nnodes: int, nproc_per_node: int, node_rank: int,

@@ -62,7 +62,8 @@ def quickstart_lora(shared: Path, **overrides) -> dict:
 def plan_of(job, hosts, run_id: str = "r1", facts=None):
     """The plan of a job on hosts, as `ftbundle run` makes it: layout first, then the plan
     from the layout and the hosts' facts (None: not asked)."""
-    from ftbundle.plan import make_layout, make_plan
+    from ftbundle.layout import make_layout
+    from ftbundle.plan import make_plan
 
     return make_plan(make_layout(job, list(hosts), run_id), facts)
 

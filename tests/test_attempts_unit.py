@@ -12,7 +12,8 @@ from ftbundle.errors import UserError
 from ftbundle.inventory import Host
 from ftbundle.job import load_job
 from ftbundle.launch.attempts import Batch, next_attempt, rescale, short_reason
-from ftbundle.plan import make_layout, make_plan
+from ftbundle.layout import make_layout
+from ftbundle.plan import make_plan
 
 
 def hosts(*names: str) -> list[Host]:
@@ -250,7 +251,7 @@ def test_the_attempt_fence_of_a_llamafactory_rank(tmp_path, monkeypatch):
     it stops before writing. Its own attempt, or no run directory: it goes on."""
     from ftbundle.shims import llamafactory_entry as entry
 
-    monkeypatch.setenv("FTB_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("FTB_ATTEMPT_FILE", str(tmp_path / "attempt"))  # (rundir.py's name, given by the launcher)
     monkeypatch.setenv("FTB_ATTEMPT", "1")
     assert entry.fenced() is None  # (no attempt file)
     (tmp_path / "attempt").write_text("1\n")
@@ -259,7 +260,7 @@ def test_the_attempt_fence_of_a_llamafactory_rank(tmp_path, monkeypatch):
     assert entry.fenced() == "2"
     monkeypatch.setenv("FTB_ATTEMPT", "2")
     assert entry.fenced() is None
-    monkeypatch.delenv("FTB_RUN_DIR")
+    monkeypatch.delenv("FTB_ATTEMPT_FILE")
     assert entry.fenced() is None
 
 
@@ -268,7 +269,7 @@ def test_where_the_time_from_a_loss_to_the_next_first_step_went():
     they add up to the total; a part whose end was never seen is None, and so is the total
     then; the line says each known part."""
     from ftbundle.launch.attempts import recovery
-    from ftbundle.plan import RECOVERY_PARTS, attempts_said, recovery_said
+    from ftbundle.recovery import RECOVERY_PARTS, attempts_said, recovery_said
 
     marks = {"loss": 100.0, "failed": 106.5, "stopped": 107.0, "fenced": 108.0, "planned": 109.25,
              "waited": 118.0, "begin": 119.0, "up": 121.5, "first_step": 140.0}

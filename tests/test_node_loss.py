@@ -16,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from ftbundle.plan import RECOVERY_PARTS
+from ftbundle.recovery import RECOVERY_PARTS
 
 from tests.helpers import (REPO, base_job, ftbundle, job_processes, only_run_dir, quickstart_lora, start_ftbundle,
                            write_job)

@@ -185,7 +185,7 @@ def test_docker_image_from_inventory_or_from_what_site_yml_recorded(tmp_path, in
     """A pinned ftb_image is used as it is; a tagged one is what site.yml resolved and
     recorded on every host (/etc/ftbundle/image.ref): the plan takes that digest from the
     hosts' facts, refuses without them, and refuses a record that differs between hosts."""
-    from ftbundle.check.facts import ClusterFacts, HostFacts
+    from ftbundle.facts import ClusterFacts, HostFacts
 
     job = "name: j\nhosts: trainers\nruntime: {kind: docker}\ntrain: {script: t.py}\n"
     inventory.write_text(INVENTORY.replace("ftb_shared_dir: /shared", "ftb_shared_dir: /shared\n        ftb_image: reg/train:v1"))
@@ -259,7 +259,7 @@ def test_node_program_carries_no_value_and_payload_carries_the_environment(tmp_p
     import subprocess
 
     from ftbundle.launch import node as N
-    from ftbundle.plan import NodeFiles
+    from ftbundle.rundir import NodeFiles
 
     plan = plan_for(tmp_path, inventory, COMMAND_JOB + "env: {HF_TOKEN: hunter2, ODD: \"a'b $(x) `y`\"}\n")
     node = plan.nodes[0]

@@ -10,11 +10,12 @@ import pytest
 import yaml
 
 from ftbundle.check import rules as R
-from ftbundle.check.facts import ClusterFacts, HostFacts, add_gpu_ids, parse_nvidia_smi
 from ftbundle.errors import UserError
+from ftbundle.facts import ClusterFacts, HostFacts, add_gpu_ids, parse_nvidia_smi
 from ftbundle.inventory import Host, load_hosts
 from ftbundle.job import load_job
-from ftbundle.plan import make_layout, make_plan, shape_text
+from ftbundle.layout import make_layout
+from ftbundle.plan import make_plan, shape_text
 from ftbundle.runs import parse_rank
 
 SMI = Path(__file__).parent / "data" / "nvidia-smi"

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from ftbundle.check.facts import ClusterFacts, Gpu, HostFacts
 from ftbundle.errors import UserError
+from ftbundle.facts import ClusterFacts, Gpu, HostFacts
 from ftbundle.inventory import Host
 from ftbundle.job import load_job
 from ftbundle.launch.node import Event, NodeRunner, node_env
 from ftbundle.launch.stall import RankStack, StallClock, diagnose, place, report_lines
-from ftbundle.plan import NodeFiles
+from ftbundle.rundir import NodeFiles
 from tests.helpers import REPO, plan_of
 
 JOB = "name: j\nshared_dir: /shared\ntrain:\n  script: train.py\n"

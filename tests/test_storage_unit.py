@@ -12,6 +12,7 @@ import time
 
 from ftbundle.launch.node import env_payload, program
 from ftbundle.launch.storage import StorageWatch
+from ftbundle.rundir import RunDir
 
 
 def test_a_node_that_reports_its_storage_stuck_is_named_once_with_path_and_host():
@@ -115,8 +116,8 @@ def test_node_program_beats_on_and_says_its_storage_does_not_answer(tmp_path):
     assert 2 <= ended_after < 8, (ended_after, lines)  # (its disk-full look at the end waits 2 s, no more)
 
 def test_check_names_storage_that_does_not_answer_and_not_as_a_missing_directory():
-    from ftbundle.check.facts import parse_facts
     from ftbundle.check.rules import check_dirs, check_storage_answers
+    from ftbundle.facts import parse_facts
 
     frozen = {"storage": {"shared_dir": {"path": "/shared", "not_answering_s": 5.0}}}
     fine = {"storage": {"shared_dir": {"path": "/shared", "exists": True, "parent_exists": True, "written": True,
@@ -173,11 +174,11 @@ def test_detached_node_stops_its_job_when_the_storage_freezes_after_a_reading(tm
     (bin_dir / "mv").chmod(0o755)
     freeze = tmp_path / "freeze"
     marker = f"ftb-test-detached-{time.time_ns()}"
-    env = {"FTB_RUN_DIR": str(shared), "FTB_WORKDIR": str(tmp_path), "FTB_LOG": str(shared / "node-0.a1.log"),
-           "FTB_EXIT": str(shared / "node-0.a1.exit"), "FTB_PIDFILE": str(shared / "node-0.a1.pid"),
-           "FTB_HBFILE": str(shared / "node-0.a1.hb"), "FTB_MARKER": marker, "FTB_ATTEMPT": "1",
+    run = RunDir(str(shared), "r")  # (the names the launcher gives every node: ftbundle/rundir.py)
+    env = {**run.env(1), **run.node(0, "h", 1).env(), "FTB_REFEREE": "1", "NODE_RANK": "0",
+           "FTB_LOG": str(shared / "node-0.a1.log"), "FTB_WORKDIR": str(tmp_path), "FTB_MARKER": marker, "FTB_ATTEMPT": "1",
            "FTB_WATCHDOG": "30", "FTB_HEARTBEAT": "0.5", "FTB_STOP_GRACE": "1", "FTB_DETACH": "1",
-           "FTB_STALE": "600", "FTB_STOP_REQUEST": str(shared / "stop-request"), "FTB_STALL_TIMEOUT": "3",
+           "FTB_STALE": "600", "FTB_STALL_TIMEOUT": "3",
            "FTB_PROGRESS_FILES": f"{shared}/rank*.out", "FTB_SHARED_DIR": str(shared)}
     job = f"while :; do echo step >> {shared}/rank0.out; sleep 0.2; done"
     run_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "FROZEN": str(shared),

@@ -267,7 +267,7 @@ def test_cuda_steps_are_read_once_the_gpu_has_passed_them_never_waited_for(tmp_p
 
 def test_the_step_files_folder_is_the_hosts_own_and_mounted_into_a_container(tmp_path):
     from ftbundle.launch.node import node_env
-    from ftbundle.plan import NodeFiles
+    from ftbundle.rundir import NodeFiles
     from ftbundle.runtimes import docker_prefix, steps_dir
     from ftbundle.shims.steptimes import StepClock
 

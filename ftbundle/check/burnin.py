@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .. import shipped
+from .. import rundir, shipped
 from ..cluster import Cluster, Result, first_line, parallel
 from ..hostlist import fold, fold_numbers
 from ..plan import Plan, shape_text
@@ -33,9 +33,6 @@ from . import WAIT_S_PER_HOST
 
 DEFAULT_SECONDS = 10.0
 DEFAULT_SLOW_BELOW = 0.9
-SCRIPT = "ftb_burnin.py"
-RESULT = "burnin.json"
-CHECKS_DIR = "checks"  # under shared_dir: one directory per check that keeps something
 START_LIMIT_S = 120  # each node's load is killed after this long beyond its seconds (imports, CUDA start)
 # Every host starts measuring when every host is ready (its ready file in the check's
 # directory): each waits at most this long, +WAIT_S_PER_HOST per host beyond 8 (the launch
@@ -190,7 +187,7 @@ def burnin_source() -> str:
 
 def check_dir(plan: Plan) -> str:
     """``<shared_dir>/checks/<the check's id>``: the check's own directory."""
-    return posixpath.join(plan.shared_dir, CHECKS_DIR, plan.run_id)
+    return rundir.check_dir(plan.shared_dir, plan.run_id)
 
 
 def burnin_plan(plan: Plan, seconds: float) -> Plan:
@@ -204,7 +201,7 @@ def burnin_plan(plan: Plan, seconds: float) -> Plan:
 
     def node(n):
         python = n.torchrun[0] if n.torchrun else "python3"
-        program = (python, posixpath.join(run_dir, SCRIPT), "--seconds", f"{seconds:g}", "--out-dir", run_dir,
+        program = (python, posixpath.join(run_dir, rundir.BURNIN_SCRIPT), "--seconds", f"{seconds:g}", "--out-dir", run_dir,
                    "--nodes", str(len(plan.nodes)), "--barrier-s", f"{barrier:g}", "--go-after", f"{go_after:g}")
         wrapper, container = n.wrapper, n.container
         if container:  # docker runtime: a name of its own (--net's bench may be leaving its containers)
@@ -227,7 +224,7 @@ def burnin_plan(plan: Plan, seconds: float) -> Plan:
 
 def _read_node(cluster: Cluster, node, run_dir: str):
     """The node's result file, read on its own host."""
-    path = posixpath.join(run_dir, f"node-{node.rank}.json")
+    path = posixpath.join(run_dir, rundir.burnin_node_result(node.rank))
     try:
         result = cluster.run(node.host, ["cat", "--", path], timeout=15)
     except Exception as exc:  # noqa: BLE001 - named in the report
@@ -238,12 +235,10 @@ def _read_node(cluster: Cluster, node, run_dir: str):
 def _bookkeeping(bench: Plan) -> tuple[str, ...]:
     """The launcher's own files of the burn-in (pid, exit code, attempt) and the staged
     script: removed once burnin.json is written. Each node's log and result stay."""
-    from ..launch.supervisor import ATTEMPT_FILE
-    from ..plan import NodeFiles
-
-    files = [posixpath.join(bench.run_dir, name) for name in (ATTEMPT_FILE, SCRIPT, "ready")]
+    run = bench.rundir
+    files = [run.attempt, run.join(rundir.BURNIN_SCRIPT), run.join(rundir.BURNIN_READY)]
     for n in bench.nodes:
-        f = NodeFiles.of(bench.run_dir, bench.run_id, n.rank, n.host.name, 1)
+        f = bench.node_files(n, 1)
         files += [f.pid, f.exit, f.hb]
     return tuple(files)
 
@@ -274,7 +269,7 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
     rank0 = bench.nodes[0].host
     try:
         stage_run_dir(cluster, bench)
-        stage_files(cluster, rank0, bench.run_dir, {SCRIPT: burnin_source()})
+        stage_files(cluster, rank0, bench.run_dir, {rundir.BURNIN_SCRIPT: burnin_source()})
         outcome = Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run()
         if outcome.interrupted:  # Ctrl-C: every node was stopped; the CLI says so and exits 130
             raise KeyboardInterrupt
@@ -297,7 +292,7 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
         report.medians, report.slow = compare(report.figures, slow_below)
         report.notes += lib_notes(report.figures)
         report.took = time.monotonic() - started
-        stage_files(cluster, rank0, bench.run_dir, {RESULT: json.dumps(report.to_dict(), indent=2) + "\n"},
+        stage_files(cluster, rank0, bench.run_dir, {rundir.BURNIN_RESULT: json.dumps(report.to_dict(), indent=2) + "\n"},
                     leftovers=_bookkeeping(bench))
     except StagingError as exc:  # the check's directory could not be written: say so
         report.errors.append(f"burn-in could not run: {exc}")
@@ -338,7 +333,7 @@ def format_burnin_report(report: BurninReport, plan: Plan) -> list[str]:
     lines += [f"error: {e}" for e in report.errors]
     if report.figures and not report.slow:
         lines.append("no host is slow")
-    kept = f"; figures in {posixpath.join(report.check_dir, RESULT)}" if report.figures else ""
+    kept = f"; figures in {posixpath.join(report.check_dir, rundir.BURNIN_RESULT)}" if report.figures else ""
     lines.append(f"burn-in {'done' if report.ok else 'incomplete'} in {report.took:.1f}s{kept}")
     return lines
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .. import shipped
+from .. import rundir, shipped
 from ..cluster import Cluster, Result, first_line
 from ..plan import Plan, shape_text
 from . import probe_argv, probe_source
@@ -35,11 +35,9 @@ DEFAULT_MIN_GBPS = 10.0
 IPERF_SECONDS = 2
 IPERF_SERVER_S = 15  # the one-shot server gives up after this long without its client
 IPERF_CONNECT_S = 8  # the client keeps trying to reach the server for this long
-BENCH_SCRIPT = "ftb_allreduce_bench.py"
 BENCH_SIZE_MIB = 16
 BENCH_ITERS = 10
 BENCH_LIMIT_S = 180  # each node's torchrun is killed after this long (start-up included)
-BENCH_RESULT = "allreduce.json"  # rank 0's result, in the bench's run directory
 
 
 @dataclass
@@ -97,9 +95,10 @@ def bench_plan(plan: Plan, *, size_mib: float = BENCH_SIZE_MIB, iters: int = BEN
     environment and master port, in a run directory of its own; every node bounded by
     `timeout` so a hung collective cannot outlive the check."""
     run_id = f"{plan.job_name}-netcheck-{time.strftime('%Y%m%d-%H%M%S')}-{plan.run_id[-4:]}"
-    run_dir = posixpath.join(plan.shared_dir, "runs", run_id)
-    program = (posixpath.join(run_dir, BENCH_SCRIPT), "--size-mib", f"{size_mib:g}", "--iters", str(iters),
-               "--timeout", "60", "--out", posixpath.join(run_dir, BENCH_RESULT))
+    run = rundir.RunDir.of(plan.shared_dir, run_id)
+    run_dir = run.path
+    program = (run.join(rundir.NET_BENCH_SCRIPT), "--size-mib", f"{size_mib:g}", "--iters", str(iters),
+               "--timeout", "60", "--out", run.join(rundir.NET_BENCH_RESULT))
     bench = plan.with_program(program)
     nodes = tuple(dataclasses.replace(
         n, wrapper=("timeout", "-k", "5", str(BENCH_LIMIT_S), *n.wrapper), torchrun=_in_run_dir(n.torchrun, plan.run_dir, run_dir),
@@ -167,9 +166,9 @@ def measure_allreduce(plan: Plan, cluster: Cluster, report: NetReport, *, size_m
     rank0 = bench.nodes[0].host
     try:
         stage_run_dir(cluster, bench)
-        stage_files(cluster, rank0, bench.run_dir, {BENCH_SCRIPT: bench_source()})
+        stage_files(cluster, rank0, bench.run_dir, {rundir.NET_BENCH_SCRIPT: bench_source()})
         outcome = Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run()
-        result = cluster.run(rank0, ["cat", "--", posixpath.join(bench.run_dir, BENCH_RESULT)], timeout=15)
+        result = cluster.run(rank0, ["cat", "--", bench.rundir.join(rundir.NET_BENCH_RESULT)], timeout=15)
         if outcome.exit_code != 0 or not result.ok:
             first = outcome.failure.rank if outcome.failure else 0
             tail = read_tail(bench, cluster, first, bench.nodes[first].log_path, 8) or []

@@ -9,7 +9,7 @@ import sys
 from ..errors import UserError
 from ..inventory import resolve_hosts
 from ..job import Job, load_job
-from ..plan import Layout, make_layout, new_run_id
+from ..layout import Layout, make_layout, new_run_id
 
 
 def say(message: str) -> None:

@@ -15,7 +15,8 @@ from ..export import (TARGETS, Resources, check_image, parse_count, parse_mem, r
                       spec_from)
 from ..inventory import resolve_hosts
 from ..job import Job, load_job
-from ..plan import Plan, make_layout, make_plan, new_run_id
+from ..layout import make_layout, new_run_id
+from ..plan import Plan, make_plan
 from .common import say
 
 

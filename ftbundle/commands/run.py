@@ -15,7 +15,8 @@ import sys
 
 from ..errors import UserError
 from ..job import Job, is_secret
-from ..plan import Layout, Plan, make_plan
+from ..layout import Layout
+from ..plan import Plan, make_plan
 from .common import load_layout, open_cluster, say
 
 
@@ -239,7 +240,7 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, v
         ui.staging()
 
     def stage() -> None:
-        stage_run_dir(cluster, plan, leftovers)
+        stage_run_dir(cluster, plan, leftovers, detach=detach)
 
     try:
         if not detach:

@@ -15,6 +15,7 @@ import shlex
 
 from ..errors import UserError
 from ..plan import shape_text
+from ..rundir import SHELL_NODE_FILE
 from . import GPU_DEVICES, MASTER_ADDR, NODE_RANK, NPROC, ExportSpec
 
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]+")
@@ -167,7 +168,7 @@ fi'''.replace("@NODE_RANK@", NODE_RANK).replace("@MASTER_ADDR@", MASTER_ADDR).re
     "@GPU_DEVICES@", GPU_DEVICES).replace("@NPROC@", NPROC)
 
 
-NODE_FILE = "ftb-node.sh"  # in the run directory, beside the staged files
+NODE_FILE = SHELL_NODE_FILE  # in the run directory, beside the staged files (rundir.py)
 RUN_NODE = f'exec bash "$FTB_RUN_DIR"/{NODE_FILE} "$@"'  # a node's start: FTB_RUN_DIR set, argv the command
 
 

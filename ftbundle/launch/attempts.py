@@ -26,18 +26,21 @@ from typing import Callable, TextIO
 
 import yaml
 
-from .. import runtimes
+from .. import rundir
 from ..cluster import Cluster, HostUnreachable, first_line, parallel
 from ..errors import UserError
 from ..hostlist import fold
 from ..inventory import Host
 from ..job import Job
 from ..llamafactory import HF_DEFAULT_BATCH
-from ..plan import (ATTEMPT_FILE, ATTEMPTS_FILE, RECOVERY_PARTS, Layout, NodeFiles, Plan, attempts_said,
-                    host_settings, master_addr_of, recovery_said)
+from ..layout import Layout, host_settings, master_addr_of
+from ..plan import Plan
+from ..recovery import RECOVERY_PARTS, attempts_said, recovery_said
 from ..ui.progress import Progress
 from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
-from .supervisor import LOST_EXIT_CODE, Outcome, State, Supervisor, stage_files
+from .staging import stage_files
+from .states import LOST_EXIT_CODE, Outcome, State
+from .supervisor import Supervisor
 
 RESTART_DELAY_S = 1.0
 RECORD_TIMEOUT_S = 5.0  # writing summary.json at the end of a run, through one host
@@ -163,7 +166,7 @@ def with_accumulation(layout: Layout, accumulation: int) -> Layout:
     key = "gradient_accumulation_steps"
     config = {**layout.lf_config, key: accumulation}
     train = dataclasses.replace(job.train, llamafactory={**job.train.llamafactory, key: accumulation})
-    files = {**layout.files, runtimes.LLAMAFACTORY_CONFIG: yaml.safe_dump(config, sort_keys=False)}
+    files = {**layout.files, rundir.LLAMAFACTORY_CONFIG: yaml.safe_dump(config, sort_keys=False)}
     return dataclasses.replace(layout, job=dataclasses.replace(job, train=train), lf_config=config, files=files)
 
 
@@ -241,7 +244,7 @@ def fence(plan: Plan, cluster: Cluster, attempt: int,
     cannot be reached, or whose old processes will not die, is named: relaunching beside them
     would let two attempts collide (ports, GPUs, the same checkpoint directory)."""
     def stop(node) -> bool:
-        files = NodeFiles.of(plan.run_dir, plan.run_id, node.rank, node.host.name, attempt)
+        files = plan.node_files(node, attempt)
         return cluster.run(node.host, node_argv("stop", files.marker, node.container or ""),
                            timeout=STOP_GRACE_S + 5).ok
 
@@ -371,12 +374,12 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
     attempts = restarts + 1
     for attempt in range(1, attempts + 1):
         if attempt > 1:
-            files = {ATTEMPT_FILE: f"{attempt}\n"}
+            files = {rundir.ATTEMPT: f"{attempt}\n"}
             if len(history) > 1:
                 import json
 
-                files["plan.json"] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
-                files[ATTEMPTS_FILE] = json.dumps(history, indent=2) + "\n"
+                files[rundir.PLAN] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
+                files[rundir.ATTEMPTS] = json.dumps(history, indent=2) + "\n"
                 files.update(plan.files)  # (the config with its rescaled accumulation)
             stage_files(cluster, plan.nodes[0].host, plan.run_dir, files)
         supervisor = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
@@ -471,7 +474,7 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
     and `ftbundle plot`. Best effort: a run that could not be recorded has still run."""
     import json
 
-    from ..history import METRICS_FILE, SUMMARY_FILE, run_summary
+    from ..history import run_summary
 
     progress = outcome.progress or Progress()
     summary = run_summary(plan, exit_code=outcome.exit_code, interrupted=outcome.interrupted,
@@ -484,11 +487,11 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
         summary["recovery"] = list(recoveries)
     if outcome.gpu_faults:
         summary["gpu_faults"] = list(outcome.gpu_faults)
-    files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
+    files = {rundir.SUMMARY: json.dumps(summary, indent=2) + "\n"}
     if len(attempts) > 1:  # (`ftbundle status` reads it: each attempt's recovery, now known)
-        files[ATTEMPTS_FILE] = json.dumps(list(attempts), indent=2) + "\n"
+        files[rundir.ATTEMPTS] = json.dumps(list(attempts), indent=2) + "\n"
     if progress.records:
-        files[METRICS_FILE] = "".join(json.dumps(r) + "\n" for r in progress.records)
+        files[rundir.METRICS] = "".join(json.dumps(r) + "\n" for r in progress.records)
     # through a node the run could still reach (rank 0's host may be the one that was lost, or
     # one whose SSH key exchange hangs: its transport is active, nothing sent to it goes out)
     for host in record_hosts(plan, cluster, outcome.lost):

@@ -1,5 +1,6 @@
 """The failing rank's own story, after a run failed: which local rank, its exit code or
-signal, and its own Python traceback.
+signal, and its own Python traceback; and the words around it (:func:`exit_reason`,
+:func:`unreachable_note`) and the end of the node's log (:func:`read_tail`).
 
 torchrun's ChildFailedError report at the end of the node's log names the root cause
 (global rank, local rank, exit code, error file). The traceback comes from torch elastic's
@@ -16,9 +17,9 @@ import re
 from dataclasses import dataclass
 
 from ..cluster import Cluster
-from ..plan import ATTEMPT_FILE, Plan
-from ..runtimes import RANKS_DIR
+from ..plan import Plan
 from ..ui.summary import RankError, before_torchrun_report, last_words, parse_error_file, traceback_from_stderr
+from .node import WATCHDOG_S
 
 _ROOT = re.compile(r"Root Cause \(first observed failure\):")
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
@@ -84,7 +85,7 @@ def _read(plan: Plan, cluster: Cluster, rank: int, path: str) -> str | None:
 
 def _find(plan: Plan, cluster: Cluster, rank: int, directory: str, name: str) -> list[str]:
     """Files called ``name`` under ``directory`` written during this attempt."""
-    newer = posixpath.join(plan.run_dir, ATTEMPT_FILE)
+    newer = plan.rundir.attempt
     if os.path.isdir(plan.run_dir):
         since = os.path.getmtime(newer) if os.path.exists(newer) else 0
         return sorted(os.path.join(d, name) for d, _, files in os.walk(directory)
@@ -102,7 +103,7 @@ def _find(plan: Plan, cluster: Cluster, rank: int, directory: str, name: str) ->
 def rank_failure(plan: Plan, cluster: Cluster, rank: int, tail: list[str]) -> RankFailure:
     """What the failing node's failing rank said; every field may stay unknown."""
     found = parse_root_cause(tail)
-    ranks_dir = posixpath.join(plan.run_dir, RANKS_DIR, f"node-{rank}")
+    ranks_dir = plan.rundir.rank_logs(rank)
     candidates = [found.error_file] if found.error_file else _find(plan, cluster, rank, ranks_dir, "error.json")
     errors = []
     for path in candidates:
@@ -129,3 +130,56 @@ def rank_failure(plan: Plan, cluster: Cluster, rank: int, tail: list[str]) -> Ra
         if said and last_words("\n".join(said)):
             found.last_words = (None, last_words("\n".join(said)))
     return found
+
+
+# ---------------------------------------------------------------------------------------
+# The words for a failure and the log it points to
+
+
+def exit_reason(code: int) -> str:
+    if code > 128 and code - 128 in (9, 15, 2, 6, 11):
+        names = {9: "SIGKILL", 15: "SIGTERM", 2: "SIGINT", 6: "SIGABRT", 11: "SIGSEGV"}
+        return f"exited with code {code} ({names[code - 128]})"
+    return f"exited with code {code}"
+
+
+def unreachable_note(unreachable: list[str], slow: list[str]) -> str:
+    """Why nodes were not confirmed stopped: the hosts that could not be reached, and those
+    that answer but did not confirm in time."""
+    from ..hostlist import fold
+
+    notes = []
+    if unreachable:
+        notes.append(f"could not reach {fold(unreachable)} (its own "
+                     f"watchdog stops its job within {WATCHDOG_S}s of losing the controller)")
+    if slow:
+        notes.append(f"{fold(slow)} did not confirm its stop in time "
+                     "(its host answers; its job's processes were sent a stop of their own; "
+                     "`ftbundle status` shows what is left)")
+    return "; ".join(notes)
+
+
+def read_tail(plan: Plan, cluster: Cluster, rank: int, path: str, lines: int, *,
+              lost: bool = False) -> list[str] | None:
+    """The end of a file on shared storage: here if we can, else through the node's own
+    host, else through any other reachable host. ``lost``: the node's host is likely cut
+    off (its transport may not know it yet), so it is asked last, not first."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        pass
+    others = [n.host for n in plan.nodes if n.rank != rank]
+    hosts = others + [plan.nodes[rank].host] if lost else [plan.nodes[rank].host] + others
+    for host in dict.fromkeys(hosts):
+        if not cluster.alive(host):
+            continue
+        try:
+            result = cluster.run(host, ["tail", "-n", str(lines), "--", path], timeout=5)
+        except Exception:
+            continue
+        if result.ok:
+            return result.stdout.splitlines()
+    return None

@@ -65,11 +65,11 @@ FENCED_EXIT = 97  # a rank of an attempt ftbundle has gone on from
 def fenced() -> str | None:
     """The later attempt the run directory names, when it is not this rank's own; None
     while this rank's attempt is the current one (or outside ftbundle)."""
-    run_dir, mine = os.environ.get("FTB_RUN_DIR"), os.environ.get("FTB_ATTEMPT")
-    if not run_dir or not mine:
+    attempt_file, mine = os.environ.get("FTB_ATTEMPT_FILE"), os.environ.get("FTB_ATTEMPT")
+    if not attempt_file or not mine:
         return None
     try:
-        with open(os.path.join(run_dir, "attempt")) as f:
+        with open(attempt_file) as f:
             current = f.read().strip()
     except OSError:
         return None
