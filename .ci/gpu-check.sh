@@ -5,7 +5,7 @@
 #     device run, carry [".whl"], timeout_s 540, command: OUT=$OUT .ci/gpu-check.sh
 #
 # There: the wheels go into /tmp/ftb-site (first on PYTHONPATH, so LlamaFactory's pins win over
-# the image's newer packages), then `pytest -m gpu tests/test_gpu.py` runs with the image's
+# the image's newer packages), then `pytest -m gpu tests/gpu/test_gpu.py` runs with the image's
 # torch. What comes back in $OUT (the tool returns at most 8 files): env.txt (GPU, driver,
 # versions), pytest.log (each test's figures), recorded.tgz (the nvidia-smi readings and the
 # burn-in figures the tests recorded into tests/data/nvidia-smi/recorded/: commit them).
@@ -49,7 +49,7 @@ print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 set -o pipefail
-timeout -k 10 "$LIMIT_S" "$PY" -m pytest -m gpu tests/test_gpu.py -v -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
+timeout -k 10 "$LIMIT_S" "$PY" -m pytest -m gpu tests/gpu/test_gpu.py -v -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log"
 rc=$?
 if [ -d tests/data/nvidia-smi/recorded ]; then
     tar -czf "$OUT/recorded.tgz" -C tests/data/nvidia-smi recorded

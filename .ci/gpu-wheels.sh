@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Wheels for a lent GPU machine (no network there): every package that `pytest -m gpu
-# tests/test_gpu.py` and a LlamaFactory run need and the machine's image lacks or holds at a
+# tests/gpu/test_gpu.py` and a LlamaFactory run need and the machine's image lacks or holds at a
 # version LlamaFactory refuses, at the versions of this checkout's venv (what CI tests), built
 # for the machine's Python 3.12 on x86-64. Into .whl/ (ignored by git); .ci/gpu-check.sh
 # installs them there. Run `make venv` (or .ci/venv.sh) first.

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${FTB_REGISTRY_AUTH_PORT:-5001}
-# one registry per port (tests/testbed.py gives each checkout its own): its own storage and log
+# one registry per port (tests/support/testbed.py gives each checkout its own): its own storage and log
 ROOT=/var/lib/ftbundle-registry-auth; LOG=/var/log/ftbundle-registry-auth.log
 [ "$PORT" = 5001 ] || { ROOT="$ROOT-$PORT"; LOG="/var/log/ftbundle-registry-auth-$PORT.log"; }
 PYTHON=${FTB_PYTHON:-python3}

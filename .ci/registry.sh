@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${FTB_REGISTRY_PORT:-5000}
-# one registry per port (tests/testbed.py gives each checkout its own): its own storage and log
+# one registry per port (tests/support/testbed.py gives each checkout its own): its own storage and log
 ROOT=/var/lib/ftbundle-registry; LOG=/var/log/ftbundle-registry.log
 [ "$PORT" = 5000 ] || { ROOT="$ROOT-$PORT"; LOG="/var/log/ftbundle-registry-$PORT.log"; }
 say() { echo "registry: $*" >&2; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make sure Debian's shellcheck is installed (idempotent); print its path.
-# Used by the export tests (tests/test_export_slurm.py, tests/test_export_pbs.py) to lint
+# Used by the export tests (tests/cluster/test_export_slurm.py, tests/cluster/test_export_pbs.py) to lint
 # the scripts `ftbundle export` writes.
 set -euo pipefail
 # shellcheck source=.ci/apt.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the "Slurm host" image for tests/slurm.py: the test-host image
+# Build the "Slurm host" image for tests/support/slurm.py: the test-host image
 # (.ci/testhost-image.sh: sshd, python3, the controller interpreter's libraries)
 # plus Debian's slurm-wlm, slurm-wlm-torque (qsub/pbsnodes over Slurm) and munge. A separate image, so that the other tests
 # keep theirs.

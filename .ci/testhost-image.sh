@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Debian bookworm "test host" image used by the containerized test
-# cluster (tests/cluster.py): sshd with key-only root login, python3, docker.io,
+# cluster (tests/support/cluster.py): sshd with key-only root login, python3, docker.io,
 # nftables and the shared libraries that the controller's Python needs, so that
 # the controller's venv (bind-mounted read-only with its sys.base_prefix) runs
 # inside the hosts.
@@ -34,7 +34,7 @@ BASE_PACKAGES=(
     python3 openssh-server sudo iproute2 docker.io nftables ca-certificates
     procps psmisc iputils-ping netcat-openbsd iperf3 rsync
     nfs-kernel-server nfs-common openssh-client python3-apt
-    sshfs  # a network filesystem the tests can freeze (no NFS in this kernel: tests/test_storage_hang.py)
+    sshfs  # a network filesystem the tests can freeze (no NFS in this kernel: tests/cluster/test_storage_hang.py)
 )
 # Shared libraries that a CPython built outside Debian (pyenv) links to (see
 # `ldd` of the interpreter and of _ssl, _ctypes, _sqlite3, _lzma, _bz2, readline,
@@ -189,7 +189,7 @@ fi
 # sshd: key-only root login; host keys are made per container at start.
 mkdir -p "$ROOTFS/etc/ssh/sshd_config.d"
 cat >"$ROOTFS/etc/ssh/sshd_config.d/ftbundle-testhost.conf" <<'EOF'
-# ftbundle test host (tests/cluster.py)
+# ftbundle test host (tests/support/cluster.py)
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no

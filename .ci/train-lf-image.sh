@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU training image with LlamaFactory in it, for the day-zero walk
-# (tests/test_day_zero.py): what a newcomer's `ftb_image` holds, made here without a
+# (tests/cluster/test_day_zero.py): what a newcomer's `ftb_image` holds, made here without a
 # registry or a download. It is the CPU training image (.ci/train-image.sh: bookworm's
 # python3.11, CPU torch in /opt/torch) plus LlamaFactory and the packages it imports to
 # train, copied from this checkout's .venv (the same cp311 wheels, already installed) into

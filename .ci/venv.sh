@@ -26,7 +26,7 @@ rm -rf .venv
 # (pipefail: a failed install fails this script; only the filter's "nothing left" is forgiven)
 DS_BUILD_OPS=0 .venv/bin/python -m pip install -q -e '.[train,dev,deepspeed]' 2>&1 | { grep -v "^WARNING: Location" || true; }
 # Every module a test imports with pytest.importorskip is checked here: a broken install
-# must fail now, not turn into skipped tests (tests/test_ci_scripts.py keeps this list whole).
+# must fail now, not turn into skipped tests (tests/unit/test_ci_scripts_unit.py keeps this list whole).
 .venv/bin/python -c 'import ftbundle, llamafactory, fabric, ansible, molecule, deepspeed, kubernetes_validate, tokenizers, transformers, torch'
 echo "$want" > "$stamp"
 echo "venv: ready"

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from common import measure, table, write_section
 
-from tests.cluster import Cluster, ensure_image
-from tests.helpers import base_job, only_run_dir, write_job
+from tests.support.cluster import Cluster, ensure_image
+from tests.support.helpers import base_job, only_run_dir, write_job
 
 PRINTER = """
 import sys, time

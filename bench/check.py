@@ -9,7 +9,7 @@ link to the one shared directory), `ftbundle check job.yaml` is run as a user ru
   another host. It must fail every time (exit 2) naming exactly those two faults, each host
   list folded into ranges (`node[0-99,101-255]`), and nothing else.
 Reported per run: wall seconds, ftbundle's CPU, peak RSS, threads, fds, the report's longest
-line and its failure lines. tests/test_check_scale.py does the same at 24 hosts in make test.
+line and its failure lines. tests/cluster/test_check_scale.py does the same at 24 hosts in make test.
 
     .venv/bin/python bench/check.py [--hosts 256] [--runs 3]
 """
@@ -26,8 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster import Cluster, ensure_image  # noqa: E402
-from tests.helpers import base_job, write_job  # noqa: E402
+from tests.support.cluster import Cluster, ensure_image  # noqa: E402
+from tests.support.helpers import base_job, write_job  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from common import measure, median, table, write_section  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-# FTB_BENCH_OUT: elsewhere (tests/test_bench_quick.py runs a benchmark without touching bench/out)
+# FTB_BENCH_OUT: elsewhere (tests/cluster/test_bench_quick.py runs a benchmark without touching bench/out)
 OUT_DIR = Path(os.environ.get("FTB_BENCH_OUT") or REPO / "bench" / "out")
 
 

@@ -11,14 +11,14 @@ every host has the nvidia-smi and dmesg stand-ins replaying the real readings of
   one host's GPU): exit 2, and the report's failure lines exactly that host, its GPU index and
   UUID, and `failed: gpu_health`, the others still said healthy;
 * ``ftbundle check job.yaml --burn-in S`` on the healthy fleet: every host measured, and nobody
-  named slow (tried twice at most, as tests/test_check_burnin.py does: this machine's load moves
+  named slow (tried twice at most, as tests/cluster/test_check_burnin.py does: this machine's load moves
   the hosts' shares of its cores). These hosts have no GPU, so each host's burn-in is numpy's
   GEMM, without torch (about 20 MB of private memory a host where torch took 290: 128 hosts at
   once fit in this machine's memory). Where the hosts' burn-ins would not fit (above 80% of what is
   available) it is not run and the section says so with the figures; each host's peak RSS, as its
   burn-in reports it, is in the table.
 
-And a straggler run first (unless ``--no-straggler``): the LoRA of tests/test_stragglers.py
+And a straggler run first (unless ``--no-straggler``): the LoRA of tests/cluster/test_stragglers.py
 (LlamaFactory, the tiny model; ``--steps``, 200 by default: that test's 40 steps are some 2 s of
 compute per node, which one burst of another process's load on this shared machine can cover
 whole, naming a healthy node) on 3 hosts, once as it is and once with node2's CPU capped
@@ -53,8 +53,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster import Cluster, ensure_image  # noqa: E402
-from tests.helpers import ASSETS, base_job, quickstart_lora, write_job  # noqa: E402
+from tests.support.cluster import Cluster, ensure_image  # noqa: E402
+from tests.support.helpers import ASSETS, base_job, quickstart_lora, write_job  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from common import measure, median, table, write_section  # noqa: E402
@@ -279,7 +279,7 @@ def checks_at(n: int, runs: int, burn_s: int, per_host_mb: float, notes: list[st
 
 
 def straggler_run(cluster: Cluster, shared: Path, tmp: Path, train: dict, capped: str | None, steps: int) -> dict:
-    """The LoRA of tests/test_stragglers.py (``train``) on the cluster, ``steps`` long; node2's
+    """The LoRA of tests/cluster/test_stragglers.py (``train``) on the cluster, ``steps`` long; node2's
     CPU capped at ``capped`` from the first step on (None: as it is)."""
     out_dir = shared / f"output/lora-{'capped' if capped else 'free'}"
     train = {**train, "output_dir": str(out_dir), "max_steps": steps}
@@ -336,7 +336,7 @@ def straggler_run(cluster: Cluster, shared: Path, tmp: Path, train: dict, capped
 def cap_now(ranks: int = 3, sample_s: float = 3.0) -> str:
     """The capped host's CPUs: a third of a fair share of this machine while the run trains (the
     processes runnable now, /proc/stat procs_running averaged over ``sample_s`` less this one, plus
-    the run's ``ranks``), 0.3 of a core at most, 0.02 at least: tests/test_stragglers.py's cap, by the
+    the run's ``ranks``), 0.3 of a core at most, 0.02 at least: tests/cluster/test_stragglers.py's cap, by the
     machine's load of the moment. On a quiet 2-core machine 0.22."""
     seen, end = [], time.monotonic() + sample_s
     while time.monotonic() < end:
@@ -427,7 +427,7 @@ def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_ho
         "share of this machine's 2 cores is then so small that 5 s is a few dozen scheduler slices a host, whose "
         "count alone moves a figure by 10-20%) on the healthy fleet (the check, then a CPU GEMM on one "
         "thread on every host at once: these hosts have no real GPU), compared with the fleet's median, "
-        "`slow_below` 0.9. A healthy fleet must name nobody; as tests/test_check_burnin.py does, it is tried a "
+        "`slow_below` 0.9. A healthy fleet must name nobody; as tests/cluster/test_check_burnin.py does, it is tried a "
         "second time when someone was named (this machine's load moves the hosts' shares of its 2 cores). "
         "`lowest`: the slowest host's figure over the median; `late`: hosts that measured without waiting any "
         "longer for the others (not ready within the barrier) or began 0.5 s or more after the agreed moment; `peak RSS`: the largest of the hosts' burn-in "
@@ -452,7 +452,7 @@ def section(sizes: list[dict], found: list[dict], runs: int, burn_s: int, per_ho
             srows.append([r["cap"] or "none", r["code"], f"{r['wall']:.0f}", f"{r['train']:.0f}",
                           f"{r['fleet_ms']:.0f}", ratios, ", ".join(r["named"]) or "nobody",
                           live_cell(r), r["load"], "yes" if r["right"] else "no"])
-        parts += ["", "A straggler during training: the LoRA of tests/test_stragglers.py (LlamaFactory, the tiny "
+        parts += ["", "A straggler during training: the LoRA of tests/cluster/test_stragglers.py (LlamaFactory, the tiny "
                   f"model, batch 4) at {steps} steps (the test's 40 are some 2 s of compute per node, which one burst "
                   "of another process's load on this shared machine can cover whole) on 3 containerized hosts x 1 "
                   "rank, `ftbundle run --no-check`, once as it is and once with node2's CPU capped (`docker update "

@@ -34,8 +34,8 @@ from types import SimpleNamespace
 
 from common import REPO, first_failure, measure, median, table, write_section
 
-from tests.cluster import Cluster, ensure_image
-from tests.helpers import base_job, logins, write_job
+from tests.support.cluster import Cluster, ensure_image
+from tests.support.helpers import base_job, logins, write_job
 
 
 def stamp_cmd(shared: Path, tag: str) -> str:

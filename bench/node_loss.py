@@ -20,7 +20,7 @@ marks (summary.json's "recovery", :func:`ftbundle.launch.attempts.recovery`):
   node's step clock reports it (within its heartbeat, 1 s).
 
 With ``--lf`` (default on): the same at 3 hosts with LlamaFactory LoRA on a tiny model
-(tests/test_node_loss.py's job), the trainer's own resume.
+(tests/cluster/test_node_loss.py's job), the trainer's own resume.
 
     .venv/bin/python bench/node_loss.py [--sizes 3,16] [--policies exclude,spare] [--trials 1] [--no-lf]
 """
@@ -39,9 +39,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster import Cluster, ensure_image  # noqa: E402
-from tests.helpers import job_processes, only_run_dir  # noqa: E402
-from tests.test_node_loss import ddp_job, lora_job, wait_for  # noqa: E402
+from tests.support.cluster import Cluster, ensure_image  # noqa: E402
+from tests.support.helpers import job_processes, only_run_dir  # noqa: E402
+from tests.cluster.test_node_loss import ddp_job, lora_job, wait_for  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from common import OUT_DIR, median, table, write_section  # noqa: E402

@@ -5,10 +5,10 @@ repository's ansible.cfg turns on.
 "defaults": no pipelining, 5 forks, facts gathered in every play, no fact cache.
 "ansible.cfg": pipelining (one SSH round trip per task instead of several), forks 16 (all
 hosts at once), `gathering = smart` with a jsonfile fact cache (facts gathered once, not
-once per play), SSH ControlPersist. Every run is on fresh hosts from tests/cluster.py
+once per play), SSH ControlPersist. Every run is on fresh hosts from tests/support/cluster.py
 (real sshd, strict host keys), over SSH from this machine.
 
-The test hosts cannot run a nested Docker engine (tests/cluster.py gives them no
+The test hosts cannot run a nested Docker engine (tests/support/cluster.py gives them no
 SYS_ADMIN), so the `docker` and `image` phases are skipped: their time is the engine's
 and the image pull's, which no Ansible setting changes. Everything else runs for real:
 preflight, the NFS export, the SSH mesh, the firewall, fstab, the NCCL env, verify.
@@ -31,7 +31,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster import Cluster, ensure_image  # noqa: E402
+from tests.support.cluster import Cluster, ensure_image  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from common import measure, table, write_section  # noqa: E402
@@ -122,7 +122,7 @@ def main() -> None:
               for nodes in args.nodes]
     md = "\n".join([
         "## Provisioning: site.yml, first and second run", "",
-        "`ansible-playbook site.yml` over SSH on fresh containerized hosts (tests/cluster.py), node0 also the NFS "
+        "`ansible-playbook site.yml` over SSH on fresh containerized hosts (tests/support/cluster.py), node0 also the NFS "
         "server; the `docker` and `image` phases skipped (the test hosts cannot run a nested engine; their time is "
         "the engine's and the pull's). \"defaults\": no pipelining, 5 forks, facts gathered per play, no cache. "
         "\"ansible.cfg\": pipelining, forks 16, `gathering = smart` with a jsonfile fact cache, SSH ControlPersist. "

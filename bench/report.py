@@ -14,7 +14,7 @@ def main() -> None:
     sections = [OUT_DIR / f"{name}.md" for name in ORDER if (OUT_DIR / f"{name}.md").exists()]
     head = ["# Performance", "",
             f"Written by `make bench` on {time.strftime('%Y-%m-%d', time.gmtime())}. Machine: {machine()}. "
-            "The hosts are Docker containers running sshd on this same machine (tests/cluster.py), so the "
+            "The hosts are Docker containers running sshd on this same machine (tests/support/cluster.py), so the "
             "controller, the hosts' sshd and the jobs share its cores: compare the ratios within one table "
             "(measured in one run), not absolute figures across machines.", "",
             "Rerun everything with `make bench` (installs pdsh, builds the test-host image and the tiny model "

@@ -35,8 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster import Cluster, ensure_image  # noqa: E402
-from tests.helpers import ASSETS, base_job, job_processes, sigint_ready, write_job  # noqa: E402
+from tests.support.cluster import Cluster, ensure_image  # noqa: E402
+from tests.support.helpers import ASSETS, base_job, job_processes, sigint_ready, write_job  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from common import measure, median, table, write_section  # noqa: E402

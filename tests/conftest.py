@@ -23,14 +23,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tests.cluster import Cluster, ensure_image
+from tests.support.cluster import Cluster, ensure_image
 
 if (
-    Path(sys.modules["tests.cluster"].__file__).resolve()
-    != REPO_ROOT / "tests" / "cluster.py"
+    Path(sys.modules["tests.support.cluster"].__file__).resolve()
+    != REPO_ROOT / "tests" / "support" / "cluster.py"
 ):
     raise ImportError(
-        f"'tests.cluster' resolves to {sys.modules['tests.cluster'].__file__}, not this repo's"
+        f"'tests.support.cluster' resolves to {sys.modules['tests.support.cluster'].__file__}, not this repo's"
     )
 
 

@@ -1,0 +1,1 @@
+"""Containerized hosts on a Docker engine (the ``cluster`` marker; some also train: ``train``)."""

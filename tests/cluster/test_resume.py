@@ -1,0 +1,65 @@
+"""A LlamaFactory run that starts from an existing checkpoint says so and counts from there;
+a finished training is not trained again silently (issue 24, part 1). Two containerized
+hosts, one CPU rank each, the tiny local model: a 20-step training, then the same job again
+(refused, exit 2, nothing started), then a resume from its checkpoint-10."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from tests.support.helpers import base_job, ftbundle, job_processes, quickstart_lora, write_job
+
+pytestmark = [pytest.mark.cluster, pytest.mark.train]
+
+
+def test_a_finished_training_is_refused_and_a_checkpoint_is_resumed_and_counted_from(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    output = shared / "output/lora"
+    train = quickstart_lora(shared, max_steps=20, save_steps=10, save_total_limit=3, per_device_train_batch_size=2)
+    job = write_job(tmp_path / "job.yaml", base_job("resume", shared, inventory, {"llamafactory": train}))
+
+    first = ftbundle("run", str(job), "--no-check", timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "resuming" not in first.stderr and "resumed at" not in first.stderr
+    (first_run,) = [p.name for p in (shared / "runs").iterdir()]
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 20
+
+    # the same job again: output_dir holds a finished training
+    again = ftbundle("run", str(job), "--no-check", timeout=120)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert (f"output_dir {output} holds a finished training (step 20 of 20), written by run {first_run}"
+            in again.stderr), again.stderr
+    assert "a fresh output_dir" in again.stderr and "overwrite_output_dir: true" in again.stderr
+    assert [p.name for p in (shared / "runs").iterdir()] == [first_run]  # nothing started, nothing staged
+    assert job_processes(cluster) == {}
+
+    # back to step 10: the final state and the newest checkpoint gone, as if the run had died there
+    (output / "trainer_state.json").unlink()
+    shutil.rmtree(output / "checkpoint-20")
+    resumed = ftbundle("run", str(job), "--no-check", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    err = resumed.stderr
+    lines = err.splitlines()
+    announce = f"resuming from checkpoint-10 of 20 in {output} (written by run {first_run}): step 10 onwards"
+    assert any(announce in line for line in lines[:4]), lines[:6]  # among the first lines
+    steps = [(int(a), int(b)) for a, b in re.findall(r"\bstep (\d+)/(\d+)", err)]
+    assert steps and all(s <= t == 20 for s, t in steps), steps  # never past the total
+    assert "resumed at   step 10 (10 step(s) this run)" in err, err[-2000:]
+    assert re.search(r"steps        20/20", err), err[-2000:]
+    (second_run,) = [p.name for p in (shared / "runs").iterdir() if p.name != first_run]
+    summary = json.loads((shared / "runs" / second_run / "summary.json").read_text())
+    assert summary["resumed_at"] == 10 and summary["steps"] == 20
+    # samples/s of this attempt: the trainer's own figure counts all 20 steps' samples (80) over this
+    # attempt's train_runtime; the attempt made 10 of them (40 samples): half of it, never all of it
+    trainer = json.loads((output / "train_results.json").read_text())["train_samples_per_second"]
+    rate = re.search(r"throughput   ([\d.]+) samples/s", err)
+    assert rate and abs(float(rate.group(1)) - trainer / 2) <= 0.051, (trainer, err[-2000:])
+    assert abs(summary["samples_per_s"] - trainer / 2) <= 0.001, summary
+    assert f"Resuming training from {output}/checkpoint-10" in (shared / "runs" / second_run
+                                                                 / "node-0-node0.a1.log").read_text()

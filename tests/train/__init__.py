@@ -1,0 +1,1 @@
+"""Real LlamaFactory training on this machine, no Docker (the ``train`` marker)."""

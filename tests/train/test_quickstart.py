@@ -1,0 +1,68 @@
+"""The main job on the embedded default: a real LlamaFactory LoRA SFT, 2 ranks, localhost."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import helpers
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart"
+
+pytestmark = pytest.mark.train
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The tiny Llama made from the example data (built once per checkout: tests/support/helpers.py)."""
+    return helpers.tiny_model()
+
+
+def quickstart_copy(tmp_path: Path, model: Path, **train_overrides) -> Path:
+    """examples/quickstart in tmp_path, pointing at the session's model and this interpreter."""
+    work = tmp_path / "quickstart"
+    shutil.copytree(QUICKSTART, work, ignore=shutil.ignore_patterns(".shared"))
+    train = yaml.safe_load((work / "train.yaml").read_text())
+    train["model_name_or_path"] = str(model)
+    train.update(train_overrides)
+    (work / "train.yaml").write_text(yaml.safe_dump(train))
+    job = yaml.safe_load((work / "job.yaml").read_text())
+    job["runtime"]["python"] = sys.executable
+    job["master_port"] = 29400 + (hash(str(tmp_path)) % 500)
+    (work / "job.yaml").write_text(yaml.safe_dump(job))
+    return work / "job.yaml"
+
+
+def test_quickstart_lora_on_localhost(tmp_path, tiny_model):
+    job = quickstart_copy(tmp_path, tiny_model)
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", "-v", str(job)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    work = job.parent
+    adapter = work / ".shared/output/quickstart-lora"
+    assert (adapter / "adapter_model.safetensors").stat().st_size > 0
+    assert json.loads((adapter / "adapter_config.json").read_text())["peft_type"] == "LORA"
+
+    # rank 0's loss lines were streamed to the terminal, prefixed with host and rank
+    loss_lines = [line for line in proc.stdout.splitlines() if "{'loss'" in line]
+    assert len(loss_lines) >= 10, proc.stdout[-2000:]
+    bad = [line for line in loss_lines if not line.startswith("[localhost r0] {'loss'")]
+    assert not bad, bad[:3]
+    assert "world size: 2" in proc.stdout
+    assert "effective batch size 8" in proc.stderr
+
+    # the run directory holds the node log and the plan
+    runs = list((work / ".shared/runs").iterdir())
+    assert len(runs) == 1
+    run = runs[0]
+    assert "{'loss'" in (run / "node-0-localhost.a1.log").read_text()
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["world_size"] == 2 and plan["nodes"][0]["env"]["NODE_RANK"] == "0"
+    assert (run / "node-0.a1.exit").read_text().strip() == "0"

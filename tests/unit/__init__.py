@@ -1,0 +1,1 @@
+"""No Docker, no training: the pure core and what runs on this machine alone (make unit)."""

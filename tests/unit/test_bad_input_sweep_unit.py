@@ -1,0 +1,204 @@
+"""The sweep of bad inputs a newcomer's day zero found (issue 35, item 7), on this machine:
+each exits 2 with one message that names the file (with its line where there is one) or the
+key and what is valid, no traceback, no message longer than a screen, within seconds (no
+read without a size cap, no open that blocks on a special file), and nothing written.
+
+The inputs that only hosts can judge (a script missing there, an interpreter without torch,
+more CPU ranks than cores) are in tests/cluster/test_bad_input.py, on containerized hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+SCREEN = 2200  # characters: "ftbundle: error: " and a message cut at 2000
+
+
+def ftb(cwd: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ftbundle", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def job(tmp: Path, name: str = "job.yaml", **over) -> Path:
+    body = {"name": "sweep", "nproc_per_node": 1, "shared_dir": str(tmp / "shared"), "train": {"command": "true"}}
+    body.update(over)
+    path = tmp / name
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def lf(tmp: Path, **config) -> dict:
+    path = tmp / "train.yaml"
+    path.write_text(yaml.safe_dump({"model_name_or_path": "org/model", "stage": "sft", **config}))
+    return {"llamafactory": "train.yaml"}
+
+
+# Each case: (its files made in tmp) -> (argv after `ftbundle`, fragments the message must hold)
+def case_job_not_utf8(tmp):
+    (tmp / "job.yaml").write_bytes(b"name: sweep\nenv:\n  A: caf\xe9\ntrain: {command: 'true'}\n")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml:3", "not UTF-8", "byte 0xe9 at line 3"]
+
+
+def case_llamafactory_config_not_utf8(tmp):
+    job(tmp, train={"llamafactory": "train.yaml"})
+    (tmp / "train.yaml").write_bytes(b"model_name_or_path: m\x00\xff\n")
+    return ["run", "job.yaml", "--dry-run"], ["key 'train.llamafactory'", "LlamaFactory config is not UTF-8"]
+
+
+def case_deepspeed_json_not_utf8(tmp):
+    job(tmp, train={"llamafactory": "train.yaml", "deepspeed": "ds.json"})
+    lf(tmp)
+    (tmp / "ds.json").write_bytes(b'{"zero_optimization": {"stage": 2}, "x": "\xff"}')
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/ds.json", "DeepSpeed config is not UTF-8"]
+
+
+def case_llamafactory_config_is_a_directory(tmp):
+    job(tmp, train={"llamafactory": "configs"})
+    (tmp / "configs").mkdir()
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml:", "key 'train.llamafactory'",
+                                              f"LlamaFactory config {tmp}/configs is a directory, not a file"]
+
+
+def case_job_is_a_symlink_loop(tmp):
+    os.symlink("b.yaml", tmp / "a.yaml")
+    os.symlink("a.yaml", tmp / "b.yaml")
+    return ["run", "a.yaml", "--dry-run"], ["a.yaml", "symbolic link loop"]
+
+
+def case_job_is_dev_zero(tmp):
+    return ["run", "/dev/zero", "--dry-run"], ["/dev/zero", "is a character device, not a file"]
+
+
+def case_job_is_a_fifo(tmp):
+    os.mkfifo(tmp / "job.yaml")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "is a FIFO (named pipe), not a file"]
+
+
+def case_llamafactory_config_is_a_fifo(tmp):
+    job(tmp, train={"llamafactory": "train.yaml"})
+    os.mkfifo(tmp / "train.yaml")
+    return ["run", "job.yaml", "--dry-run"], ["key 'train.llamafactory'", "is a FIFO (named pipe), not a file"]
+
+
+def case_job_of_550000_env_entries(tmp):
+    lines = ["name: sweep", "train: {command: 'true'}", "env:"] + [f"  V{i}: x" for i in range(550_000)]
+    (tmp / "job.yaml").write_text("\n".join(lines) + "\n")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "bytes; at most 1,048,576 are read"]
+
+
+def case_alias_expanded_name(tmp):
+    """A billion-laughs value where a name belongs: the message shows it cut, not 39 MB of it."""
+    lines = ["train:", "  llamafactory:", "    a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"    {chr(97 + i)}: &{chr(97 + i)} [{', '.join([f'*{chr(96 + i)}'] * 9)}]" for i in range(1, 9)]
+    (tmp / "job.yaml").write_text("\n".join(lines + ["name: *i"]) + "\n")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml:12", "key 'name'", "must be a non-empty string",
+                                              "...]"]
+
+
+def case_duplicated_key_in_job(tmp):
+    (tmp / "job.yaml").write_text("name: sweep\nnproc_per_node: 1\nnproc_per_node: 4\ntrain: {command: 'true'}\n")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml:3:1", "key 'nproc_per_node' appears twice",
+                                              "first on line 2"]
+
+
+def case_duplicated_key_in_llamafactory_config(tmp):
+    job(tmp, train={"llamafactory": "train.yaml"})
+    (tmp / "train.yaml").write_text("model_name_or_path: a\nlearning_rate: 1e-4\nlearning_rate: 1e-3\n")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/train.yaml:3:1", "key 'learning_rate' appears twice"]
+
+
+def case_llamafactory_config_without_a_model(tmp):
+    job(tmp, train={"llamafactory": "train.yaml"})
+    (tmp / "train.yaml").write_text("stage: sft\ndo_train: true\n")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/train.yaml", "key 'model_name_or_path'", "is required"]
+
+
+def case_bf16_in_a_cpu_job(tmp):
+    job(tmp, gpus_per_node=0, train=lf(tmp, bf16=True))
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/train.yaml", "key 'bf16'", "CPU job",
+                                              "set bf16: false", "use_cpu: true"]
+
+
+def case_shared_dir_is_the_root(tmp):
+    job(tmp, shared_dir="/")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'shared_dir'", "is /, a system directory"]
+
+
+def case_binary_inventory(tmp):
+    job(tmp)
+    (tmp / "hosts.ini").write_bytes(bytes(range(256)) * 8)
+    return ["run", "job.yaml", "-i", "hosts.ini", "--dry-run"], ["hosts.ini", "inventory is not UTF-8"]
+
+
+def case_garbage_ini_inventory(tmp):
+    job(tmp)
+    (tmp / "hosts.ini").write_text("[trainers\nnode0 ansible_host=\n")
+    return ["run", "job.yaml", "-i", "hosts.ini", "--dry-run"], [
+        "hosts.ini", "Ansible cannot parse this inventory (ini plugin:", "an inventory is a YAML mapping"]
+
+
+def case_yaml_list_inventory(tmp):
+    job(tmp)
+    (tmp / "hosts.yml").write_text("- node0\n- node1\n")
+    return ["run", "job.yaml", "-i", "hosts.yml", "--dry-run"], [
+        "hosts.yml", "(yaml plugin: YAML inventory has invalid structure, it should be a dictionary, got: list)"]
+
+
+def case_inventory_without_hosts(tmp):
+    job(tmp)
+    (tmp / "hosts.yml").write_text("all:\n  children:\n    trainers:\n")
+    return ["run", "job.yaml", "-i", "hosts.yml", "--dry-run"], ["hosts.yml", "inventory has no hosts: list them"]
+
+
+def case_logs_negative_lines(tmp):
+    job(tmp)
+    return ["logs", "job.yaml", "-n", "-5"], ["argument -n/--lines: must be a number of lines, 0 or more; got '-5'"]
+
+
+def case_init_negative_gpus(tmp):
+    return ["init", "--dir", "proj", "--gpus", "-1", "--yes"], ["key '--gpus'", "must be 0 (a CPU job"]
+
+
+CASES = {name[5:]: func for name, func in globals().items() if name.startswith("case_")}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_exits_2_with_one_short_message_naming_it_and_writes_nothing(tmp_path, case):
+    argv, fragments = CASES[case](tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    proc = ftb(tmp_path, *argv)
+    message = proc.stderr
+    assert proc.returncode == 2, f"rc={proc.returncode}\n{message[:3000]}\n{proc.stdout[:2000]}"
+    assert "Traceback" not in message, message[:5000]
+    assert len(message) <= SCREEN, f"{len(message)} characters:\n{message[:3000]}"
+    assert message.count("error:") == 1, message
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in:\n{message}"
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_no_runs_yet_is_said_as_such_by_runs_and_plot(tmp_path):
+    """It said '.../runs is not on this machine and there is no host to read it through'."""
+    job(tmp_path)
+    proc = ftb(tmp_path, "runs", "job.yaml")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"no runs of sweep in {tmp_path}/shared/runs yet", proc
+    proc = ftb(tmp_path, "plot", "job.yaml")
+    assert proc.returncode == 2 and f"no run of job 'sweep' in {tmp_path}/shared/runs to plot" in proc.stderr, proc
+    assert "not on this machine" not in proc.stderr
+
+
+def test_a_shared_dir_that_is_a_file_is_named_as_one(tmp_path):
+    (tmp_path / "shared").write_text("")
+    job(tmp_path)
+    proc = ftb(tmp_path, "check", "job.yaml", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (f"shared_dir {tmp_path}/shared on localhost: it is a file, not a directory: set shared_dir (job) or "
+            "ftb_shared_dir (inventory) to a directory") in proc.stdout, proc.stdout
+    assert "File exists" not in proc.stdout
