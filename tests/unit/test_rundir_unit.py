@@ -133,7 +133,7 @@ def test_the_launcher_gives_the_node_program_the_run_directorys_names(tmp_path):
     from ftbundle.inventory import load_hosts
     from ftbundle.job import load_job
     from ftbundle.launch.node import node_env
-    from tests.helpers import plan_of
+    from tests.support.helpers import plan_of
 
     (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    a: {ansible_host: 10.9.0.1}\n    b: {ansible_host: 10.9.0.2}\n")
     (tmp_path / "job.yaml").write_text("name: j\ninventory: hosts.yml\nshared_dir: /s\ntrain: {command: x}\n")
