@@ -20,6 +20,7 @@ from .cluster import Cluster
 from .errors import UserError
 from .gpu_health import fold_findings, parse_xids_report, xid_findings
 from .inventory import Host
+from .protocol import parse_steps
 from .recovery import attempts_said
 from .rundir import ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, node_glob, node_name, runs_dir
 from .ui import stragglers
@@ -126,7 +127,7 @@ def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]
     found = []
     for entry in plan.get("nodes", []):
         text = files.get(node_name(entry.get('rank'), attempt, "steps"))
-        node = stragglers.node_steps(entry.get("host", "?"), stragglers.parse_steps_line(text or ""))
+        node = stragglers.node_steps(entry.get("host", "?"), parse_steps(text or ""))
         if node is not None:
             found.append(node)
     return found, float(plan.get("straggler_factor") or stragglers.STRAGGLER_FACTOR)

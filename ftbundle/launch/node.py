@@ -24,11 +24,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .. import shipped
+from .. import protocol, shipped
 from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
 from ..job import MIN_SECRET_LEN, is_secret
-from ..plan import NodeFiles, NodePlan, Plan
-from ..runtimes import steps_dir
+from ..plan import NodePlan, Plan
+from ..protocol import env_payload
+from ..rundir import NodeFiles
+from ..runtimes import host_steps_file
 from .stall import progress_globs, steps_file
 from .storage import STORAGE_SLOW_S
 
@@ -36,7 +38,6 @@ HEARTBEAT_S = 1  # the node says it is alive this often
 WATCHDOG_S = 10  # the node stops its job after this long without a ping from the controller
 STOP_GRACE_S = 3  # SIGTERM, then SIGKILL after this long
 DETACHED_STALE_S = 20  # a detached node's peers stop when its heartbeat file is this old
-STOP_REQUEST = "stop-requested"  # in the run directory: `ftbundle stop` asks every node to stop
 # Rank 0's log is read by polling it (GNU tail's undocumented option to poll instead of waiting
 # on inotify; what it does by itself on NFS), every ``log_poll_s`` of the display it goes to: the
 # progress display's 0.2 s, the terminal's (-v) 0.05 s. A node printing 1 MB/s in writes of a
@@ -48,13 +49,6 @@ STOP_REQUEST = "stop-requested"  # in the run directory: `ftbundle stop` asks ev
 FOLLOW_LOG = 'o=; tail ---disable-inotify --version >/dev/null 2>&1 && o=---disable-inotify; exec tail $o "$@"'
 LINE_MAX = 64 * 1024  # a "line" longer than this (no newline in sight) is cut into pieces
 PROGRESS_EVERY_S = 1.0  # how often a carriage-return progress bar is shown
-
-STOP_LINE = b"stop\n"  # on the node's stdin: the launcher stops the job (see node.sh's watchdog)
-HEARTBEAT = b"ftb-hb"
-PID = b"ftb-pid "
-STEPS = b"ftb-steps "  # `ftb-steps LOCAL_RANK STEPS MEDIAN P90[;...]`: the ranks' step times (ui.stragglers)
-STORAGE = b"ftb-storage "  # `ftb-storage SECONDS` while shared storage does not answer, then `ftb-storage ok`
-GPU = b"ftb-gpu"  # before ftb-pid, on a host with nvidia-smi: a failed run reads its kernel log (supervisor)
 
 
 def follow_log_argv(path: str, pid: str, *, poll_s: float) -> list[str]:
@@ -80,13 +74,11 @@ def stop_argv(files: NodeFiles, node: NodePlan) -> list[str]:
 def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, detach: bool) -> dict[str, str]:
     """Everything the node program reads, and the job's own environment after it."""
     control = {
-        "FTB_RUN_DIR": plan.run_dir,
+        # every name in the run directory (ftbundle/rundir.py): the node program builds none
+        **plan.rundir.env(attempt),
+        **files.env(),
+        "FTB_REFEREE": "1" if node.rank == 0 else "0",  # a detached run's referee (its watcher)
         "FTB_WORKDIR": node.workdir,
-        "FTB_LOG": files.log,
-        "FTB_EXIT": files.exit,
-        "FTB_PIDFILE": files.pid,
-        "FTB_HBFILE": files.hb,
-        "FTB_MARKER": files.marker,
         "FTB_ATTEMPT": str(attempt),
         "FTB_ENV_FILE": node.env_file or "",
         "FTB_PATH_PREPEND": node.path_prepend or "",
@@ -97,8 +89,9 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_HEARTBEAT": str(HEARTBEAT_S),
         "FTB_STOP_GRACE": str(STOP_GRACE_S),
         "FTB_STALE": str(DETACHED_STALE_S),
-        "FTB_STOP_REQUEST": f"{plan.run_dir}/{STOP_REQUEST}",
         "FTB_DETACH": "1" if detach else "0",
+        # the detached watcher's program, staged beside the run's files (remote/watch.py; launch/staging.py)
+        "FTB_WATCHER_PROGRAM": plan.rundir.watcher_program if detach else "",
         "FTB_PROGRESS_FILES": " ".join(progress_globs(plan, node)) if plan.stall_timeout else "",  # (.stall)
         "FTB_STALL_TIMEOUT": str(plan.stall_timeout),
         "FTB_PER_NODE": "1" if node.per_node else "0",  # a `command:` job (no torchrun; .stall, stacks.py)
@@ -108,7 +101,7 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STORAGE_SLOW": str(STORAGE_SLOW_S),
         # each local rank's step times (shims/steptimes.py), read with every heartbeat (ui.stragglers):
         # a file of this host's own, never one on shared storage that could hang the heartbeat
-        "FTB_STEPS_FILE": f"{steps_dir(plan.run_id, node.rank)}/a{attempt}.steps",
+        "FTB_STEPS_FILE": host_steps_file(plan.run_id, node.rank, attempt),
     }
     return {**control, **node.env}
 
@@ -122,15 +115,6 @@ def progress_every(stall_timeout: int) -> int:
     if not stall_timeout:
         return 10
     return max(1, min(10, stall_timeout // (30 * HEARTBEAT_S)))
-
-
-def env_payload(env: dict[str, str]) -> bytes:
-    """What stdin starts with: each NAME=VALUE pair followed by a NUL, then one more NUL (no
-    shell syntax: the node exports each pair as it is, whatever its value holds; newlines
-    included). NUL is the one byte no environment value can hold, so bash's own ``read -d ''``
-    takes the pairs apart: no decoder process on the node (a job's env value with a NUL is
-    refused when the job is loaded)."""
-    return b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()) + b"\0"
 
 
 @dataclass
@@ -297,7 +281,7 @@ class NodeRunner:
         self.attempt = attempt
         self.display = display if node.stream else None
         self.detach = detach
-        self.files = NodeFiles.of(plan.run_dir, plan.run_id, node.rank, node.host.name, attempt)
+        self.files = plan.node_files(node, attempt)
         self.proc: Proc | None = None
         self.log_proc: Proc | None = None
         self._log_thread: threading.Thread | None = None
@@ -363,24 +347,19 @@ class NodeRunner:
         else:
             self._emit("exit", code=code)
 
-    def _on_line(self, line: bytes) -> None:
-        if line == HEARTBEAT or line.startswith(HEARTBEAT + b" "):
-            self._emit("hb", line[len(HEARTBEAT):].decode(errors="replace").strip())  # (the ranks' output size)
-        elif line.startswith(STEPS):
-            self._emit("steps", line[len(STEPS):].decode(errors="replace").strip())
-        elif line.startswith(STORAGE):
-            self._emit("storage", line[len(STORAGE):].decode(errors="replace").strip())
-        elif line == GPU:
+    def _on_line(self, raw: bytes) -> None:
+        line = protocol.parse_line(raw)
+        if line.kind == protocol.GPU_LINE:
             self.gpu_host = True
-        elif line.startswith(PID):
-            pid = line[len(PID):].decode().strip()
-            self._emit("pid", pid)
-            if self.display is not None and pid.isdigit():
-                self._start_log(pid)
-        else:
-            text = line.decode(errors="replace")
-            self.messages = (self.messages + [text])[-5:]
-            self._emit("msg", text)
+        elif line.kind == protocol.PID_LINE:
+            self._emit("pid", line.text)
+            if self.display is not None and line.text.isdigit():
+                self._start_log(line.text)
+        elif line.kind == protocol.MESSAGE:
+            self.messages = (self.messages + [line.text])[-5:]
+            self._emit("msg", line.text)
+        else:  # hb (the ranks' output size), steps, storage
+            self._emit(line.kind, line.text)
 
     # -- rank 0's log, on a channel of its own ----------------------------------------
     def _start_log(self, pid: str) -> None:
@@ -421,7 +400,7 @@ class NodeRunner:
 
     def ping(self) -> None:
         if self._started:  # (never before the environment: it must be the first line)
-            self.proc.send(b"\n")
+            self.proc.send(protocol.PING)
 
     def close_stdin(self) -> None:
         """The node's watchdog stops the job at once when its stdin closes; ``stop`` first
@@ -429,7 +408,7 @@ class NodeRunner:
         with self._start_lock:
             if self.proc is not None:
                 if self._started:
-                    self.proc.send(STOP_LINE)
+                    self.proc.send(protocol.STOP_LINE)
                 self.proc.close_stdin()
 
     def stop(self, timeout: float = STOP_GRACE_S + 3) -> bool:

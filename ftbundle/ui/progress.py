@@ -16,6 +16,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from ..protocol import parse_steps
 from . import stragglers
 
 STRAGGLERS_EVERY_S = 1.0  # the fleet's step times are judged again at most this often (feed_steps)
@@ -218,7 +219,7 @@ class Progress:
         """A node's ``ftb-steps`` line; True when it changed what is shown (who is slowest). The
         fleet is judged again at most every STRAGGLERS_EVERY_S: every node says its figure about
         once a second, and at 1,024 nodes a judgement per line would be a sort per millisecond."""
-        node = stragglers.node_steps(host, stragglers.parse_steps_line(text))
+        node = stragglers.node_steps(host, parse_steps(text))
         if node is None:
             return False
         self.node_steps[host] = node

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from ..hostlist import fold
+from ..protocol import RankSteps
 
 STRAGGLER_FACTOR = 1.15  # the job's straggler_factor by default
 # a node is judged once it has timed this many steps: the first ones warm up, and a median of a
@@ -34,16 +35,6 @@ SLOWEST_SHOWN = 3
 
 
 @dataclass(frozen=True)
-class RankSteps:
-    """One rank's own step times, as its file says."""
-
-    local_rank: int
-    steps: int
-    median_s: float
-    p90_s: float
-
-
-@dataclass(frozen=True)
 class NodeSteps:
     """One node's figure: its slowest local rank's."""
 
@@ -52,23 +43,6 @@ class NodeSteps:
     median_s: float
     p90_s: float
     local_rank: int = 0  # the slowest local rank
-
-
-def parse_steps_line(text: str) -> list[RankSteps]:
-    """The ranks' lines an ``ftb-steps`` line carries ("LOCAL_RANK STEPS MEDIAN P90", ';'
-    between ranks); a part that is not one is skipped (a file caught mid-write)."""
-    ranks = []
-    for part in text.split(";"):
-        fields = part.split()
-        if len(fields) != 4:
-            continue
-        try:
-            rank = RankSteps(int(fields[0]), int(fields[1]), float(fields[2]), float(fields[3]))
-        except ValueError:
-            continue
-        if rank.steps > 0 and rank.median_s >= 0 and rank.p90_s >= 0:
-            ranks.append(rank)
-    return ranks
 
 
 def node_steps(host: str, ranks: Iterable[RankSteps]) -> NodeSteps | None:

@@ -7,7 +7,8 @@ import pytest
 
 from ftbundle.ui import stragglers
 from ftbundle.ui.progress import Progress, status_line
-from ftbundle.ui.stragglers import NodeSteps, RankSteps
+from ftbundle.protocol import RankSteps, parse_steps
+from ftbundle.ui.stragglers import NodeSteps
 from ftbundle.ui.summary import closing_summary
 
 
@@ -22,14 +23,14 @@ def test_median_and_p90():
 
 
 def test_a_line_of_several_local_ranks_parses_and_garbage_is_skipped():
-    assert stragglers.parse_steps_line("0 12 0.031 0.040;1 11 0.050 0.061") == [
+    assert parse_steps("0 12 0.031 0.040;1 11 0.050 0.061") == [
         RankSteps(0, 12, 0.031, 0.040), RankSteps(1, 11, 0.050, 0.061)]
-    assert stragglers.parse_steps_line("0 12 0.03;x 1 2 3;1 0 0.1 0.1;;2 5 0.02 0.03") == [RankSteps(2, 5, 0.02, 0.03)]
-    assert stragglers.parse_steps_line("") == []
+    assert parse_steps("0 12 0.03;x 1 2 3;1 0 0.1 0.1;;2 5 0.02 0.03") == [RankSteps(2, 5, 0.02, 0.03)]
+    assert parse_steps("") == []
 
 
 def test_a_node_is_as_slow_as_its_slowest_local_rank():
-    node = stragglers.node_steps("n1", stragglers.parse_steps_line("0 12 0.031 0.040;1 11 0.050 0.045"))
+    node = stragglers.node_steps("n1", parse_steps("0 12 0.031 0.040;1 11 0.050 0.045"))
     assert node == NodeSteps("n1", 11, 0.050, 0.045, local_rank=1)
     assert stragglers.node_steps("n1", []) is None
 
