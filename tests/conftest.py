@@ -50,41 +50,86 @@ def gpu_present() -> bool:
 # time (--dist loadfile, so a module's fixtures, e.g. its cluster, are made once), handing
 # out the modules in collection order (--no-loadscope-reorder). The longest go first, so
 # that none starts last and runs alone: these were the longest in a measured run (seconds
-# of one worker, docs/testing.md), the rest follow in file order.
+# of one worker, docs/testing.md), the rest follow in file order. Paths under tests/
+# (tests/unit/test_layout_unit.py checks that each names a test module).
 LONGEST_FIRST = (
-    "test_provisioning.py",
-    "test_provisioning_livedin.py",
-    "test_provisioning_systemd.py",
-    "test_export_slurm.py",
-    "test_day_zero.py",
-    "test_node_loss.py",  # (five LlamaFactory runs, 3-4 hosts; 12.5 min of one worker at a load of 13-18)
-    "test_detach_restart.py",
-    "test_stall.py",
-    "test_resume.py",
-    "test_failures.py",
-    "test_check.py",
-    "test_launcher_core.py",
-    "test_export_slurm_gpu.py",
-    "test_multinode.py",
-    "test_check_plan_hosts.py",
-    "test_testbed.py",
-    "test_ux_run.py",
-    "test_check_scale.py",
-    "test_export_pbs.py",
-    "test_launcher_faults.py",
-    "test_logs_all.py",
-    "test_lint.py",
+    "cluster/test_provisioning.py",
+    "cluster/test_provisioning_livedin.py",
+    "cluster/test_provisioning_systemd.py",
+    "cluster/test_export_slurm.py",
+    "cluster/test_day_zero.py",
+    "cluster/test_node_loss.py",  # (five LlamaFactory runs, 3-4 hosts; 12.5 min of one worker at a load of 13-18)
+    "cluster/test_detach_restart.py",
+    "cluster/test_stall.py",
+    "cluster/test_resume.py",
+    "cluster/test_failures.py",
+    "cluster/test_check.py",
+    "cluster/test_launcher_core.py",
+    "cluster/test_export_slurm_gpu.py",
+    "cluster/test_multinode.py",
+    "cluster/test_check_plan_hosts.py",
+    "cluster/test_testbed.py",
+    "train/test_ux_run.py",
+    "cluster/test_check_scale.py",
+    "cluster/test_export_pbs.py",
+    "cluster/test_launcher_faults.py",
+    "cluster/test_logs_all.py",
+    "lint/test_lint.py",
 )
+
+# tests/ holds its tests in folders by what they need; the markers say the same, and make unit
+# and make test select by marker. A test in a folder whose marker it lacks (or with a marker
+# the folder rules out) fails the collection.
+FOLDER_MARKERS = {
+    "unit": (set(), set()),  # (markers required, markers allowed): no Docker, no training
+    "train": ({"train"}, {"train"}),  # real training on this machine, no Docker
+    "cluster": ({"cluster"}, {"cluster", "train"}),  # containerized hosts (some also train)
+    "gpu": ({"gpu"}, {"gpu"}),  # a real NVIDIA GPU (a lent machine)
+    "lint": ({"lint"}, {"lint"}),  # ansible-lint and syntax checks
+}
+LAYER_MARKERS = {"cluster", "train", "lint", "gpu"}
+TESTS = Path(__file__).resolve().parent
+
+
+def _relative(item) -> str | None:
+    """The item's module as a path under tests/ (None: outside it)."""
+    try:
+        return Path(item.path).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return None
+
+
+def layer_problems(items) -> list[str]:
+    """Each test whose folder and layer markers disagree, said once per test."""
+    problems = []
+    for item in items:
+        rel = _relative(item)
+        if rel is None:
+            continue
+        folder = rel.split("/")[0] if "/" in rel else None
+        if folder not in FOLDER_MARKERS:  # (a module beside them fails tests/unit/test_layout_unit.py instead)
+            continue
+        required, allowed = FOLDER_MARKERS[folder]
+        marks = {m.name for m in item.iter_markers()} & LAYER_MARKERS
+        if not required <= marks or not marks <= allowed:
+            problems.append(f"{item.nodeid}: in tests/{folder}/ with markers {sorted(marks) or 'none'}; "
+                            f"tests/{folder}/ needs {sorted(required) or 'none'}"
+                            + (f", allows {sorted(allowed)}" if allowed != required else ""))
+    return problems
 
 
 def _module_rank(item) -> int:
-    name = item.path.name
-    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    rel = _relative(item)
+    return LONGEST_FIRST.index(rel) if rel in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
 def pytest_collection_modifyitems(config, items):
     """The longest modules first (a stable sort: tests keep their order inside a module);
-    ``@pytest.mark.gpu`` tests run only where a GPU is present."""
+    ``@pytest.mark.gpu`` tests run only where a GPU is present; every test in the folder of
+    what it needs (FOLDER_MARKERS)."""
+    problems = layer_problems(items)
+    if problems:
+        raise pytest.UsageError("tests in the wrong folder for their markers:\n  " + "\n  ".join(problems))
     items.sort(key=_module_rank)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and not gpu_present():
