@@ -17,7 +17,7 @@ TEST_WORKERS ?= 3
 test: tools venv engine image  ## everything CI runs
 	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 tests
 
-unit: venv  ## the fast tests: no Docker, no training, no lint
+unit: venv  ## the fast tests: no Docker, no training, no lint (tests/unit; tests/gpu too, skipped without a GPU)
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not cluster and not train and not lint" tests
 
 venv:
