@@ -8,7 +8,7 @@ probe -> facts -> rules -> report, in one round over the run's one connection pe
   In that single round rank 0 creates a missing shared_dir, every host writes a sentinel
   and waits (bounded) to see everyone else's, and rank 0 holds the master port open while
   the others connect to it;
-- :mod:`.facts` parses the answers; :mod:`.rules` turns facts and the layout into
+- :mod:`ftbundle.facts` parses the answers; :mod:`.rules` turns facts and the layout into
   findings, grouped by value (the odd host out is plain to see); :mod:`.report` prints
   them; :mod:`.net` measures the network (``check --net``) on the same plan.
 
@@ -28,10 +28,10 @@ from functools import cache
 
 from .. import shipped
 from ..cluster import Cluster, first_line, parallel
+from ..facts import ClusterFacts, HostFacts, parse_facts
+from ..gpu_health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
 from ..inventory import Host
 from ..plan import IMAGE_REF_FILE, Layout, shape_text
-from .facts import ClusterFacts, HostFacts, parse_facts
-from .health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
 from .report import CheckReport, format_report, print_report
 from .rules import Check, evaluate, job_paths
 

@@ -12,11 +12,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .. import gpu_health as H
+from ..facts import ClusterFacts, HostFacts, bf16_capable, describe_gpus
+from ..gpu_health import XID_WINDOW_S
 from ..hostlist import fold, fold_numbers
 from ..plan import Layout
-from . import health as H
-from .facts import ClusterFacts, HostFacts, bf16_capable, describe_gpus
-from .health import XID_WINDOW_S
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -299,7 +299,7 @@ def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | Non
 
 
 def check_health(facts: list[HostFacts], mode: str, window_s: float = XID_WINDOW_S) -> Check | None:
-    """GPU health: hosts grouped by what is wrong with their GPUs (the findings: .health). ``mode``
+    """GPU health: hosts grouped by what is wrong with their GPUs (the findings: ftbundle.gpu_health). ``mode``
     is the job's ``health``: refuse (fatal findings fail the check), warn (everything is a
     warning), off (None: not asked). Hosts whose health could not be read are warned about;
     a kernel log that could not be read is a note (the rest of the check still stands)."""

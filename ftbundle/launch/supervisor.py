@@ -514,7 +514,7 @@ class Supervisor:
         host is not always the one that failed first (its peers' collectives fail too). One
         short command a node with nvidia-smi (its node program said ``ftb-gpu``), all at once
         (node.sh ``xids``); none on a fleet without GPUs. Returns the findings' lines (summary.json)."""
-        from ..check import health
+        from ..gpu_health import fold_findings, parse_xids_report, run_fault_lines, xid_findings
 
         window = time.monotonic() - self.marks.get("begin", time.monotonic()) + XID_SLACK_S
         ranks = [r for r, st in enumerate(self.status) if st.state is not State.LOST and self.runners[r].gpu_host]
@@ -527,13 +527,13 @@ class Supervisor:
                 result = self.cluster.run(host, node_argv("xids", str(int(window) + 1)), timeout=XID_READ_S)
             except Exception:  # noqa: BLE001 - a host that does not answer now: its log stays unread
                 return []
-            gpus, xids = health.parse_xids_report(result.stdout)
-            return health.xid_findings(host.name, gpus, xids, window_s=window)
+            gpus, xids = parse_xids_report(result.stdout)
+            return xid_findings(host.name, gpus, xids, window_s=window)
 
         found = [f for per_node in parallel(ask, ranks, workers=XID_READ_THREADS) for f in per_node]
-        for line in health.run_fault_lines(found):
+        for line in run_fault_lines(found):
             self.say(line)
-        return tuple(health.fold_findings(found))
+        return tuple(fold_findings(found))
 
     def _unreachable_note(self, lost: list[int]) -> str:
         from ..hostlist import fold

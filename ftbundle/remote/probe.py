@@ -16,7 +16,7 @@ question, not their sum:
   each under a timeout (a hung driver is a fact, not a lost host); /dev/infiniband;
 - GPU health (unless the job says `health: off`): one nvidia-smi query of every health field,
   `nvidia-smi -q -d TEMPERATURE` (the slowdown threshold), and the kernel log's NVRM Xid
-  lines (dmesg, else `journalctl -k`), raw: ftbundle/check/health.py reads them;
+  lines (dmesg, else `journalctl -k`), raw: ftbundle/gpu_health.py reads them;
 - the environment the job will see (the host's NCCL env file sourced as the node
   program sources it): CUDA_VISIBLE_DEVICES, NCCL/GLOO socket interfaces;
 - directories, and storage: for each path the spec names (shared_dir, output_dir), a

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ftbundle.check.facts import add_gpu_ids, parse_compute_apps, parse_facts, parse_nvidia_smi
+from ftbundle.facts import add_gpu_ids, parse_compute_apps, parse_facts, parse_nvidia_smi
 from ftbundle.remote.probe import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY
 from tests.support import helpers
 from tests.unit.test_check_unit import SMI, local_spec, run_probe
@@ -91,7 +91,7 @@ def test_real_gpu_health_is_read_in_every_field(tmp_path):
     GPUs: every field of the query parses to a value (what a GPU of its kind cannot say aside:
     retired pages on GPUs that remap rows), the temperature threshold is found, the kernel log
     is read (as root), and the outputs are recorded beside the others."""
-    from ftbundle.check import health as H
+    from ftbundle import gpu_health as H
     from ftbundle.check import rules as R
 
     spec = local_spec(tmp_path, health={"fields": list(H.HEALTH_FIELDS), "aliases": H.FIELD_ALIASES,
@@ -297,7 +297,7 @@ def test_the_node_programs_kernel_log_read_names_this_machines_gpus(tmp_path):
     (no Xid after the attempt began: the launcher names none). Within its time limit."""
     import time
 
-    from ftbundle.check.health import parse_xids_report
+    from ftbundle.gpu_health import parse_xids_report
 
     node = Path(__file__).resolve().parents[2] / "ftbundle" / "remote" / "node.sh"
     t = time.monotonic()
@@ -332,7 +332,7 @@ def test_a_healthy_gpu_under_a_burn_ins_load_is_named_by_no_health_rule(tmp_path
     rule that only holds at idle, would otherwise name a good GPU. The readings are recorded
     (`<sample>.under-load.health.csv`, replayed by tests/unit/test_check_health_unit.py) with what they
     show: the clock event reasons seen, the SM clock and the power draw."""
-    from ftbundle.check import health as H
+    from ftbundle import gpu_health as H
 
     fields = ",".join(H.FIELD_ALIASES.get(f, f) for f in H.HEALTH_FIELDS)  # (this driver's name for the reasons)
     samples = tmp_path / "under-load.csv"

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from ftbundle.check import health as H
+from ftbundle import gpu_health as H
 from ftbundle.check import probe_spec
 from ftbundle.check import rules as R
-from ftbundle.check.facts import ClusterFacts, parse_facts
 from ftbundle.check.report import CheckReport, format_report
 from ftbundle.errors import UserError
+from ftbundle.facts import ClusterFacts, parse_facts
 from tests.unit.test_check_unit import (
     REPLAY,
     SMI,

@@ -26,10 +26,10 @@ import pytest
 from ftbundle.check import net as N
 from ftbundle.check import probe_source, probe_spec
 from ftbundle.check import rules as R
-from ftbundle.check.facts import (ClusterFacts, Gpu, HostFacts, Route, Storage, bf16_capable, describe_gpus,
-                                  parse_compute_apps, parse_facts, parse_nvidia_smi, visible)
 from ftbundle.check.report import CheckReport, format_report
 from ftbundle.errors import UserError
+from ftbundle.facts import (ClusterFacts, Gpu, HostFacts, Route, Storage, bf16_capable, describe_gpus,
+                            parse_compute_apps, parse_facts, parse_nvidia_smi, visible)
 from ftbundle.inventory import Host
 from ftbundle.job import parse_job
 from ftbundle.plan import make_layout, make_plan
@@ -39,7 +39,7 @@ REPLAY = Path(__file__).resolve().parents[1] / "assets" / "nvidia-smi-replay"
 
 
 def smi(name: str) -> list[Gpu]:
-    from ftbundle.check.facts import add_gpu_ids
+    from ftbundle.facts import add_gpu_ids
 
     gpus = parse_nvidia_smi((SMI / name).read_text())
     ids = SMI / name.replace(".csv", ".ids.csv")

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ftbundle.check.facts import ClusterFacts, HostFacts, bf16_capable, parse_nvidia_smi
 from ftbundle.cli import main
 from ftbundle.errors import UserError
+from ftbundle.facts import ClusterFacts, HostFacts, bf16_capable, parse_nvidia_smi
 from ftbundle.inventory import load_hosts
 from ftbundle.job import load_job
 from tests.support.helpers import plan_of

@@ -6,7 +6,8 @@ are read by name), ``nvidia-smi -q -d TEMPERATURE`` (the slowdown threshold is i
 ``--query-gpu`` field), the NVRM Xid lines of the kernel log (``dmesg``, or ``journalctl -k``
 where dmesg is refused) and the host's uptime. Here, without I/O, that text becomes
 :class:`GpuHealth` and :class:`Xid` values (:func:`parse_health`), and those become findings
-(:func:`findings`), which ``rules.check_health`` groups into the check's line.
+(:func:`findings`), which ``check_health`` (ftbundle/check/rules.py) groups into the check's line,
+and a failed run's summary folds into its fault lines (:func:`run_fault_lines`).
 
 What refuses a run (``health: refuse``, the default) and what only warns:
 
@@ -27,7 +28,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..hostlist import fold
+from .hostlist import fold
 
 # The probe's one --query-gpu call (the fields of tests/data/nvidia-smi/health/query-gpu-health.csv,
 # recorded on a real H100, then the two more the check needs). Drivers that do not know a

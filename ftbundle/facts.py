@@ -1,7 +1,7 @@
 """Facts: what the probe (ftbundle/remote/probe.py) found on each host, typed.
 
-Parsed once from the probe's JSON; everything downstream (the rules, the plan's GPU, image
-and storage decisions) reads these values and never the raw answer. Pure: no I/O.
+Parsed once from the probe's JSON; everything downstream (check/'s rules, the plan's GPU,
+image and storage decisions) reads these values and never the raw answer. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .health import GpuHealth, Xid, parse_health
+from .gpu_health import GpuHealth, Xid, parse_health
 
 BF16_MIN_COMPUTE_CAP = (8, 0)  # Ampere and later
 
@@ -170,7 +170,7 @@ class HostFacts:
     gpu_error: str | None = None
     gpu_hung: bool = False
     compute_apps: list[ComputeApp] = field(default_factory=list)
-    health_asked: bool = False  # the job's `health` is not off (see .health)
+    health_asked: bool = False  # the job's `health` is not off (see .gpu_health)
     gpu_health: list[GpuHealth] = field(default_factory=list)
     xids: list[Xid] = field(default_factory=list)  # the kernel log's NVRM Xid lines
     health_error: str | None = None  # why the GPUs' health readings are missing
