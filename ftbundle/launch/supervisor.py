@@ -12,8 +12,11 @@ that: the earliest failure, where a lost node counts from its last heartbeat (a 
 takes its peers down with "connection reset" a second or two later); a node is lost while
 stopping only when its host does not answer.
 
-Restarts and the policy for a lost host are :mod:`.attempts`: each attempt is a
-:class:`Supervisor` of its own (new job marker, new pid, exit and log files).
+The states and the pure decisions on them are :mod:`.states`; the stopping is :mod:`.teardown`;
+the failing rank's story and the words for a failure are :mod:`.failure`. Restarts and the
+policy for a lost host are :mod:`.attempts`: each attempt is a :class:`Supervisor` of its own
+(new job marker, new pid, exit and log files). Staging the run directory is :mod:`.staging`, a
+detached run's start :mod:`.detached`.
 
 Timing (see docs/launcher.md): heartbeats every ``HEARTBEAT_S`` (1 s) on a channel that
 output cannot hold back; a running node is LOST after ``LOST_AFTER_S`` (5 s) of silence,
@@ -22,39 +25,31 @@ so a stall of a second or two never trips it while a cut network is noticed in a
 
 from __future__ import annotations
 
-import enum
-import functools
-import io
 import os
 import posixpath
 import queue
 import sys
-import tarfile
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TextIO
 
-from ..cluster import Cluster, HostUnreachable, first_line, parallel
+from ..cluster import Cluster, HostUnreachable, parallel
 from ..inventory import Host
-from ..plan import ATTEMPT_FILE, NodeFiles, Plan
+from ..plan import Plan
 from ..ui.progress import Progress
 from .display import Display, ProgressFeed
-from .failure import rank_failure
-from .node import HEARTBEAT_S, STOP_GRACE_S, WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
-from .stall import STACKS_PROGRAM, STALLED_EXIT_CODE, StallClock, collector_source, ending, stall_report
+from .failure import exit_reason, rank_failure, read_tail, unreachable_note
+from .node import WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
+from .stall import STALLED_EXIT_CODE, StallClock, ending, stall_report
+from .states import (LOST_EXIT_CODE, PROBE_S, START_TIMEOUT_S, Failure, NodeStatus, Outcome, Silence, State,
+                     silence_verdict)
 from .storage import StorageWatch
+from .teardown import stop_nodes
 
 LOST_AFTER_DEFAULT_S = 5.0
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", LOST_AFTER_DEFAULT_S))
-START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
 PING_INTERVAL_S = 1.0
-TEARDOWN_SILENT_S = 2 * HEARTBEAT_S + 0.5  # while stopping: silent this long, its host is asked
-PROBE_S = 1.5  # a silent node's host must answer within this long, or the node is lost
 QUIET_MAX_FACTOR = 3  # a silent node whose host answers is lost after this many LOST_AFTER_S
-STOPPER_THREADS = 8  # the teardown's sends (a send can wait on one host's transport)
-SECOND_STOP_AFTER_S = 2.0  # while stopping: a node not confirmed stopped by then gets its `stop` mode too
-LOST_EXIT_CODE = 255  # like ssh, for a node whose connection or heartbeat was lost
 PAUSED_AFTER_S = 2.0  # the loop wakes every 0.2 s: a gap this long means ftbundle itself did not run
 TAIL_LINES = 20
 DRAIN_S = 3.0  # how long rank 0's log may take to reach its end after the job
@@ -66,47 +61,6 @@ TRAINER_LOG = "trainer_log.jsonl"  # LlamaFactory's LogCallback, in output_dir
 XID_READ_S = 4.0
 XID_READ_THREADS = 32
 XID_SLACK_S = 5.0
-
-
-class State(enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    EXITED = "exited"
-    LOST = "lost"
-
-
-@dataclass
-class NodeStatus:
-    state: State = State.STARTING
-    since: float = 0.0  # when the state was entered
-    last_heartbeat: float | None = None
-    pid: str | None = None
-    code: int | None = None
-    reason: str = ""
-
-
-@dataclass
-class Failure:
-    rank: int
-    host: str
-    reason: str
-    code: int
-    at: float
-
-
-@dataclass
-class Outcome:
-    exit_code: int
-    failure: Failure | None = None
-    interrupted: bool = False
-    teardown_s: float | None = None
-    lost: tuple[int, ...] = ()  # ranks that could not be confirmed stopped
-    progress: Progress | None = None  # what rank 0 said about training (without -v)
-    stalled: bool = False  # stopped by the stall watchdog (not a job's own exit code 124)
-    # (monotonic) when the attempt began, had every node up, saw its first step, acted on a
-    # failure (its teardown began): the recovery's parts (attempts.recovery)
-    marks: dict[str, float] = field(default_factory=dict)
-    gpu_faults: tuple[str, ...] = ()  # the Xids its nodes' kernels logged during it (_print_gpu_faults)
 
 
 class Supervisor:
@@ -123,7 +77,7 @@ class Supervisor:
         self.lost_after = lost_after
         self.redact = plan.redact
         self.events: queue.Queue[Event] = queue.Queue()
-        rank0 = NodeFiles.of(plan.run_dir, plan.run_id, 0, plan.nodes[0].host.name, attempt)
+        rank0 = plan.node_files(plan.nodes[0], attempt)
         # ui (ftbundle.ui.Phases): phases and summaries on it. Without verbose, rank 0's output
         # feeds a progress display instead of the terminal (the log keeps every line).
         self.ui = ui
@@ -342,7 +296,7 @@ class Supervisor:
         elif event.kind == "exit":
             self._set(event.rank, State.EXITED, code=event.code)
             if event.code != 0:
-                self._fail_node(event.rank, _exit_reason(event.code), event.code, event.at)
+                self._fail_node(event.rank, exit_reason(event.code), event.code, event.at)
             else:
                 self._show_progress()  # (a node that finished is shown so, not as one gone)
         elif event.kind == "lost":
@@ -372,29 +326,29 @@ class Supervisor:
         teardown, which has a deadline of its own), and never while its channel holds what
         it said that our thread for it has not read yet (:meth:`NodeRunner.unheard`: the
         silence is then ours). Its failure is dated by its last heartbeat (a dead host found
-        late may still be the root cause)."""
+        late may still be the root cause). The verdict is :func:`.states.silence_verdict`'s."""
         now = time.monotonic()
         for rank, st in enumerate(self.status):
-            if st.state is State.STARTING and now - st.since > START_TIMEOUT_S:
+            probe = self._probes.get(rank)
+            if probe is not None and (st.state is not State.RUNNING or probe.since < st.last_heartbeat):
+                probe = None  # (none yet for this silence)
+            verdict = silence_verdict(st, now, None if probe is None else probe.answered, limit=limit,
+                                      quiet_max=quiet_max, ask_before=ask_before)
+            if verdict.asks and probe is None:
+                self._probes[rank] = _Probe(self.cluster, self.plan.nodes[rank].host, st.last_heartbeat)
+            if verdict is Silence.NOT_STARTED:
                 self._lose(rank, f"its node program did not start within {START_TIMEOUT_S:.0f}s", now)
                 continue
-            if st.state is not State.RUNNING:
+            if not verdict.asks:
                 continue
             silent = now - st.last_heartbeat
-            if silent <= limit - ask_before:
-                continue
-            probe = self._probes.get(rank)
-            if probe is None or probe.since < st.last_heartbeat:  # (none yet for this silence)
-                probe = self._probes[rank] = _Probe(self.cluster, self.plan.nodes[rank].host, st.last_heartbeat)
-            if silent <= limit or probe.answered is None and silent <= limit + PROBE_S:
-                continue
-            if probe.answered is False:
+            if verdict is Silence.HOST_GONE:
                 self._lose(rank, f"no heartbeat for {silent:.0f}s and its host does not answer "
                                  "(host down or network cut?)", st.last_heartbeat)
-            elif probe.answered is None:
+            elif verdict is Silence.HOST_LATE:
                 self._lose(rank, f"no heartbeat for {silent:.0f}s and its host did not answer within {PROBE_S:g}s "
                                  "(host down or network cut?)", st.last_heartbeat)
-            elif quiet_max is not None and silent > quiet_max and not self.runners[rank].unheard():
+            elif verdict is Silence.QUIET and not self.runners[rank].unheard():
                 why = ("its node program frozen or starved of CPU?" if rank not in self.storage.since else
                        self.storage.describe(now, [rank]))  # (caught in a stat after all)
                 self._lose(rank, f"no heartbeat for {silent:.0f}s although its host answers ({why})",
@@ -536,83 +490,25 @@ class Supervisor:
         return tuple(fold_findings(found))
 
     def _unreachable_note(self, lost: list[int]) -> str:
-        from ..hostlist import fold
-
-        unreachable = [r for r in lost if self.status[r].state is State.LOST]
-        slow = [r for r in lost if self.status[r].state is not State.LOST]
-        notes = []
-        if unreachable:
-            notes.append(f"could not reach {fold(self.plan.nodes[r].host.name for r in unreachable)} (its own "
-                         f"watchdog stops its job within {WATCHDOG_S}s of losing the controller)")
-        if slow:
-            notes.append(f"{fold(self.plan.nodes[r].host.name for r in slow)} did not confirm its stop in time "
-                         "(its host answers; its job's processes were sent a stop of their own; "
-                         "`ftbundle status` shows what is left)")
-        return "; ".join(notes)
+        unreachable = [self.plan.nodes[r].host.name for r in lost if self.status[r].state is State.LOST]
+        slow = [self.plan.nodes[r].host.name for r in lost if self.status[r].state is not State.LOST]
+        return unreachable_note(unreachable, slow)
 
     def _teardown(self) -> tuple[list[int], float]:
-        """Stop every node over the open connections; the ranks not confirmed stopped, and the
-        seconds the stopping took (what "stopped the other nodes in" says: not the wait for rank
-        0's log to reach its end after it, up to DRAIN_S, which a rank 0 whose host's SSH key
-        exchange hangs spends whole).
-
-        The fence goes up first: a node whose channel opens from now on never starts its
-        job (:meth:`.node.NodeRunner.fenced`). Then every node's stdin says stop and closes:
-        its watchdog stops the job (SIGTERM, SIGKILL after STOP_GRACE_S) and its node program
-        exits only after that, so its exit confirms that nothing of the job is left there. The
-        sends go through a few threads (a send can wait on its host's transport; a thread per
-        node costs more than it saves at 100+ hosts). A second path, the node program's
-        ``stop`` mode on a channel of its own, goes only to a node whose program died (its
-        watchdog with it) or was given up on while its host answers, and to one that has not
-        confirmed by SECOND_STOP_AFTER_S.
-
-        A node silent for TEARDOWN_SILENT_S meanwhile is asked whether its host answers
-        (:meth:`Cluster.answers`): only one that does not is lost, its failure dated by its
-        last heartbeat (a dead host found now may still be the root cause). A node that
-        answers is being stopped, just slowly (a loaded controller or host): waited for."""
+        """Stop every node over the open connections (:mod:`.teardown`); the ranks not confirmed
+        stopped, and the seconds the stopping took (what "stopped the other nodes in" says: not
+        the wait for rank 0's log to reach its end after it, up to DRAIN_S, which a rank 0 whose
+        host's SSH key exchange hangs spends whole). The loop's events are taken meanwhile: a
+        node silent for TEARDOWN_SILENT_S is lost only when its host does not answer."""
         t0 = time.monotonic()
         self.marks.setdefault("failed", t0)  # (the launcher acted: Outcome.marks)
-        self.fence.set()
-        stoppers = _Stoppers(min(STOPPER_THREADS, len(self.runners)))
-        for runner, st in zip(self.runners, self.status):
-            if st.state is not State.LOST:  # (a lost node's channels are closed already: _lose)
-                stoppers.put(runner.close_stdin)
-        confirmed: dict[int, bool] = {}  # the second path's answers: True, nothing of the job is left
-
-        def second_path(rank: int) -> None:
-            confirmed[rank] = self.runners[rank].stop()
-
-        # their node program died, or was given up on while its host answers (frozen?): nothing
-        # on its stdin listens, but its host does
-        sent = set(self._orphaned) | {r for r, st in enumerate(self.status)
-                                      if st.state is State.LOST and getattr(self._probes.get(r), "answered", None)}
-        for rank in sorted(sent):
-            stoppers.put(functools.partial(second_path, rank))
-
-        def stopped(rank: int) -> bool:  # (a node program's exit confirms: it waits for its watchdog)
-            return confirmed.get(rank, False) or (self.status[rank].state is State.EXITED and rank not in sent)
-
-        began = time.monotonic()
-        deadline = began + STOP_GRACE_S + 2
-        while time.monotonic() < deadline:
-            # (a lost node is not waited for, unless a second path went to its host, which answers)
-            if all(stopped(r) or (st.state is State.LOST and r not in sent) for r, st in enumerate(self.status)):
-                break
-            self._take_events(0.1)
-            now = time.monotonic()
-            if now - began >= SECOND_STOP_AFTER_S:
-                late = [r for r, st in enumerate(self.status)
-                        if st.state in (State.STARTING, State.RUNNING) and r not in sent]
-                for rank in late:
-                    stoppers.put(functools.partial(second_path, rank))
-                    sent.add(rank)
-                if late:  # (its stop: SIGTERM, SIGKILL after the grace; waited for)
-                    deadline = max(deadline, now + STOP_GRACE_S + 1.5)
-            self._check_silence(TEARDOWN_SILENT_S, ask_before=0)  # (waited for while its host answers)
-        stoppers.close()  # (not waited for: a send to a held transport may wait 15 s, for nothing)
+        stopping = stop_nodes(self.runners, self.status, fence=self.fence, orphaned=self._orphaned,
+                              host_answers=[r for r, probe in self._probes.items() if probe.answered],
+                              take_events=self._take_events,
+                              check_silence=lambda limit: self._check_silence(limit, ask_before=0))
         took = time.monotonic() - t0
         self._drain_rank0()
-        return [r for r, st in enumerate(self.status) if not stopped(r)], took
+        return stopping.unconfirmed([st.state for st in self.status]), took
 
     def _drain_rank0(self) -> None:
         """Rank 0's log to its end on the terminal before we return. Not waited for while a key
@@ -642,32 +538,6 @@ class Supervisor:
             self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
 
 
-class _Stoppers:
-    """A few threads that run the teardown's sends and stop channels, in the order given."""
-
-    def __init__(self, threads: int):
-        self.work: queue.Queue = queue.Queue()
-        self.threads = [threading.Thread(target=self._serve, daemon=True, name=f"stopper{i}")
-                        for i in range(threads)]
-        for t in self.threads:
-            t.start()
-
-    def put(self, job) -> None:
-        self.work.put(job)
-
-    def _serve(self) -> None:
-        while (job := self.work.get()) is not None:
-            try:
-                job()
-            except Exception:
-                pass  # (a node that cannot be told is judged by its silence)
-
-    def close(self) -> None:
-        """No more jobs: the threads end once the ones given have run."""
-        for _ in self.threads:
-            self.work.put(None)
-
-
 class _Probe:
     """Whether a silent node's host answers (:meth:`Cluster.answers`), asked on a thread:
     ``answered`` is None until it is known."""
@@ -679,121 +549,3 @@ class _Probe:
 
     def _ask(self, cluster: Cluster, host: Host) -> None:
         self.answered = cluster.answers(host, PROBE_S)
-
-
-def _exit_reason(code: int) -> str:
-    if code > 128 and code - 128 in (9, 15, 2, 6, 11):
-        names = {9: "SIGKILL", 15: "SIGTERM", 2: "SIGINT", 6: "SIGABRT", 11: "SIGSEGV"}
-        return f"exited with code {code} ({names[code - 128]})"
-    return f"exited with code {code}"
-
-
-def read_tail(plan: Plan, cluster: Cluster, rank: int, path: str, lines: int, *,
-              lost: bool = False) -> list[str] | None:
-    """The end of a file on shared storage: here if we can, else through the node's own
-    host, else through any other reachable host. ``lost``: the node's host is likely cut
-    off (its transport may not know it yet), so it is asked last, not first."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            return f.read().decode(errors="replace").splitlines()[-lines:]
-    except OSError:
-        pass
-    others = [n.host for n in plan.nodes if n.rank != rank]
-    hosts = others + [plan.nodes[rank].host] if lost else [plan.nodes[rank].host] + others
-    for host in dict.fromkeys(hosts):
-        if not cluster.alive(host):
-            continue
-        try:
-            result = cluster.run(host, ["tail", "-n", str(lines), "--", path], timeout=5)
-        except Exception:
-            continue
-        if result.ok:
-            return result.stdout.splitlines()
-    return None
-
-
-# ---------------------------------------------------------------------------------------
-# Staging, detach (restarts: .attempts)
-
-
-class StagingError(RuntimeError):
-    """The run directory could not be written (nothing was started)."""
-
-
-MIN_FREE_MB = 64  # a run is not started on a shared directory with less free space than this
-
-
-def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, str],
-                leftovers: tuple[str, ...] = (), timeout: float = 60, min_free_mb: int = 0) -> None:
-    """Write files into a directory on shared storage, in one round trip through ``host``
-    (rank 0's: every node sees the same directory); ``leftovers`` (paths on that host, the
-    check's sentinels) are removed in the same command. Each file is written whole or not
-    at all (renamed into place). With ``min_free_mb``, a filesystem with less free space
-    is refused before anything is written."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o644
-            info.mtime = int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-    try:
-        result = cluster.run(host, node_argv("stage", directory, str(min_free_mb), *leftovers), stdin=buf.getvalue(),
-                             timeout=timeout)
-    except (HostUnreachable, TimeoutError) as exc:
-        raise StagingError(f"could not write {directory} through {host.name}: {first_line(exc)}") from exc
-    if not result.ok:
-        raise StagingError(f"could not write {directory} on {host.name}: {result.stderr.strip() or result.code}")
-
-
-def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = ()) -> None:
-    """The run directory: the staged files, plan.json (redacted) and the attempt number."""
-    import json
-
-    files = dict(plan.files)
-    files["plan.json"] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
-    files[ATTEMPT_FILE] = "1\n"
-    if plan.stall_timeout:  # a detached run's nodes collect their stacks with it (node.sh stall-watch)
-        files[STACKS_PROGRAM] = collector_source().decode()
-    stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, leftovers, min_free_mb=MIN_FREE_MB)
-
-
-def launch_detached(plan: Plan, cluster: Cluster, err: TextIO | None = None, before=None) -> int:
-    """Start every node's job and return once all have started; each node's watcher then
-    stops its job when a peer fails or goes silent (heartbeat files on shared storage).
-    ``before`` as for :func:`launch`."""
-    err = err or sys.stderr
-    events: queue.Queue[Event] = queue.Queue()
-    runners = [NodeRunner(n, plan, cluster, events, detach=True) for n in plan.nodes]
-    start_behind(runners, before)
-    pending = {r.rank for r in runners}
-    failed = []
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while pending and time.monotonic() < deadline:
-        try:
-            event = events.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if event.kind in ("exit", "lost"):
-            pending.discard(event.rank)
-            if event.code != 0:
-                failed.append((event.rank, event.text or f"exit code {event.code}"))
-    failed += [(rank, "did not answer") for rank in sorted(pending)]
-    for rank, why in failed:
-        extra = " / ".join(runners[rank].messages[-2:])
-        print(f"ftbundle: rank {rank} {plan.nodes[rank].host.name} did not start: {why}"
-              + (f" ({extra})" if extra else ""), file=err)
-    if failed:
-        # the others wait in torch's rendezvous for a peer that will never come (600 s):
-        # a run that did not start everywhere is stopped everywhere
-        t0 = time.monotonic()
-        stopped = parallel(lambda runner: runner.stop(), runners)
-        left = [runners[i].node.host.name for i, ok in enumerate(stopped) if not ok]
-        print(f"ftbundle: the run did not start on every node: stopped it on the others in "
-              f"{time.monotonic() - t0:.1f}s" + (f"; could not confirm it stopped on {', '.join(left)}" if left else ""),
-              file=err)
-    return 1 if failed else 0

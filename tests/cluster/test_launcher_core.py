@@ -155,7 +155,7 @@ def test_a_send_during_a_rekey_waits_without_the_channel_lock(cluster2, tmp_path
         proc.close_stdin()
         assert proc.wait(timeout=10) == 0 and proc.read_out().strip() == b"got ping"
 
-        monkeypatch.setattr(C, "REKEY_WAIT_S", 1)
+        monkeypatch.setattr(C.paramiko_fixes, "REKEY_WAIT_S", 1)
         proc = cluster.start(host, ["cat"])
         transport.clear_to_send.clear()
         began = time.monotonic()

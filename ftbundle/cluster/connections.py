@@ -4,13 +4,7 @@ A run talks to its hosts many times: the check's rounds, staging the run directo
 node channels, log tails, teardown, fencing before a restart, status. Each of those used to
 pay an SSH handshake of its own. Here every remote host gets one Fabric ``Connection``
 (auth, known_hosts, one paramiko transport), opened for all hosts at once, and every later
-command is a new *channel* on that transport: no handshake, one round trip.
-
-Commands run through :class:`Proc`, a thin handle that is the same for a paramiko channel
-(remote) and a subprocess (this machine): bytes in with one ``send``, bytes out with
-blocking ``read_out``/``read_err``, an exit code. Invoke's ``run`` is not used for anything
-long-lived or fed from our side: it feeds stdin one byte per 10 ms and keeps all output in
-memory (see shared/ENVIRONMENT.md).
+command is a new *channel* on that transport: no handshake, one round trip (:class:`Cluster`).
 """
 
 from __future__ import annotations
@@ -18,25 +12,17 @@ from __future__ import annotations
 import os
 import random
 import shlex
-import signal
-import socket
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Iterable, Sequence
 
-from .inventory import Host
+from ..inventory import Host
+from .errors import HostUnreachable, first_line, refused, timed_out
+from .fanout import parallel
+from .paramiko_fixes import hook_exec_answers, settle
+from .procs import ChannelProc, LocalProc, Proc, Result
 
 CONNECT_TIMEOUT_S = 10
-KEEPALIVE_S = 5
-# paramiko's transport thread reads its socket with a 0.1 s timeout, only to look at its own
-# flags (closed? keepalive due?) between reads: ten wakeups a second per idle host, 0.40 ms
-# of CPU per host-second measured here (41% of a core for 1,024 idle hosts, under the GIL the
-# event loop needs). After the handshake, 1 s: 0.10 ms. Data wakes the thread at once either
-# way; only the flag checks wait longer, and nothing waits on them (closes drop the socket).
-TRANSPORT_POLL_S = 1.0
 # New connections are opened a few at a time per sshd, and not all at once overall. A stock
 # sshd's `MaxStartups 10:30:100` starts refusing (at random, 30% of them at first) the
 # connections beyond 10 that are not yet authenticated: 8 per sshd stays under it with room
@@ -47,270 +33,6 @@ MAX_STARTUPS = 8
 MAX_HANDSHAKES = 64
 CONNECT_TRIES = 5  # a refused or reset connection (an sshd at its MaxStartups, restarting)
 RETRY_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)  # before the 2nd, 3rd, ... try (+ up to 50% jitter)
-READ_CHUNK = 64 * 1024
-REKEY_WAIT_S = 15  # paramiko's own limit for the same wait is 30 s
-
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-class HostUnreachable(Exception):
-    """The host could not be connected to (or its transport is gone)."""
-
-
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.code == 0
-
-
-class Proc:
-    """A command running on a host. Thread-safe for one writer and one reader per stream."""
-
-    def send(self, data: bytes) -> bool:
-        """Write to the command's stdin in one go; False when it is gone."""
-        raise NotImplementedError
-
-    def close_stdin(self) -> None:
-        raise NotImplementedError
-
-    def read_out(self) -> bytes:
-        """The next chunk of stdout; b"" at its end. Blocks."""
-        raise NotImplementedError
-
-    def read_err(self) -> bytes:
-        """The next chunk of stderr; b"" at its end. Blocks."""
-        raise NotImplementedError
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        """The exit code, or None when not finished within ``timeout``. -1: no code
-        (the connection or the process was lost without one)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Drop the command: close the channel, or kill the local process group."""
-        raise NotImplementedError
-
-    def unread(self) -> bool:
-        """Whether the command said something (output, its end) that no reader has taken
-        yet: a backlog on our side, not silence on the host's."""
-        return False
-
-    def communicate(self, data: bytes = b"", timeout: float | None = None) -> Result:
-        """Send ``data``, close stdin, collect all output and the exit code."""
-        out: list[bytes] = []
-        err: list[bytes] = []
-        readers = [threading.Thread(target=_drain, args=(self.read_out, out.append), daemon=True),
-                   threading.Thread(target=_drain, args=(self.read_err, err.append), daemon=True)]
-        for t in readers:
-            t.start()
-        if data:
-            self.send(data)
-        self.close_stdin()
-        code = self.wait(timeout)
-        if code is None:
-            self.close()
-            raise TimeoutError(f"command did not finish within {timeout}s")
-        for t in readers:
-            t.join(timeout=2)
-        return Result(code, b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace"))
-
-
-def _drain(read: Callable[[], bytes], sink: Callable[[bytes], None]) -> None:
-    try:
-        while chunk := read():
-            sink(chunk)
-    except (OSError, EOFError, ValueError):
-        pass
-
-
-def _ordered_send(chan, build):
-    """Send the message ``build()`` makes on ``chan`` while holding the channel's lock, so
-    that paramiko's transport thread cannot answer the server's CLOSE in between.
-
-    Why: paramiko makes a data or EOF message under the channel lock but sends it after
-    releasing the lock (Channel._send, Channel.shutdown). When the command ends at that
-    moment, the transport thread takes the lock, answers sshd's CLOSE with its own CLOSE,
-    and sshd frees the channel; our message then refers to a channel that no longer exists,
-    and OpenSSH drops the whole connection ("ieof packet referred to nonexistent channel",
-    paramiko issues #1115 and #1705, open). With one transport per host reused for
-    everything, that cut every other channel of the host: a node channel's ping or a short
-    command's EOF could take down the log tail and the teardown's own channel. Measured on
-    the test hosts: two or three short commands at a time on one transport lost it within
-    30-130 rounds.
-
-    ``build`` runs under the lock and returns (message, bytes of data it carries), or None
-    when there is nothing to send (the channel is closed, EOF already sent). A rekey in
-    progress is waited out before the lock is taken: the transport thread may need the lock
-    to finish it. Returns what ``build`` returned once its message is sent; None when the
-    channel or the transport is gone; socket.timeout when a rekey does not end within
-    REKEY_WAIT_S."""
-    transport = chan.transport
-    deadline = time.monotonic() + REKEY_WAIT_S
-    while True:
-        if transport is None or not transport.is_active():
-            return None
-        if not transport.clear_to_send.wait(0.5):
-            if time.monotonic() > deadline:  # a rekey that never ends: a dead peer mid-exchange
-                raise socket.timeout(f"the connection's key exchange did not finish within {REKEY_WAIT_S}s")
-            continue
-        with chan.lock:
-            if not transport.clear_to_send.is_set():  # a rekey began meanwhile
-                continue
-            made = build()
-            if made is not None:
-                transport._send_user_message(made[0])
-            return made
-
-
-def _data_message(chan, data: bytes):
-    """(message, bytes of ``data`` it carries: its start), or None: call under the lock."""
-    from paramiko.common import cMSG_CHANNEL_DATA
-    from paramiko.message import Message
-
-    if chan.closed:
-        return None
-    size = chan._wait_for_send_window(len(data))
-    if size == 0:
-        return None
-    message = Message()
-    message.add_byte(cMSG_CHANNEL_DATA)
-    message.add_int(chan.remote_chanid)
-    message.add_string(data[:size])
-    return message, size
-
-
-def _eof_message(chan):
-    """(the EOF message, 0), or None once EOF was sent or the channel closed: call under the
-    lock."""
-    if chan.closed:
-        return None
-    message = chan._send_eof()  # (paramiko's name: it makes the message and marks EOF as sent)
-    return None if message is None else (message, 0)
-
-
-class ChannelProc(Proc):
-    """A command on a paramiko channel of an open transport. Data and EOF go out in order
-    with the transport thread's handling of the channel's end (see :func:`_ordered_send`)."""
-
-    def __init__(self, channel):
-        self.chan = channel
-
-    def send(self, data: bytes) -> bool:
-        from paramiko.ssh_exception import SSHException
-
-        rest = memoryview(data)  # (slices of it copy nothing)
-        try:
-            while rest:
-                made = _ordered_send(self.chan, lambda: _data_message(self.chan, bytes(rest[:READ_CHUNK])))
-                if made is None:
-                    return False
-                rest = rest[made[1]:]
-            return True
-        except (OSError, EOFError, SSHException):  # (socket.timeout is an OSError)
-            return False
-
-    def close_stdin(self) -> None:
-        from paramiko.ssh_exception import SSHException
-
-        try:
-            _ordered_send(self.chan, lambda: _eof_message(self.chan))
-        except (OSError, EOFError, SSHException):
-            pass
-
-    def read_out(self) -> bytes:
-        return self.chan.recv(READ_CHUNK)
-
-    def read_err(self) -> bytes:
-        return self.chan.recv_stderr(READ_CHUNK)
-
-    def unread(self) -> bool:
-        chan = self.chan
-        return chan.recv_stderr_ready() or chan.recv_ready() or chan.exit_status_ready()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        if not self.chan.status_event.wait(timeout):
-            return None
-        return self.chan.exit_status  # -1 when the channel closed without a status
-
-    def close(self) -> None:
-        try:
-            self.chan.close()
-        except (OSError, EOFError):
-            pass
-
-
-class LocalProc(Proc):
-    """A command on this machine, in a process group of its own."""
-
-    def __init__(self, argv: Sequence[str]):
-        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
-        self._stdin_lock = threading.Lock()
-
-    def send(self, data: bytes) -> bool:
-        with self._stdin_lock:
-            try:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
-                return True
-            except (OSError, ValueError):
-                return False
-
-    def close_stdin(self) -> None:
-        with self._stdin_lock:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-
-    def read_out(self) -> bytes:
-        return self.proc.stdout.read1(READ_CHUNK)
-
-    def read_err(self) -> bytes:
-        return self.proc.stderr.read1(READ_CHUNK)
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-def bash_argv(program: str, *args: str) -> list[str]:
-    """`bash -c PROGRAM NAME ARGS...`: the program text is fixed, values are arguments."""
-    return ["bash", "-c", program, *args]
-
-
-def _hook_exec_answers(transport) -> None:
-    """Once per transport: sshd's success answer to a channel request goes through the
-    channel's ``ftb_on_answer`` first, on paramiko's transport thread where it is read (one
-    level under exec_command, which only waits for it). The hook says whether the answer still
-    counts: False when the start's time limit closed the channel first."""
-    if transport.__dict__.get("_ftb_answers_hooked"):
-        return
-    from paramiko.channel import Channel
-    from paramiko.common import MSG_CHANNEL_SUCCESS
-
-    def success(chan, m) -> None:
-        hook = chan.__dict__.pop("ftb_on_answer", None)
-        if hook is None or hook():
-            Channel._request_success(chan, m)
-
-    transport._channel_handler_table = {**type(transport)._channel_handler_table, MSG_CHANNEL_SUCCESS: success}
-    transport._ftb_answers_hooked = True
 
 
 class Cluster:
@@ -370,7 +92,7 @@ class Cluster:
         """The connection errors in one line: each host's own for a few; past that, the hosts
         folded by reason ("412 hosts: node[5-17]-p[2201-2232]: Authentication timeout."), so
         that 1,000 hosts do not make a line no one can read."""
-        from .hostlist import fold
+        from ..hostlist import fold
 
         if len(self.errors) <= each_up_to:
             return "; ".join(self.errors.values())
@@ -395,7 +117,7 @@ class Cluster:
             try:
                 conn = self._open_one(host)
             except Exception as exc:  # refused, timed out, auth or host key failure
-                if attempt + 1 < self.connect_tries and _refused(exc):
+                if attempt + 1 < self.connect_tries and refused(exc):
                     delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
                     time.sleep(delay * (1 + random.random() / 2))
                     continue
@@ -416,7 +138,7 @@ class Cluster:
 
     def _open_one(self, host: Host):
         """One try: a connected, authenticated Connection to ``host``, or an exception."""
-        from .ssh import LowLatencySocket, connect
+        from ..ssh import LowLatencySocket, connect
 
         gateway = self._gateway(host) if host.proxy_jump else None
         conn = sock = None
@@ -429,7 +151,7 @@ class Cluster:
                 conn = connect(host, timeout=self.connect_timeout, accept_new_host_keys=self.accept_new_host_keys,
                                sock=sock, gateway=gateway)
                 conn.open()  # on a ftbundle.ssh.LowLatencySocket: no 40 ms stalls on small messages
-                _settle(conn.transport)
+                settle(conn.transport)
             except BaseException:
                 if conn is not None:
                     _close_quietly(conn)
@@ -446,7 +168,7 @@ class Cluster:
         """The one open connection to ``host``'s bastion, shared by every host behind it
         (each host used to open its own: n unauthenticated connections at once to one sshd,
         past a stock MaxStartups). Opened by the first host that needs it, again when lost."""
-        from .ssh import bastion, connect
+        from ..ssh import bastion, connect
 
         jump = bastion(host)
         key = (jump.address, jump.port, jump.user, jump.key_file, jump.known_hosts)
@@ -461,13 +183,13 @@ class Cluster:
             gateway = connect(jump, timeout=self.connect_timeout, accept_new_host_keys=self.accept_new_host_keys)
             with self._startup_slot(jump.address, jump.port), self._handshakes:
                 gateway.open()
-            _settle(gateway.transport)
+            settle(gateway.transport)
             self._gateways[key] = gateway
             return gateway
 
     def _reason(self, exc: BaseException) -> str:
         """Why a try failed, in words: a timeout says so and how long it waited."""
-        if _timed_out(exc):
+        if timed_out(exc):
             return f"timed out after {self.connect_timeout:g} s"
         return first_line(exc)
 
@@ -559,7 +281,7 @@ class Cluster:
             # process that never answers would hold the caller (a stop, a teardown) forever.
             # Closing the channel at the limit ends that wait with an error.
             # The guard and sshd's answer exclude each other, decided where the answer is read
-            # (paramiko's transport thread, _hook_exec_answers): an answer read first makes the
+            # (paramiko's transport thread, hook_exec_answers): an answer read first makes the
             # guard close nothing, however late exec_command itself returns; a guard that fired
             # first makes a late answer count for nothing (the channel is closed).
             fired = threading.Event()
@@ -579,7 +301,7 @@ class Cluster:
                     answered.set()
                     return True
 
-            _hook_exec_answers(transport)
+            hook_exec_answers(transport)
             chan.ftb_on_answer = on_answer
             guard = threading.Timer(limit, expire)
             guard.daemon = True
@@ -619,52 +341,6 @@ class Cluster:
         return parallel(one, jobs)
 
 
-def parallel(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None) -> list[R]:
-    """``[fn(x) for x in items]``, all at once on daemon threads (at most ``workers`` of
-    them, each taking the next item, when given).
-
-    Waiting is interruptible (Ctrl-C reaches the caller at once) and nothing joins the
-    threads at exit, so an interrupted launcher never waits for a slow host. Exceptions
-    from ``fn`` are re-raised in the caller.
-    """
-    items = list(items)
-    if len(items) == 1:
-        return [fn(items[0])]
-    results: list = [None] * len(items)
-    errors: list[BaseException | None] = [None] * len(items)
-
-    def work(i: int, item: T) -> None:
-        try:
-            results[i] = fn(item)
-        except BaseException as exc:  # re-raised below, in the caller's thread
-            errors[i] = exc
-
-    if workers is not None and workers < len(items):
-        queue = iter(list(enumerate(items)))
-        lock = threading.Lock()
-
-        def worker() -> None:
-            while True:
-                with lock:
-                    job = next(queue, None)
-                if job is None:
-                    return
-                work(*job)
-
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
-    else:
-        threads = [threading.Thread(target=work, args=(i, x), daemon=True) for i, x in enumerate(items)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(0.1)
-    for exc in errors:
-        if exc is not None:
-            raise exc
-    return results
-
-
 def _enough_fds(connections: int) -> None:
     """Raise the soft limit on open files (1024 by default) towards the hard one when the
     connections need more: one socket per host, a few per node channel's pipes."""
@@ -683,51 +359,6 @@ def _enough_fds(connections: int) -> None:
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() and int(value) > 0 else default
-
-
-def _causes(exc: BaseException | None):
-    seen = 0
-    while exc is not None and seen < 8:
-        yield exc
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-
-
-def _timed_out(exc: BaseException) -> bool:
-    return any(isinstance(e, (socket.timeout, TimeoutError)) or "timed out" in str(e).lower()
-               for e in _causes(exc))
-
-
-def _settle(transport) -> None:
-    """An open transport's steady state: keepalives, and a socket its thread polls once a
-    second, not ten times (TRANSPORT_POLL_S)."""
-    transport.set_keepalive(KEEPALIVE_S)
-    transport.sock.settimeout(TRANSPORT_POLL_S)
-
-
-def _refused(exc: BaseException) -> bool:
-    """A connection refused or dropped before it was authenticated: what an sshd at its
-    MaxStartups (or restarting) does; worth another try. Not a timeout, not auth, not a
-    host key."""
-    from .ssh import load_fabric
-
-    load_fabric()  # (not imported yet when the TCP connection failed)
-    from paramiko.ssh_exception import AuthenticationException, BadHostKeyException
-
-    if isinstance(exc, (AuthenticationException, BadHostKeyException)) or _timed_out(exc):
-        return False
-    for e in _causes(exc):
-        if isinstance(e, (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError,
-                          BrokenPipeError, EOFError)):
-            return True
-        text = str(e)
-        if "Error reading SSH protocol banner" in text or "Connection reset" in text or "Connect failed" in text:
-            return True
-    return False
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:400]
 
 
 def _close_quietly(conn) -> None:

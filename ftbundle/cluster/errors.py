@@ -1,0 +1,47 @@
+"""What went wrong with a host, in words: unreachable, timed out, refused (worth another try)."""
+
+from __future__ import annotations
+
+import socket
+
+
+class HostUnreachable(Exception):
+    """The host could not be connected to (or its transport is gone)."""
+
+
+def causes(exc: BaseException | None):
+    seen = 0
+    while exc is not None and seen < 8:
+        yield exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+
+
+def timed_out(exc: BaseException) -> bool:
+    return any(isinstance(e, (socket.timeout, TimeoutError)) or "timed out" in str(e).lower()
+               for e in causes(exc))
+
+
+def refused(exc: BaseException) -> bool:
+    """A connection refused or dropped before it was authenticated: what an sshd at its
+    MaxStartups (or restarting) does; worth another try. Not a timeout, not auth, not a
+    host key."""
+    from ..ssh import load_fabric
+
+    load_fabric()  # (not imported yet when the TCP connection failed)
+    from paramiko.ssh_exception import AuthenticationException, BadHostKeyException
+
+    if isinstance(exc, (AuthenticationException, BadHostKeyException)) or timed_out(exc):
+        return False
+    for e in causes(exc):
+        if isinstance(e, (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError,
+                          BrokenPipeError, EOFError)):
+            return True
+        text = str(e)
+        if "Error reading SSH protocol banner" in text or "Connection reset" in text or "Connect failed" in text:
+            return True
+    return False
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:400]
