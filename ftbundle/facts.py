@@ -136,6 +136,19 @@ class Route:
 
 
 @dataclass(frozen=True)
+class SlowReading:
+    """A stat of shared storage that was slow to answer, and its process as the probe saw it
+    then (ftbundle/remote/evidence.py): ``verdict`` "hung" (held in the kernel while the host
+    ran) or "starved" (the host had not run it)."""
+
+    verdict: str
+    waited_s: float
+    state: str | None = None  # /proc/PID/stat's letter; None: not started
+    wchan: str = ""
+    load: float | None = None  # the host's 1-minute load average
+
+
+@dataclass(frozen=True)
 class Storage:
     """One path's sentinel round on one host."""
 
@@ -148,6 +161,7 @@ class Storage:
     seen: tuple[int, ...] = ()  # ranks whose sentinel this host saw
     error: str | None = None
     not_answering_s: float | None = None  # a stat under it did not answer this long (hung network filesystem)
+    slow: SlowReading | None = None  # that stat, slow: how it was seen (answered later, or not at all)
 
 
 @dataclass
@@ -196,6 +210,14 @@ class HostFacts:
         return self.storage.get("shared_dir") or Storage(path="")
 
 
+def slow_reading(data: Any) -> SlowReading | None:
+    if not isinstance(data, dict) or data.get("verdict") not in ("hung", "starved"):
+        return None
+    load = data.get("load")
+    return SlowReading(data["verdict"], float(data.get("waited_s") or 0), data.get("state"),
+                       str(data.get("wchan") or ""), float(load) if isinstance(load, (int, float)) else None)
+
+
 def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
     """The probe's JSON -> HostFacts."""
     f = HostFacts(host, rank)
@@ -229,7 +251,7 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
             path=s.get("path", ""), exists=bool(s.get("exists")), created=bool(s.get("created")),
             parent_exists=bool(s.get("parent_exists")), where=s.get("where"), written=s.get("written"),
             seen=tuple(s.get("seen") or ()), error=s.get("write_error") or s.get("create_error"),
-            not_answering_s=s.get("not_answering_s"))
+            not_answering_s=s.get("not_answering_s"), slow=slow_reading(s.get("slow")))
     f.port = data.get("port")
     f.datasets = list(data.get("datasets") or [])
     f.cpus = data.get("cpus") if isinstance(data.get("cpus"), int) else None

@@ -51,12 +51,17 @@ COMMAND_S = 5  # a probe's own short commands (ip route get, ss)
 # ends early when all is seen costs a healthy cluster nothing.
 WAIT_S_PER_HOST = 0.125
 NVIDIA_SMI_TIMEOUT_S = 10
+STORAGE_ANSWER_S = 5  # a stat of shared storage not answered this long, its process held in the kernel: hung
+# ... and not answered this much longer while its host has not even run it (too busy: remote/evidence.py):
+# the host is said to be starved meanwhile; past that, the storage is given up on
+STORAGE_PATIENCE_S = 30
 
 
 @cache
 def probe_source() -> bytes:
-    """The probe program's text (ftbundle/remote/probe.py, shipped in the package)."""
-    return shipped.read_bytes("remote", "probe.py")
+    """The probe program's text: ftbundle/remote/probe.py after the rule it shares with the
+    launcher (remote/evidence.py: hung storage, or a starved host), one program on stdin."""
+    return shipped.read_bytes("remote", "evidence.py") + shipped.read_bytes("remote", "probe.py")
 
 
 def probe_argv(host: Host, spec: str) -> list[str]:
@@ -96,6 +101,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         "nvidia_smi_timeout_s": NVIDIA_SMI_TIMEOUT_S,
         "deadline_s": PROBE_DEADLINE_S,
         "sentinel_wait_s": SENTINEL_WAIT_S + extra,
+        "storage_answer_s": STORAGE_ANSWER_S,
+        "storage_patience_s": STORAGE_PATIENCE_S + extra,
         "command_s": COMMAND_S + extra,
         "token": token,
         "expect": expect,

@@ -17,6 +17,7 @@ from ..facts import ClusterFacts, HostFacts, bf16_capable, describe_gpus
 from ..gpu_health import XID_WINDOW_S
 from ..hostlist import fold, fold_numbers
 from ..plan import Layout
+from ..remote.evidence import waits_in
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -338,20 +339,39 @@ def check_health(facts: list[HostFacts], mode: str, window_s: float = XID_WINDOW
 
 
 def check_storage_answers(facts: list[HostFacts]) -> Check | None:
-    """Shared storage that did not answer a stat (the probe asks from a child it can abandon:
-    a hung network filesystem holds whatever touches it): named with its path and hosts. What
-    lives under it was not looked at there."""
-    stuck = [(f, name, s) for f in facts for name, s in f.storage.items() if s.not_answering_s is not None]
-    if not stuck:
+    """A stat under shared storage not answered: hung storage on evidence only (remote/evidence.py), else starved."""
+    asked = [(f, name, s) for f in facts for name, s in f.storage.items()]
+    starved = [x for x in asked if x[2].slow and x[2].slow.verdict == "starved"]
+    busy = [x for x in starved if x[2].not_answering_s is not None]
+    hung = [x for x in asked if x[2].not_answering_s is not None and x not in busy]
+    if not hung and not starved:
         return None
-    check = Check("storage", group_by_value({f.host: "not answering" if any(x is f for x, _, _ in stuck)
-                                             else "answers" for f in facts}), label="shared storage")
-    check.failure = "shared storage not answering"
-    check.details = per_hosts([(f.host, (s.path, name), lambda hosts, s=s, name=name: (
-        f"shared storage {s.path} ({name}) on {hosts} not answering for {s.not_answering_s:.0f}s: a stat "
-        f"under it got no answer (a hung network filesystem: its server down, or the network to it cut?); "
-        f"every process that touches it waits until it answers")) for f, name, s in stuck])
+    values = {f.host: "starved" if any(x[0] is f for x in busy) else "not answering" if any(x[0] is f for x in hung)
+              else "answers" for f in facts}
+    check = Check("storage", group_by_value(values), label="shared storage")
+    check.details = per_hosts([(f.host, (s.path, name, s.slow), lambda hosts, s=s, name=name: (
+        f"shared storage {s.path} ({name}) on {hosts} not answering for {s.not_answering_s:.0f}s: a stat under it got "
+        f"no answer{f', its process {waits_in(s.slow.state, s.slow.wchan)} while the host ran' if s.slow else ''} "
+        "(a hung network filesystem: its server down, or the network to it cut?); every process that touches it "
+        "waits until it answers")) for f, name, s in hung])
+    check.details += _starved(busy, "was not run in")
+    check.warnings = _starved([x for x in starved if x not in busy], "waited to be run for")
+    check.failure = "shared storage not answering" if hung else "hosts too busy to check it" if busy else None
     return check
+
+
+def _starved(items: list, what: str) -> list[str]:
+    """`host node3 is starved: a stat under /shared ... for 9s (its process runnable (R), not run; load 140)`."""
+    out = []
+    for path, name in dict.fromkeys((s.path, name) for _, name, s in items):
+        group = [(f.host, s.slow, s.not_answering_s) for f, n, s in items if (s.path, n) == (path, name)]
+        seen = ", ".join(sorted({waits_in(slow.state, slow.wchan) for _, slow, _ in group}))
+        load = max((slow.load for _, slow, _ in group if slow.load is not None), default=None)
+        who = f"host {group[0][0]} is" if len(group) == 1 else f"hosts {fold(h for h, _, _ in group)} are"
+        waited = max(gave_up or slow.waited_s for _, slow, gave_up in group)
+        out.append(f"{who} starved: a stat under {path} ({name}) {what} {waited:.0f}s (its process {seen}"
+                   f"{f'; load {load:g}' if load is not None else ''}): its CPUs are taken, not a hung filesystem")
+    return out
 
 
 def check_dirs(facts: list[HostFacts], layout: Layout) -> Check:

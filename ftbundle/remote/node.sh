@@ -117,11 +117,26 @@ ftb_progress() {  # FTB_P=" BYTES": the size of everything the job's ranks wrote
 # abandoned, its pipe closed, and no second one is started while it hangs. The child stats a name
 # never used before under FTB_SHARED_DIR (no cache can answer that) along with the ranks' output
 # files (the stall watchdog's progress): one process serves both.
-ftb_ask() {  # start a reading: FTB_ASK_FD (its stdout), FTB_ASKED (when, $SECONDS)
+ftb_ask() {  # start a reading: FTB_ASK_FD (its stdout), FTB_ASKED (when, $SECONDS), FTB_ASK_PID
   FTB_ASKED=$SECONDS FTB_PSUM=0 FTB_PSTEPS=""
   # (unquoted on purpose: the list holds globs, one for every local rank's output files)
   exec {FTB_ASK_FD}< <(exec stat -c '%s %n' -- "${FTB_SHARED_DIR:-$FTB_RUN_DIR}/.ftb-probe-$HOSTNAME-$BASHPID-$SECONDS-$RANDOM" \
     ${FTB_PROGRESS_FILES:-} ${FTB_PROGRESS_STEPS:+"$FTB_PROGRESS_STEPS"} </dev/null 2>/dev/null)
+  FTB_ASK_PID=$!
+}
+
+ftb_why() {  # FTB_WHY: the reading asked by ftb_ask, not answered yet, as the kernel shows it (read
+  # with bash's `read`: no process): "" when it is blocked in the kernel (S or D, in its stat: the
+  # storage holds it), Z when it has just ended (answered: nothing to say), else " STATE WCHAN LOAD"
+  # (R: runnable, not run; "-": not at its program yet; LOAD: /proc/loadavg's first): a host too busy
+  # to run it, not a hung filesystem (ftbundle/remote/evidence.py decides, launch/storage.py words it)
+  local st="" w="" load="" state
+  { read -r st <"/proc/$FTB_ASK_PID/stat"; } 2>/dev/null
+  { read -r w <"/proc/$FTB_ASK_PID/wchan"; } 2>/dev/null
+  { read -r load _ </proc/loadavg; } 2>/dev/null
+  state=${st##*) }; state=${state%% *}
+  case $st in "") state=Z ;; *"(stat) "*) ;; *) state=- ;; esac
+  case $state in S|D) FTB_WHY="" ;; Z|X) FTB_WHY=Z ;; *) FTB_WHY=" $state ${w:-0} ${load:-?}" ;; esac
 }
 
 ftb_answered() {  # [WAIT]: whether the reading asked by ftb_ask has answered (waiting for it up to
@@ -545,8 +560,8 @@ mode_node() {
   # `stat`, ftb_ask) are read every FTB_PROGRESS_EVERY beats (stall_timeout / 30, at most 10 s,
   # at least every beat), not on every one: three processes a second on every node were nearly
   # all of an idle node's CPU (3 ms a second). A reading not answered for FTB_STORAGE_SLOW
-  # seconds is shared storage not answering: every beat says so (`ftb-storage SECONDS`) until it
-  # answers (`ftb-storage ok`); the heartbeat itself goes on (launch/storage.py).
+  # seconds is said every beat (`ftb-storage SECONDS`, with how it waits when that is not the
+  # storage: ftb_why) until it answers (`ftb-storage ok`); the heartbeat goes on (launch/storage.py).
   ( beats=0 said=0 FTB_ASK_FD="" waited=0 steps_said=""
     while kill -0 "$pid" 2>/dev/null; do
       ftb_steps
@@ -556,7 +571,8 @@ mode_node() {
         if ftb_answered; then
           [ "$said" = 0 ] || { echo "ftb-storage ok" >&2; said=0; }
         elif [ $((waited = SECONDS - FTB_ASKED)) -ge "${FTB_STORAGE_SLOW:-5}" ]; then
-          echo "ftb-storage $waited" >&2; said=1
+          ftb_why  # (how it waits: the storage, or this host too busy to run it)
+          [ "$FTB_WHY" = Z ] || { echo "ftb-storage $waited$FTB_WHY" >&2; said=1; }
         fi
       fi
       echo "ftb-hb$FTB_P" >&2

@@ -25,7 +25,9 @@ question, not their sum:
   All of it in a child process forked before any thread starts, which first stats a name
   never used under each path: a hung network filesystem holds whatever touches it in the
   kernel (D state, deaf to kill -9), so the probe itself never touches it; a path not
-  answered within `storage_answer_s` is reported as not answering, the child abandoned, and
+  answered within `storage_answer_s`, its child seen blocked in the kernel while this host
+  runs (evidence.py: a busy host that has not run the child yet is given `storage_patience_s`
+  more, and said to be starved), is reported as not answering, the child abandoned, and
   what lives under it (the workdir's files, the datasets) is not looked at;
 - the master port: rank 0 binds it (the "is it free" test) and accepts the others, who
   connect to it, all within this one round;
@@ -39,6 +41,9 @@ import subprocess
 import sys
 import threading
 import time
+
+if __package__:  # imported (tests); shipped, evidence.py's text comes before this one (probe_source)
+    from .evidence import HUNG, WAITING, read_load, read_process, storage_verdict
 
 # Package versions as the job's interpreter sees them, without importlib.metadata (40-60 ms
 # in a large venv) or importing the packages (torch takes seconds): the .dist-info METADATA on
@@ -419,7 +424,9 @@ def storage_apart(spec, started):
     """Fork the child that asks the storage (before any thread starts: a fork is safe then);
     (its pid, the read end of its report pipe). The child's lines are JSON: ``{"answered":
     NAME}`` once a name never used under that path has been stat'ed (no cache answers that: the
-    server did), then ``{"storage": ...}``, :func:`storage`'s result."""
+    server did), then ``{"storage": ...}``, :func:`storage`'s result. First of all ``{"control":
+    true}``, once it has stat'ed a name never used under /tmp: the host runs it, and its own disk
+    answers (the control of :func:`storage_verdict`)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid:
@@ -431,6 +438,12 @@ def storage_apart(spec, started):
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         report = os.fdopen(w, "w")
+        try:  # the control: this host's own disk, asked just before the storage (evidence.py)
+            os.stat(f"/tmp/.ftb-control-{os.getpid()}-{time.time_ns()}")
+        except OSError:
+            pass
+        report.write('{"control": true}\n')
+        report.flush()
         for item in spec.get("storage", []):
             path = item["path"]
             try:
@@ -455,31 +468,49 @@ class StorageReport:
         self.fd = fd
         self.began = time.monotonic()
         self.last = self.began  # its last word
+        self.seen = {}  # path name -> how its reading was seen when it was slow (evidence.py)
 
     def _read(self, until):
+        """Its next lines, waiting for them until ``until`` at most (not at all when it has
+        passed); how many lines there are then."""
         import select
-        while time.monotonic() < until:
-            ready, _, _ = select.select([self.fd], [], [], max(0.0, until - time.monotonic()))
-            if not ready:
-                return
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                return
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, until - time.monotonic()))
+        chunk = os.read(self.fd, 65536) if ready else b""
+        if chunk:
             self.last = time.monotonic()
             self.buf += chunk
             *done, self.buf = self.buf.split(b"\n")
             self.lines += [json.loads(line) for line in done if line.strip()]
-            return
+        return len(self.lines)
 
-    def answered(self, limit):
-        """Every path answered within ``limit`` seconds of the fork; else the first that did not."""
+    def answered(self, limit, patience):
+        """Every path answered: None; else the first that did not. Past ``limit`` seconds from the
+        fork it is given up on the evidence that the storage holds the reading (its process
+        blocked in the kernel while the control answered: :func:`storage_verdict`); while the
+        evidence is that this host has not run it (starved), only after ``patience`` more. How
+        a slow reading was seen is kept in ``seen`` (the words of the check)."""
         want = [item["name"] for item in self.spec.get("storage", [])]
         until = self.began + limit
         while True:
+            now = time.monotonic()
+            if now >= until:  # (what it has said already first: it goes on once it has answered)
+                while len(self.lines) < self._read(now):
+                    pass
             said = {line.get("answered") for line in self.lines}
             pending = [n for n in want if n not in said]
-            if not pending or time.monotonic() >= until:
-                return pending[0] if pending else None
+            if not pending:
+                return None
+            if now >= until:
+                state, wchan, _ = read_process(self.pid)
+                control = any(line.get("control") for line in self.lines)
+                verdict = storage_verdict(state, wchan, control, now - self.began, limit)
+                if verdict != WAITING:
+                    self.seen[pending[0]] = {"verdict": verdict, "waited_s": round(now - self.began, 1),
+                                             "state": state if control else None, "wchan": wchan,
+                                             "load": read_load()}
+                if verdict == HUNG or now >= self.began + limit + patience:
+                    return pending[0]
+                until = min(now + 0.25, self.began + limit + patience)  # (looked at again)
             self._read(until)
 
     def result(self, out, until):
@@ -490,6 +521,9 @@ class StorageReport:
         final = next((line for line in self.lines if "storage" in line), None)
         if final is not None:
             out["storage"] = final["storage"] or {}
+            for name, seen in self.seen.items():  # (slow, not hung: the host was starved)
+                if name in out["storage"]:
+                    out["storage"][name]["slow"] = seen
             if final.get("errors"):
                 out.setdefault("errors", []).extend(final["errors"])
             return
@@ -502,6 +536,8 @@ class StorageReport:
         out["storage"] = {item["name"]: ({"path": item["path"], "not_answering_s": waited}
                                          if item["name"] == name else {"path": item["path"]})
                           for item in self.spec.get("storage", [])}
+        if name in self.seen:  # the evidence: its reading's process, as last seen
+            out["storage"][name]["slow"] = self.seen[name]
 
 
 def storage(spec, out, started):
@@ -833,7 +869,7 @@ def main():
     for t in threads:
         t.start()
     # what lives on the (often shared) workdir, only once the storage has answered
-    stuck = report.answered(spec.get("storage_answer_s", 5)) if report else None
+    stuck = report.answered(spec.get("storage_answer_s", 5), spec.get("storage_patience_s", 30)) if report else None
     if stuck is None:
         late = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
                 for t in (dirs, datasets, paths)]
