@@ -12,7 +12,7 @@ from ..cluster import Cluster, HostUnreachable, first_line
 from ..inventory import Host
 from ..plan import Plan
 from .node import node_argv
-from .stall import collector_source
+from .stall import collector_source, watcher_source
 
 
 class StagingError(RuntimeError):
@@ -47,13 +47,16 @@ def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, s
         raise StagingError(f"could not write {directory} on {host.name}: {result.stderr.strip() or result.code}")
 
 
-def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = ()) -> None:
-    """The run directory: the staged files, plan.json (redacted) and the attempt number."""
+def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = (), *, detach: bool = False) -> None:
+    """The run directory: the staged files, plan.json (redacted) and the attempt number; with
+    ``detach``, the detached watcher every node starts beside its job (remote/watch.py)."""
     import json
 
     files = dict(plan.files)
     files[rundir.PLAN] = json.dumps(plan.to_dict(redact=True), indent=2) + "\n"
     files[rundir.ATTEMPT] = "1\n"
-    if plan.stall_timeout:  # a detached run's nodes collect their stacks with it (node.sh stall-watch)
+    if plan.stall_timeout:  # a detached run's nodes collect their stacks with it (remote/watch.py)
         files[rundir.STACKS_PROGRAM] = collector_source().decode()
+    if detach:
+        files[rundir.WATCHER_PROGRAM] = watcher_source()
     stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, leftovers, min_free_mb=MIN_FREE_MB)

@@ -25,17 +25,14 @@ from functools import cache
 from .. import shipped
 from ..cluster import Cluster, HostUnreachable, first_line, parallel
 from ..inventory import Host
-from ..plan import NodePlan, Plan, node_log_name
-from ..runtimes import RANKS_DIR
+from ..plan import NodePlan, Plan
+from ..remote.stallclock import StallClock  # noqa: F401 (the one stall rule: the supervisor takes it from here)
+from ..rundir import RunDir
 
 STALLED_EXIT_CODE = 124  # like timeout(1): the run made no progress for stall_timeout seconds
-STACKS_DIR = "stacks"  # in the run directory: one folder per collection, a file per rank
 CPU_SAMPLE_S = 2.0  # each rank's CPU time is read twice, this far apart
 COLLECT_TIMEOUT_S = 60.0
 TRAINER_LOG = "trainer_log.jsonl"  # LlamaFactory's, in output_dir
-STACKS_PROGRAM = "stacks.py"  # remote/stacks.py, staged in the run directory for detached nodes
-DETACHED_STALL = "stalled.a{attempt}"  # in the run directory: a detached run's referee found a stall
-DETACHED_STACKS = "a{attempt}-stall-detached"  # under stacks/: what the detached nodes collected
 
 FROZEN = {"T": "stopped (SIGSTOP)", "t": "stopped (traced)", "D": "in D state (uninterruptible I/O)",
           "Z": "a zombie"}
@@ -45,45 +42,13 @@ STATE_WORDS = {"R": "running", "S": "sleeping", "I": "idle", "X": "gone"}
 def progress_globs(plan: Plan, node: NodePlan) -> list[str]:
     """What a node counts as its ranks' output: its log (local rank 0, every attempt) and
     the other local ranks' files under torchrun's --log-dir."""
-    globs = [posixpath.join(plan.run_dir, node_log_name(node.rank, node.host.name, 0).replace(".a0.", ".a*.")),
-             posixpath.join(plan.run_dir, RANKS_DIR, f"node-{node.rank}", "*", "*", "*", "*.log")]
-    return globs
+    return plan.rundir.progress_globs(node.rank, node.host.name)
 
 
 def steps_file(plan: Plan, node: NodePlan) -> str:
     """Rank 0 of a LlamaFactory job: the trainer's log, whose first line is its first step
     (the stall clock waits for it: loading a model or a first compile is not a stall)."""
     return posixpath.join(plan.checkpoint_dir, TRAINER_LOG) if node.rank == 0 and plan.checkpoint_dir else ""
-
-
-class StallClock:
-    """Progress as the heartbeats report it (``BYTES`` or, from rank 0 of a LlamaFactory job,
-    ``BYTES STEPS_BYTES``); pure (times are given). With ``wait_for_step`` the clock starts
-    only once the trainer's log has its first step."""
-
-    def __init__(self, timeout: float, wait_for_step: bool = False):
-        self.timeout = timeout
-        self.wait_for_step = wait_for_step
-        self.stepped = False
-        self.last: dict[int, str] = {}
-        self.last_progress: float | None = None  # None: no progress yet, the clock has not started
-
-    def observe(self, rank: int, value: str, at: float) -> None:
-        if not value:
-            return
-        parts = value.split()
-        if len(parts) > 1 and parts[1] != "0":
-            self.stepped = True
-        before = self.last.get(rank)
-        self.last[rank] = value
-        if before is not None and before != value and (self.stepped or not self.wait_for_step):
-            self.last_progress = at  # (the first reading is the baseline: an earlier attempt's output)
-
-    def silent_for(self, now: float) -> float:
-        return 0.0 if self.last_progress is None else now - self.last_progress
-
-    def stalled(self, now: float) -> bool:
-        return bool(self.timeout) and self.last_progress is not None and now - self.last_progress > self.timeout
 
 
 # ---------------------------------------------------------------------------------------
@@ -127,6 +92,14 @@ class RankStack:
 @cache
 def collector_source() -> bytes:
     return shipped.read_bytes("remote", "stacks.py")
+
+
+@cache
+def watcher_source() -> str:
+    """The detached watcher's program, as it is staged for detached nodes (rundir.WATCHER_PROGRAM):
+    remote/stallclock.py's text (StallClock, imported here from it: the one stall rule), then
+    remote/watch.py's."""
+    return shipped.read_text("remote", "stallclock.py") + "\n\n" + shipped.read_text("remote", "watch.py")
 
 
 def collect(cluster: Cluster, targets: list[Target], out_dir: str, *,
@@ -173,14 +146,12 @@ def _rank_stack(t: Target, r: dict) -> RankStack:
 
 
 def plan_targets(plan: Plan, attempt: int) -> list[Target]:
-    from ..plan import NodeFiles
-
-    return [Target(n.rank, n.host, NodeFiles.of(plan.run_dir, plan.run_id, n.rank, n.host.name, attempt).marker,
+    return [Target(n.rank, n.host, plan.node_files(n, attempt).marker,
                    n.container, (n.path_prepend,) if n.path_prepend else (), n.per_node) for n in plan.nodes]
 
 
 def stacks_dir(run_dir: str, label: str) -> str:
-    return posixpath.join(run_dir, STACKS_DIR, f"{label}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    return RunDir(run_dir, "").stacks_collection(label, time.strftime('%Y%m%d-%H%M%S', time.gmtime()))
 
 
 # ---------------------------------------------------------------------------------------

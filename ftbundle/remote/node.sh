@@ -5,10 +5,9 @@
 # an inventory is ever pasted into it.
 #
 # Modes:
-#   node ARGV...   run the job's ARGV (see "the node channel" below)
+#   node ARGV...   run the job's ARGV (see "the node channel" below); detached (FTB_DETACH=1),
+#                  with its watcher beside it: FTB_WATCHER_PROGRAM (ftbundle/remote/watch.py)
 #   job ARGV...    internal: the job itself, in its own session, output into the log
-#   watch PID      internal: a detached node's watcher (rank 0 referees, see mode_watch)
-#   stall-watch PID  internal: a detached node's stall watchdog (progress files; rank 0 referees)
 #   stop MARKER [CONTAINER]
 #                  stop every process of one job on this host (teardown, `ftbundle stop`,
 #                  fencing before a restart); exit 0 when none is left
@@ -159,35 +158,6 @@ ftb_answered() {  # [WAIT]: whether the reading asked by ftb_ask has answered (w
   return 0
 }
 
-ftb_do() {  # FUNCTION ARGS...: the rest of a detached watcher's work on shared storage, asked of a
-  # child as ftb_ask asks its reading (never waited for: abandoned if it does not answer; no second
-  # one while it hangs): FTB_DO_FD (its stdout), FTB_DID (when, $SECONDS). FUNCTION says what it
-  # found on stdout, all of it in one write at its end.
-  FTB_DID=$SECONDS FTB_SAID=()
-  exec {FTB_DO_FD}< <("$@" </dev/null 2>/dev/null)
-}
-
-ftb_done() {  # [WAIT]: whether the child asked by ftb_do has ended (waiting for it up to WAIT
-  # seconds, 1 by default); its lines into FTB_SAID
-  local line rc
-  while :; do
-    IFS= read -r -t "${1:-1}" -u "$FTB_DO_FD" line; rc=$?
-    [ "$rc" -gt 128 ] && return 1  # (not ended yet)
-    [ "$rc" = 0 ] || [ -n "$line" ] && FTB_SAID+=("$line")
-    [ "$rc" = 0 ] || break
-  done
-  exec {FTB_DO_FD}<&-; FTB_DO_FD=""
-  return 0
-}
-
-ftb_hashed() {  # the commands a detached watcher runs itself, looked up on PATH now, while the
-  # storage answers: PATH may start with a folder on it (path_prepend: the host interpreter's bin/),
-  # and a lookup there (in ftb_stop's $(...) too: a child has the table the watcher had) would wait
-  # on a frozen one like any other read
-  hash grep cut sleep logger docker mv rm rmdir 2>/dev/null  # (rm rmdir: ftb_steps_away)
-  return 0
-}
-
 ftb_steps() {  # FTB_S: the local ranks' step times, "LOCAL_RANK STEPS MEDIAN P90" joined by ';'
   # (shims/steptimes.py writes FTB_STEPS_FILE.<LOCAL_RANK> on this host's own disk, never on shared
   # storage: a read here cannot hang the heartbeat; a glob and bash's `read`, no process)
@@ -199,17 +169,6 @@ ftb_steps() {  # FTB_S: the local ranks' step times, "LOCAL_RANK STEPS MEDIAN P9
     l=""; { IFS= read -r l <"$f"; } 2>/dev/null
     [ -n "$l" ] && FTB_S+="${FTB_S:+;}$l"
   done
-}
-
-ftb_keep_steps() {  # [LAST]: a detached node's ranks' step times (ftb_steps) into node-R.aN.steps in
-  # the run directory, where `ftbundle status` and `runs` read them (an attached node sends them on
-  # its control channel instead): when they changed, at most every FTB_STEPS_EVERY (10) seconds,
-  # and with LAST whatever changed since. Called by the detached watcher's worker, the one that
-  # may wait on the storage (mode_watch).
-  ftb_steps
-  [ -n "$FTB_S" ] && [ "$FTB_S" != "${FTB_STEPS_KEPT:-}" ] || return 0
-  [ -n "${1:-}" ] || [ $((SECONDS - ${FTB_STEPS_AT:--100})) -ge "${FTB_STEPS_EVERY:-10}" ] || return 0
-  ftb_write "${FTB_EXIT%.exit}.steps" "$FTB_S" && FTB_STEPS_KEPT=$FTB_S FTB_STEPS_AT=$SECONDS
 }
 
 ftb_steps_away() {  # the ranks' step-time files and their folder on this host, once the job is over
@@ -278,249 +237,6 @@ ftb_disk_full() {  # DIR: say so (exit 0) when the filesystem under DIR has less
   [ "${#free[@]}" = 2 ] && [ $((free[0] * free[1] / 1024)) -lt 64 ]
 }
 
-# A detached node's watcher. Every node beats into its own FTB_HBFILE. Rank 0's watcher is
-# the referee: it alone reads every node's heartbeat and exit file, and writes one verdict
-# file (FTB_RUN_DIR/watch.aN: "BEAT ok|stop REASON|done") that every other node reads: O(n)
-# reads of shared storage per second across the cluster, not O(n^2). A node stops its job
-# when the verdict says stop, when the referee's beat stops changing for FTB_STALE s (rank 0
-# gone: the job cannot go on without its master anyway), or on a stop request. Reads are
-# bash's own `read`, no process per file. (docs/launcher.md, "Detached runs".)
-# The watcher itself never touches shared storage (a frozen one would hold it in the kernel): every
-# reading and writing of it is its worker's (ftb_watching, one child for the watcher's life, never
-# waited for: the watcher only looks whether it has ended, once a second). The worker ends when it
-# decides to stop (its reasons written first, as before), and the watcher then stops the job.
-mode_watch() {
-  local pid=$1 fd _
-  ftb_hashed
-  exec {fd}< <(ftb_watching "$pid" </dev/null >/dev/null 2>/dev/null)  # (the pipe: bash keeps it, its commands never get it)
-  while kill -0 "$pid" 2>/dev/null; do
-    read -r -t 1 -u "$fd" _
-    [ $? -gt 128 ] || break  # (the worker ended: nothing writes there, so its end is the one answer)
-  done
-  # (the job ended by itself: a referee caught by the storage writes its last verdict once it answers)
-  # (the worker removes the ranks' step-time files after its last write of them; a job stopped
-  # here may leave new ones as it ends)
-  kill -0 "$pid" 2>/dev/null && { ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}"; ftb_steps_away; }
-  exit 0
-}
-
-ftb_watching() {  # PID: a detached node's watching (mode_watch's worker): ends when the job does or
-  # when it must be stopped
-  local pid=$1 beat=0 now up0 _ report
-  local verdict="$FTB_RUN_DIR/watch.a$FTB_ATTEMPT"
-  { read -r up0 _ </proc/uptime; } 2>/dev/null; up0=${up0%%.*}
-  if [ "${FTB_HBFILE##*/}" = "node-0.a$FTB_ATTEMPT.hb" ]; then
-    ftb_referee "$pid" "$verdict"
-  else
-    local seen="" since=$SECONDS line rstate rest done=0
-    while kill -0 "$pid" 2>/dev/null; do
-      beat=$((beat + 1))
-      echo "$beat" >"$FTB_HBFILE.tmp" && mv -f "$FTB_HBFILE.tmp" "$FTB_HBFILE"
-      ftb_keep_steps
-      [ -e "$FTB_STOP_REQUEST" ] && break
-      if [ "$done" = 0 ]; then
-        line=""
-        { IFS= read -r line <"$verdict"; } 2>/dev/null  # read, not stat: NFS revalidates on open
-        rstate=${line#* }; rest=${rstate#* }; rstate=${rstate%% *}  # "BEAT STATE REASON..."
-        case $rstate in
-          stop) echo "ftbundle: rank 0's watcher says stop: $rest" >>"$FTB_LOG"; break ;;
-          done) done=1 ;;  # rank 0 finished with 0: nothing left to referee
-        esac
-        now=$SECONDS
-        if [ "$line" != "$seen" ]; then
-          seen=$line; since=$now
-        elif [ "$done" = 0 ] && [ $((now - since)) -ge "$FTB_STALE" ]; then
-          echo "ftbundle: rank 0's watcher silent for ${FTB_STALE}s ($verdict unchanged): stopping" >>"$FTB_LOG"
-          break
-        fi
-      fi
-      ftb_sleep "$FTB_HEARTBEAT"
-    done
-  fi
-  ftb_keep_steps last
-  ftb_steps_away
-  # the GPU faults the kernel logged while the job ran, for `ftbundle status` (no launcher to read them)
-  report=$(ftb_xids "$((SECONDS + 60))" "${up0:-0}")
-  [ -z "$report" ] || ftb_write "${FTB_EXIT%.exit}.xids" "$report"
-}
-
-ftb_referee() {  # PID VERDICT: rank 0's watcher (see mode_watch)
-  local pid=$1 out=$2 beat=0 f v now state=ok
-  local -A last_value=() last_change=()
-  while kill -0 "$pid" 2>/dev/null; do
-    beat=$((beat + 1))
-    echo "$beat" >"$FTB_HBFILE.tmp" && mv -f "$FTB_HBFILE.tmp" "$FTB_HBFILE"
-    ftb_keep_steps
-    for f in "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".exit; do
-      [ -e "$f" ] || continue
-      v=""; { read -r v <"$f"; } 2>/dev/null
-      if [ -n "$v" ] && [ "$v" != 0 ]; then state="stop ${f##*/} says exit $v"; break; fi
-    done
-    [ -e "$FTB_STOP_REQUEST" ] && state="stop stop requested"
-    now=$SECONDS
-    if [ "$state" = ok ]; then
-      for f in "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".hb; do
-        [ -e "$f" ] && [ "$f" != "$FTB_HBFILE" ] || continue
-        [ -e "${f%.hb}.exit" ] && continue  # that node is done, not silent
-        v=""; { read -r v <"$f"; } 2>/dev/null
-        if [ "${last_value[$f]-}" != "$v" ]; then
-          last_value[$f]=$v; last_change[$f]=$now
-        elif [ $((now - ${last_change[$f]})) -ge "$FTB_STALE" ]; then
-          state="stop ${f##*/} unchanged for ${FTB_STALE}s: that node is gone"
-          break
-        fi
-      done
-    fi
-    echo "$beat $state" >"$out.tmp" && mv -f "$out.tmp" "$out"
-    if [ "$state" != ok ]; then
-      echo "ftbundle: ${state#stop }; stopping every node" >>"$FTB_LOG"
-      break
-    fi
-    ftb_sleep "$FTB_HEARTBEAT"
-  done
-  if [ "$state" = ok ]; then  # our own job ended: a failure stops the others, a success frees them
-    v=""; { read -r v <"$FTB_EXIT"; } 2>/dev/null
-    if [ "${v:-1}" = 0 ]; then state=done; else state="stop rank 0 exited ${v:-without a code}"; fi
-    echo "$((beat + 1)) $state" >"$out.tmp" && mv -f "$out.tmp" "$out"
-  fi
-}
-
-# -- the stall watchdog of a detached run (ftbundle/launch/stall.py does it for attached runs) --
-ftb_has_ranks() {  # whether any rank process (torchrun's children: LOCAL_RANK) of the job is left
-  local p
-  for p in $(ftb_pids "$FTB_MARKER"); do
-    grep -qz '^LOCAL_RANK=' "/proc/$p/environ" 2>/dev/null && return 0
-  done
-  return 1
-}
-
-mode_stall_watch() {  # PID BASE: every node writes its ranks' progress to node-R.aN.progress,
-  # marked "moved" once it differs from BASE (the reading taken before the job started: a job
-  # that printed its banner before anyone looked has moved all the same); rank 0 referees: no
-  # change in any node's file for FTB_STALL_TIMEOUT seconds (after the first change, or the
-  # first "moved") and it writes stalled.aN; every node then collects its ranks' state and stacks
-  # (FTB_RUN_DIR/stacks.py, staged at launch) into stacks/aN-stall-detached/, and rank 0
-  # asks every node to stop (FTB_STOP_REQUEST, which each node's watcher obeys).
-  # Nothing here touches shared storage itself: the reading is asked of a child (ftb_ask), and once
-  # it has answered the rest (the progress file written, the request looked for, the nodes' files
-  # read) of a second one (ftb_do: ftb_stall_look), the stacks' collection of a third (ftb_collect,
-  # probed beside it). Storage that does not answer either for FTB_STALL_TIMEOUT seconds stops this
-  # node's job by itself (ftb_storage_stopped), the nodes' one way to tell a frozen network filesystem.
-  local pid=$1 base=${2-} v mark last="" all prev="" changed=$SECONDS started=0 continue_wait peers said line
-  local progress="${FTB_HBFILE%.hb}.progress" request="$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
-  local out="$FTB_RUN_DIR/stacks/a$FTB_ATTEMPT-stall-detached"
-  ftb_hashed
-  FTB_ASK_FD="" FTB_DO_FD=""
-  while kill -0 "$pid" 2>/dev/null; do
-    ftb_ask
-    ftb_hold "$pid" "$FTB_ASKED" ftb_answered
-    v=$FTB_P
-    case $v in *" "*" "0|*" "*" ") continue_wait=1 ;; *) continue_wait=0 ;; esac  # (no trainer step yet)
-    mark=""
-    if [ "$v" != "$base" ] && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then mark=" moved"; fi
-    peers=0
-    if [ "${NODE_RANK:-}" = 0 ] && { [ -z "${FTB_PROGRESS_STEPS:-}" ] || [ "$continue_wait" = 0 ]; }; then peers=1; fi
-    ftb_do ftb_stall_look "$progress" "$v$mark" "$last" "$request" "$peers"
-    ftb_hold "$pid" "$FTB_DID" ftb_done
-    all="" said=""
-    for line in "${FTB_SAID[@]}"; do
-      case $said:$line in
-        :wrote) last=$v$mark ;;
-        :request) ftb_do ftb_collect "$out"; ftb_hold_collecting "$pid"; exit 0 ;;
-        :peers) said=peers ;;
-        peers:*) all+="${all:+$'\n'}$line" ;;
-      esac
-    done
-    if [ "$said" = peers ]; then
-      # (only once every node has written one: a node's first file is not progress)
-      if [ "$all" != "$prev" ]; then
-        if [ -n "$prev" ] || [[ $all == *moved* ]]; then started=1; fi
-        prev=$all; changed=$SECONDS
-      elif [ "$started" = 1 ] && [ $((SECONDS - changed)) -gt "$FTB_STALL_TIMEOUT" ]; then
-        if [ -z "${FTB_CONTAINER:-}" ] && [ "${FTB_PER_NODE:-0}" != 1 ] && ! ftb_has_ranks; then
-          # ranks done, torchrun ending: not a stall (a `command:` job's processes need not carry
-          # LOCAL_RANK: no such shortcut for them)
-          changed=$SECONDS; ftb_sleep 2; continue
-        fi
-        ftb_do ftb_collect "$out" "$((SECONDS - changed))"; ftb_hold_collecting "$pid"
-        exit 0
-      fi
-    fi
-    ftb_sleep 2
-  done
-  exit 0
-}
-
-ftb_hold() {  # PID SINCE ANSWERED: wait for the child asked at SINCE ($SECONDS) until ANSWERED
-  # (ftb_answered, ftb_done) says it has; not answered for FTB_STALL_TIMEOUT seconds: the job is
-  # stopped (ftb_storage_stopped) and so is this program, as it is when the job ends meanwhile
-  until "$3" 2; do
-    if [ $((SECONDS - $2)) -ge "$FTB_STALL_TIMEOUT" ]; then ftb_storage_stopped $((SECONDS - $2)); exit 0; fi
-    kill -0 "$1" 2>/dev/null || exit 0
-  done
-}
-
-ftb_hold_collecting() {  # PID: wait for the collection asked by ftb_do however long it takes (py-spy,
-  # the other nodes'), while the storage answers: a reading (ftb_ask) asked beside it every 2 s,
-  # one not answered for FTB_STALL_TIMEOUT seconds stops the job as ftb_hold does
-  FTB_ASK_FD=""
-  until ftb_done 2; do
-    if [ -z "$FTB_ASK_FD" ]; then ftb_ask
-    elif ftb_answered; then :  # (answered: another one next time)
-    elif [ $((SECONDS - FTB_ASKED)) -ge "$FTB_STALL_TIMEOUT" ]; then
-      kill -0 "$1" 2>/dev/null && ftb_storage_stopped $((SECONDS - FTB_ASKED))
-      exit 0
-    fi
-  done
-}
-
-ftb_stall_look() {  # PROGRESS NEW LAST REQUEST PEERS: a reading's work on shared storage (a child of
-  # stall-watch, ftb_do): PROGRESS written when NEW differs from LAST ("wrote"); "request" if REQUEST
-  # is there; with PEERS (rank 0), once every node has written its progress file: "peers", then
-  # each one's line
-  local said="" f l
-  local -a files
-  if [ "$2" != "$3" ]; then echo "$2" >"$1.tmp" && mv -f "$1.tmp" "$1" && said=wrote; fi
-  if [ -e "$4" ]; then
-    said+="${said:+$'\n'}request"
-  elif [ "$5" = 1 ]; then
-    files=("$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".progress)
-    if [ -e "${files[0]}" ] && [ "${#files[@]}" -ge "${NNODES:-1}" ]; then
-      said+="${said:+$'\n'}peers"
-      for f in "${files[@]}"; do l=""; { IFS= read -r l <"$f"; } 2>/dev/null; said+=$'\n'"$l"; done
-    fi
-  fi
-  [ -z "$said" ] || printf '%s\n' "$said"  # (one write)
-}
-
-ftb_collect() {  # OUT [STALLED_FOR]: this node's ranks' stacks into OUT (a child of stall-watch,
-  # ftb_do). With STALLED_FOR (rank 0: no progress for that long) the stall is said in the log and
-  # in stalled.aN first, and every node asked to stop once all have collected (at most a minute)
-  local n
-  if [ -n "${2:-}" ]; then
-    echo "ftbundle: no progress from any rank for ${FTB_STALL_TIMEOUT}s: stalled; every rank's stack into $1, then every node stops" >>"$FTB_LOG"
-    echo "$2" >"$FTB_RUN_DIR/stalled.a$FTB_ATTEMPT"
-  fi
-  python3 -S - --env "$1" <"$FTB_RUN_DIR/stacks.py" >/dev/null 2>&1
-  echo done >"${FTB_HBFILE%.hb}.stacked"
-  [ -n "${2:-}" ] || return 0
-  for n in $(seq 60); do  # the other nodes' collections, for at most a minute
-    [ "$(ls "$FTB_RUN_DIR"/node-*.a"$FTB_ATTEMPT".stacked 2>/dev/null | wc -l)" -ge "${NNODES:-1}" ] && break
-    sleep 1
-  done
-  echo "stalled" >"$FTB_STOP_REQUEST"
-}
-
-ftb_storage_stopped() {  # WAITED: a detached node's shared storage has not answered for
-  # stall_timeout: its job is stopped (no rank can move), and why is written beside its exit file
-  # (`ftbundle status`: "stopped: shared storage ...") and into its log, once the storage answers
-  local why="shared storage ${FTB_SHARED_DIR:-$FTB_RUN_DIR} on $HOSTNAME not answering for ${1}s"
-  logger -t ftbundle "$why: stopping the job $FTB_MARKER" 2>/dev/null
-  ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}" 2>/dev/null
-  ftb_write "${FTB_EXIT%.exit}.stopped" "$why (stall_timeout ${FTB_STALL_TIMEOUT}s)"  # (these wait for it)
-  echo "ftbundle: $why (stall_timeout ${FTB_STALL_TIMEOUT}s): stopped the job on $HOSTNAME" >>"$FTB_LOG"
-}
-
 mode_node() {
   ftb_env
   # The gate: what the launcher said while this program was on its way (a slow session
@@ -538,6 +254,9 @@ mode_node() {
   done
   [ -d "$FTB_RUN_DIR" ] || mkdir -p -- "$FTB_RUN_DIR" || { echo "ftbundle: cannot create $FTB_RUN_DIR on $(hostname)" >&2; exit 96; }
   cd -- "$FTB_WORKDIR" || { echo "ftbundle: workdir $FTB_WORKDIR missing on $(hostname)" >&2; exit 96; }
+  if [ "${FTB_DETACH:-0}" = 1 ] && ! command -v python3 >/dev/null; then  # (its watcher's; a lookup, no process)
+    echo "ftbundle: no python3 on $(hostname): a detached run's watcher (ftbundle/remote/watch.py) needs one" >&2; exit 96
+  fi
   [ ! -e "$FTB_EXIT" ] || rm -f -- "$FTB_EXIT"  # (rm is a process: only when there is one)
   # the stall watchdog's baseline, read before the job can write anything (empty when it is off)
   local base=""; [ -z "${FTB_PROGRESS_FILES:-}" ] || { ftb_progress; base=$FTB_P; }
@@ -548,10 +267,11 @@ mode_node() {
   if command -v nvidia-smi >/dev/null 2>&1; then echo "ftb-gpu" >&2; fi
   echo "ftb-pid $pid" >&2
   if [ "${FTB_DETACH:-0}" = 1 ]; then
-    setsid bash -c "$BASH_EXECUTION_STRING" ftb watch "$pid" </dev/null >/dev/null 2>&1 &
-    if [ "${FTB_STALL_TIMEOUT:-0}" != 0 ]; then
-      setsid bash -c "$BASH_EXECUTION_STRING" ftb stall-watch "$pid" "$base" </dev/null >/dev/null 2>&1 &
-    fi
+    # the detached watcher (heartbeats, rank 0's referee, the stall watchdog): a Python program
+    # staged in the run directory (ftbundle/remote/watch.py), given this program's text for its
+    # `stop` and `xids` (an argument, as it is ours: in the environment, a look for FTB_JOB= would
+    # find it there)
+    setsid python3 -I -S "$FTB_WATCHER_PROGRAM" "$pid" "$base" "$BASH_EXECUTION_STRING" </dev/null >/dev/null 2>&1 &
     exit 0
   fi
   # the first heartbeat is the baseline (the launcher's stall clock starts at the first change)
@@ -782,8 +502,6 @@ mode=${1:-}; shift || true
 case $mode in
   node) mode_node "$@" ;;
   job) mode_job "$@" ;;
-  watch) mode_watch "$@" ;;
-  stall-watch) mode_stall_watch "$@" ;;
   stop) ftb_stop "$@"; exit $? ;;
   state) mode_state "$@" ;;
   follow) mode_follow "$@" ;;

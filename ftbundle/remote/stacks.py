@@ -168,8 +168,8 @@ def stack_text(threads):
 
 
 def spec_from_env(out_dir):
-    """A detached node's own collection (node.sh's stall-watch): its values from the node's
-    environment, as the node program has it."""
+    """A detached node's own collection (its watcher's stall watchdog, remote/watch.py): its values
+    from the node's environment, as the node program has it."""
     prepend = os.environ.get("FTB_PATH_PREPEND")
     return {"marker": os.environ.get("FTB_MARKER", ""), "container": os.environ.get("FTB_CONTAINER") or None,
             "pyspy_dirs": [prepend] if prepend else [], "out_dir": out_dir, "host": os.uname().nodename,

@@ -135,18 +135,6 @@ def test_check_names_storage_that_does_not_answer_and_not_as_a_missing_directory
     assert check_dirs(facts, Layout()).ok  # (not "does not exist": it did not answer)
 
 
-FAKE_MV = r"""#!/bin/bash
-# mv, but into the frozen directory it waits while $FREEZE exists, deaf to SIGTERM (D state): a
-# freeze that began just after a reading answered (the stall watchdog's progress file, the
-# watcher's heartbeat and verdict)
-trap '' TERM
-for a; do
-  case $a in "$FROZEN"/*) while [ -e "$FREEZE" ]; do sleep 0.05; done ;; esac
-done
-exec /usr/bin/mv "$@"
-"""
-
-
 def marked(marker: str, name: str = "FTB_JOB") -> list[int]:
     """The processes with NAME=MARKER in their environment."""
     import os
@@ -164,25 +152,40 @@ def marked(marker: str, name: str = "FTB_JOB") -> list[int]:
 
 
 def test_detached_node_stops_its_job_when_the_storage_freezes_after_a_reading(tmp_path):
-    """A detached node's stall watchdog whose reading answered and whose next step (writing its
-    progress file) then waits on the storage: the watchdog itself never waits there, so it still
-    stops the job at stall_timeout, and says why once the storage answers."""
-    bin_dir, shared = tmp_path / "bin", tmp_path / "shared"
-    bin_dir.mkdir()
-    shared.mkdir()
-    (bin_dir / "mv").write_text(FAKE_MV)
-    (bin_dir / "mv").chmod(0o755)
-    freeze = tmp_path / "freeze"
-    marker = f"ftb-test-detached-{time.time_ns()}"
+    """A detached node's stall watchdog whose reading answered and whose next step (reading the
+    nodes' progress files) then waits on the storage: the watchdog itself never waits there, so it
+    still stops the job at stall_timeout, and says why once the storage answers. (The freeze: a
+    FIFO as a peer's progress file, whose open waits in the kernel for a writer as a read of a
+    frozen filesystem waits for its server; the watcher's writes asked after it wait behind it.)"""
+    import os
+    from pathlib import Path
+
+    from ftbundle.launch.stall import watcher_source
+
+    shared = tmp_path / "shared"
     run = RunDir(str(shared), "r")  # (the names the launcher gives every node: ftbundle/rundir.py)
-    env = {**run.env(1), **run.node(0, "h", 1).env(), "FTB_REFEREE": "1", "NODE_RANK": "0",
-           "FTB_LOG": str(shared / "node-0.a1.log"), "FTB_WORKDIR": str(tmp_path), "FTB_MARKER": marker, "FTB_ATTEMPT": "1",
-           "FTB_WATCHDOG": "30", "FTB_HEARTBEAT": "0.5", "FTB_STOP_GRACE": "1", "FTB_DETACH": "1",
-           "FTB_STALE": "600", "FTB_STALL_TIMEOUT": "3",
+    Path(run.path).mkdir(parents=True)
+    Path(run.watcher_program).write_text(watcher_source())  # (staged by the launcher)
+    files = run.node(0, "h", 1)
+    marker = f"ftb-test-detached-{time.time_ns()}"
+    env = {**run.env(1), **files.env(), "FTB_REFEREE": "1", "NODE_RANK": "0", "NNODES": "2",
+           "FTB_WATCHER_PROGRAM": run.watcher_program, "FTB_WORKDIR": str(tmp_path), "FTB_MARKER": marker,
+           "FTB_ATTEMPT": "1", "FTB_WATCHDOG": "30", "FTB_HEARTBEAT": "0.5", "FTB_STOP_GRACE": "1",
+           "FTB_DETACH": "1", "FTB_STALE": "600", "FTB_STALL_TIMEOUT": "3",
            "FTB_PROGRESS_FILES": f"{shared}/rank*.out", "FTB_SHARED_DIR": str(shared)}
     job = f"while :; do echo step >> {shared}/rank0.out; sleep 0.2; done"
-    run_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "FROZEN": str(shared),
-               "FREEZE": str(freeze)}
+    run_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    progress, stopped, log = Path(files.progress), Path(files.stopped), Path(files.log)
+    frozen = Path(run.node(1, "h1", 1).progress)  # node 1's progress file: the FIFO
+
+    def thaw() -> None:
+        try:
+            fd = os.open(frozen, os.O_WRONLY | os.O_NONBLOCK)  # (ENXIO: nobody waits on it)
+        except OSError:
+            return
+        os.write(fd, b" 1\n")
+        os.close(fd)
+
     try:
         node = subprocess.Popen(["bash", "-c", program(), "ftb", "node", "sh", "-c", job], stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=run_env)
@@ -192,30 +195,29 @@ def test_detached_node_stops_its_job_when_the_storage_freezes_after_a_reading(tm
         node.stdin.close()
         node.stderr.close()
         deadline = time.monotonic() + 20
-        while not (shared / "node-0.a1.progress").exists() and time.monotonic() < deadline:
+        while not progress.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(1)  # the watchdog writes its progress file again at its next reading: it changed
-        freeze.touch()
+        time.sleep(1)  # the watchdog reads every node's progress file at its next reading, once all are there
+        os.mkfifo(frozen)
         frozen_at = time.monotonic()
         while marked(marker) and time.monotonic() - frozen_at < 20:
             time.sleep(0.2)
         stopped_after = time.monotonic() - frozen_at
         left_frozen = marked(marker)
-        assert not (shared / "node-0.a1.stopped").exists()  # (written once the storage answers)
-        freeze.unlink()
+        assert not stopped.exists()  # (written once the storage answers)
+        thaw()
         deadline = time.monotonic() + 15
-        while (marked(marker, "FTB_MARKER") or not (shared / "node-0.a1.stopped").exists()) \
-                and time.monotonic() < deadline:
+        while (marked(marker, "FTB_MARKER") or not stopped.exists()) and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
-        freeze.unlink(missing_ok=True)
+        thaw()
         for pid in marked(marker, "FTB_MARKER"):
             subprocess.run(["kill", "-9", str(pid)], check=False)
     assert left_frozen == [], left_frozen
     assert 3 <= stopped_after < 12, stopped_after
-    why = (shared / "node-0.a1.stopped").read_text()
+    why = stopped.read_text()
     assert re.fullmatch(rf"shared storage {shared} on \S+ not answering for [3-9]s \(stall_timeout 3s\)\n", why), why
-    assert "stopped the job on" in (shared / "node-0.a1.log").read_text()
+    assert "stopped the job on" in log.read_text()
     assert marked(marker, "FTB_MARKER") == []  # the watchers too, once it answered
 
 
