@@ -57,11 +57,20 @@ STORAGE_ANSWER_S = 5  # a stat of shared storage not answered this long, its pro
 STORAGE_PATIENCE_S = 30
 
 
+# The probe is one program on stdin, written as files by concern (ftbundle/remote/): its parts in
+# this order, main (probe.py) last; the versions script (run by the job's interpreter) as a string.
+PROBE_PARTS = ("evidence.py", "probe_common.py", "probe_gpus.py", "probe_storage.py")
+
+
 @cache
 def probe_source() -> bytes:
-    """The probe program's text: ftbundle/remote/probe.py after the rule it shares with the
-    launcher (remote/evidence.py: hung storage, or a starved host), one program on stdin."""
-    return shipped.read_bytes("remote", "evidence.py") + shipped.read_bytes("remote", "probe.py")
+    """The probe program's text: its parts (``PROBE_PARTS``: the storage rule it shares with the
+    launcher, its helpers, GPU and storage facts), ``VERSIONS_PY`` (remote/versions.py's text),
+    then ftbundle/remote/probe.py, whose ``main`` runs. One text, one process: as cheap to start
+    as one file (a part run alone imports the others it needs; shipped, none is imported)."""
+    versions = f"VERSIONS_PY = {shipped.read_text('remote', 'versions.py')!r}\n".encode()
+    return b"\n".join([*(shipped.read_bytes("remote", part) for part in PROBE_PARTS), versions,
+                       shipped.read_bytes("remote", "probe.py")])
 
 
 def probe_argv(host: Host, spec: str) -> list[str]:
