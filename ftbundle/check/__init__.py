@@ -31,7 +31,8 @@ from ..cluster import Cluster, first_line, parallel
 from ..facts import ClusterFacts, HostFacts, parse_facts
 from ..gpu_health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
 from ..inventory import Host
-from ..plan import IMAGE_REF_FILE, Layout, shape_text
+from ..layout import Layout
+from ..plan import IMAGE_REF_FILE, shape_text
 from .report import CheckReport, format_report, print_report
 from .rules import Check, evaluate, job_paths
 

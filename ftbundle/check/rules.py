@@ -16,7 +16,7 @@ from .. import gpu_health as H
 from ..facts import ClusterFacts, HostFacts, bf16_capable, describe_gpus
 from ..gpu_health import XID_WINDOW_S
 from ..hostlist import fold, fold_numbers
-from ..plan import Layout
+from ..layout import Layout
 from ..remote.evidence import waits_in
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")

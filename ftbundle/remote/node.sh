@@ -11,7 +11,7 @@
 #   stop MARKER [CONTAINER]
 #                  stop every process of one job on this host (teardown, `ftbundle stop`,
 #                  fencing before a restart); exit 0 when none is left
-#   state MARKER EXITFILE LOG     a node's state and last log line (`ftbundle status`)
+#   state MARKER EXITFILE LOG STOPPEDFILE  a node's state and last log line (`ftbundle status`)
 #   follow MARKER LOG LINES       a node's log until its job ends (`ftbundle logs -f`)
 #   resume-point DIR              the newest complete checkpoint-N (restarts)
 #   stage DIR MIN_FREE_MB [LEFTOVER...]
@@ -35,8 +35,12 @@
 #           (`tail`), so output can never hold a heartbeat back.
 #   exit    the job's exit code (also written to FTB_EXIT on shared storage).
 #
-# Variables used (set by the controller, see ftbundle/launch/node.py):
-#   FTB_RUN_DIR FTB_WORKDIR FTB_LOG FTB_EXIT FTB_PIDFILE FTB_HBFILE FTB_MARKER FTB_ATTEMPT
+# Variables used (set by the controller, see ftbundle/launch/node.py): every path in the run
+# directory comes from ftbundle/rundir.py (this program spells no file name of its own):
+#   FTB_RUN_DIR FTB_LOG FTB_EXIT FTB_PIDFILE FTB_HBFILE FTB_STOPPED_FILE FTB_KEPT_STEPS_FILE
+#   FTB_XIDS_FILE FTB_PROGRESS_FILE FTB_STACKED_FILE FTB_VERDICT_FILE FTB_STALLED_FILE FTB_STACKS_OUT
+#   FTB_STACKS_PROGRAM FTB_PEER_{EXIT,HB,PROGRESS,STACKED}_GLOB FTB_REFEREE
+#   FTB_WORKDIR FTB_MARKER FTB_ATTEMPT
 #   FTB_ENV_FILE FTB_PATH_PREPEND FTB_CONTAINER FTB_SECRET_NAMES FTB_MIN_SECRET_LEN
 #   FTB_WATCHDOG FTB_HEARTBEAT FTB_STOP_GRACE FTB_DETACH FTB_STALE FTB_STOP_REQUEST
 #   FTB_PROGRESS_FILES (space-separated paths and globs: the heartbeat carries their total size,
@@ -321,7 +325,7 @@ mode_node() {
     kill -USR1 $$ 2>/dev/null  # ($$: the node program, not this subshell)
     if [ -n "$why" ]; then
       echo "ftbundle: launcher lost ($why): stopping the job on $(hostname)" >>"$FTB_LOG"
-      ftb_write "${FTB_EXIT%.exit}.stopped" "launcher lost: $why"
+      ftb_write "$FTB_STOPPED_FILE" "launcher lost: $why"
     fi
     ftb_stop "$FTB_MARKER" "${FTB_CONTAINER:-}" ) <&0 &
   local wdpid=$!
@@ -348,10 +352,10 @@ mode_node() {
   exit "$rc"
 }
 
-mode_state() {  # MARKER EXITFILE LOG: running | exited N | stopped[: why], then the log's last line
+mode_state() {  # MARKER EXITFILE LOG STOPPEDFILE: running | exited N | stopped[: why], then the log's last line
   if [ -n "$(ftb_pids "$1")" ]; then echo running
   elif [ -s "$2" ]; then echo "exited $(cat -- "$2")"
-  elif [ -s "${2%.exit}.stopped" ]; then echo "stopped: $(cat -- "${2%.exit}.stopped")"
+  elif [ -s "$4" ]; then echo "stopped: $(cat -- "$4")"
   elif ftb_disk_full "$(dirname -- "$2")"; then echo "stopped: no space left on the device (ENOSPC)"
   else echo stopped; fi
   tail -n 1 -- "$3" 2>/dev/null | tr '\r' '\n' | grep -v '^[[:space:]]*$' | tail -n 1

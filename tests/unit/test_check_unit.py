@@ -32,7 +32,8 @@ from ftbundle.facts import (ClusterFacts, Gpu, HostFacts, Route, Storage, bf16_c
                             parse_compute_apps, parse_facts, parse_nvidia_smi, visible)
 from ftbundle.inventory import Host
 from ftbundle.job import parse_job
-from ftbundle.plan import make_layout, make_plan
+from ftbundle.layout import make_layout
+from ftbundle.plan import make_plan
 
 SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 REPLAY = Path(__file__).resolve().parents[1] / "assets" / "nvidia-smi-replay"

@@ -11,7 +11,7 @@ from ftbundle.facts import ClusterFacts, HostFacts, bf16_capable, parse_nvidia_s
 from ftbundle.inventory import load_hosts
 from ftbundle.job import load_job
 from tests.support.helpers import plan_of
-from ftbundle.runtimes import LLAMAFACTORY_CONFIG
+from ftbundle.rundir import LLAMAFACTORY_CONFIG
 
 DATA = Path(__file__).parents[1] / "data" / "nvidia-smi"
 INVENTORY = """
