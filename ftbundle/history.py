@@ -122,7 +122,7 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
 
 def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]:
     """A detached run's nodes' step figures (ui.stragglers.NodeSteps) from the step times each
-    node's watcher kept in the run directory (node-R.aN.steps: node.sh ftb_keep_steps), on the
+    node's watcher kept in the run directory (node-R.aN.steps: remote/watch.py keep_steps), on the
     hosts plan.json names, and its straggler_factor. Pure."""
     found = []
     for entry in plan.get("nodes", []):

@@ -157,7 +157,7 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
 
 
 def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
-    """A detached run stopped by its own stall watchdog (node.sh stall-watch): the grouped
+    """A detached run stopped by its own stall watchdog (remote/watch.py stall_watch): the grouped
     view of what its nodes collected; nothing when it did not stall."""
     import dataclasses
 
@@ -178,8 +178,8 @@ def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
 
 def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
     """What a detached run's watchers kept in its run directory for the launcher they do not
-    have, in one read through rank 0's host: each node's step times (node-R.aN.steps, node.sh
-    ftb_keep_steps), shown as an attached run's summary shows its stragglers, and the GPU faults
+    have, in one read through rank 0's host: each node's step times (node-R.aN.steps, remote/watch.py
+    keep_steps), shown as an attached run's summary shows its stragglers, and the GPU faults
     its kernel logged while the job ran (node-R.aN.xids, node.sh ftb_xids), as a failed attached
     run names them. Nothing when there is neither (a `command:` job on hosts without GPUs)."""
     from .gpu_health import run_fault_lines

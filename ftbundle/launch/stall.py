@@ -94,12 +94,17 @@ def collector_source() -> bytes:
     return shipped.read_bytes("remote", "stacks.py")
 
 
+# The detached watcher is one program, written as files by concern (ftbundle/remote/): its parts
+# in this order, main (watch.py) last.
+WATCH_PARTS = ("stallclock.py", "watch_rules.py", "watch_host.py", "watch.py")
+
+
 @cache
 def watcher_source() -> str:
     """The detached watcher's program, as it is staged for detached nodes (rundir.WATCHER_PROGRAM):
-    remote/stallclock.py's text (StallClock, imported here from it: the one stall rule), then
-    remote/watch.py's."""
-    return shipped.read_text("remote", "stallclock.py") + "\n\n" + shipped.read_text("remote", "watch.py")
+    remote/stallclock.py's text (StallClock, imported here from it: the one stall rule), the
+    watcher's rules and its hands, then remote/watch.py's, whose ``main`` runs."""
+    return "\n\n".join(shipped.read_text("remote", part) for part in WATCH_PARTS)
 
 
 def collect(cluster: Cluster, targets: list[Target], out_dir: str, *,

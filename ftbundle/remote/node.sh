@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # ftbundle's node program: what runs on every host of a run.
 #
 # Shipped as this file's text: `bash -c "<this text>" ftb MODE ARGS...`. The text is fixed;
@@ -62,6 +63,7 @@ ftb_sleep() {  # SECONDS: a wait that starts no process, for the loops that run 
   # `read -t` on a pipe that nothing writes (opened once per shell); `sleep` where bash cannot
   # make one, with none of our streams: a killed loop must not leave one holding a channel open
   [ -n "${FTB_SLEEP_FD:-}" ] || { exec {FTB_SLEEP_FD}<> <(:); } 2>/dev/null || FTB_SLEEP_FD=none
+  # shellcheck disable=SC2217  # (sleep's stdin from /dev/null on purpose: none of our streams)
   if [ "$FTB_SLEEP_FD" != none ]; then read -r -t "$1" -u "$FTB_SLEEP_FD" _
   else sleep "$1" </dev/null >/dev/null 2>&1; fi
   return 0
@@ -71,6 +73,7 @@ ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
   local p end
   p=$(ftb_pids "$1")
   # (CONT: a stopped process, under a debugger or SIGSTOP, gets its SIGTERM now, not at SIGKILL)
+  # shellcheck disable=SC2086  # ($p: the job's PIDs, one word each)
   [ -n "$p" ] && { kill -TERM $p; kill -CONT $p; } 2>/dev/null
   [ -n "${2:-}" ] && docker rm -f "$2" >/dev/null 2>&1
   # the grace period is wall time: on a loaded host each look at /proc takes a while, and
@@ -81,10 +84,12 @@ ftb_stop() {  # MARKER [CONTAINER]: SIGTERM, then SIGKILL after the grace period
     sleep 0.1
   done
   p=$(ftb_pids "$1")
+  # shellcheck disable=SC2086  # ($p: PIDs, one word each)
   kill -KILL $p 2>/dev/null
   [ -n "${2:-}" ] && docker rm -f "$2" >/dev/null 2>&1
   sleep 0.2
   p=$(ftb_pids "$1")
+  # shellcheck disable=SC2086  # ($p: PIDs, one word each)
   [ -z "$p" ] || { ftb_unkilled $p; return 1; }
 }
 
@@ -105,6 +110,7 @@ ftb_progress() {  # FTB_P=" BYTES": the size of everything the job's ranks wrote
   [ -n "${FTB_PROGRESS_FILES:-}" ] || return 0
   local n sum=0 steps=""
   # (unquoted on purpose: the list holds globs, one for every local rank's output files)
+  # shellcheck disable=SC2086
   for n in $(stat -c %s -- $FTB_PROGRESS_FILES 2>/dev/null); do sum=$((sum + n)); done
   # FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job): the trainer's log, whose first line is
   # the first step: the stall clock starts there, not at the model loading's output
@@ -123,6 +129,7 @@ ftb_progress() {  # FTB_P=" BYTES": the size of everything the job's ranks wrote
 ftb_ask() {  # start a reading: FTB_ASK_FD (its stdout), FTB_ASKED (when, $SECONDS), FTB_ASK_PID
   FTB_ASKED=$SECONDS FTB_PSUM=0 FTB_PSTEPS=""
   # (unquoted on purpose: the list holds globs, one for every local rank's output files)
+  # shellcheck disable=SC2086  # (FTB_PROGRESS_FILES: globs, unquoted on purpose as above)
   exec {FTB_ASK_FD}< <(exec stat -c '%s %n' -- "${FTB_SHARED_DIR:-$FTB_RUN_DIR}/.ftb-probe-$HOSTNAME-$BASHPID-$SECONDS-$RANDOM" \
     ${FTB_PROGRESS_FILES:-} ${FTB_PROGRESS_STEPS:+"$FTB_PROGRESS_STEPS"} </dev/null 2>/dev/null)
   FTB_ASK_PID=$!
@@ -191,10 +198,13 @@ ftb_env() {  # read the environment from stdin (up to the empty pair) and export
   done
   [ "$ended" = 1 ] || { echo "ftbundle: no environment on stdin" >&2; exit 97; }
   for kv in "${pairs[@]}"; do
+    # shellcheck disable=SC2163  # (kv is NAME=VALUE: export it as such)
     case $kv in FTB_ENV_FILE=?*) export -- "$kv" ;; esac
   done
   # the host's NCCL env file first, so the job's own env wins over it
+  # shellcheck source=/dev/null  # (the host's env file, written by the nccl role)
   if [ -n "${FTB_ENV_FILE:-}" ] && [ -r "$FTB_ENV_FILE" ]; then set -a; . "$FTB_ENV_FILE"; set +a; fi
+  # shellcheck disable=SC2163  # (kv is NAME=VALUE: export it as such)
   for kv in "${pairs[@]}"; do export -- "$kv"; done
   if [ -n "${FTB_PATH_PREPEND:-}" ]; then export PATH="$FTB_PATH_PREPEND:$PATH"; fi
 }
@@ -202,6 +212,7 @@ ftb_env() {  # read the environment from stdin (up to the empty pair) and export
 # Replaces every secret value (>= FTB_MIN_SECRET_LEN characters) in the job's output with
 # <redacted>, line by line, before it reaches the log. Literal matching (index, not regex);
 # the values come from the environment.
+# shellcheck disable=SC2016  # (an awk program: its $ are awk's)
 FTB_REDACT_AWK='BEGIN { n = split(ENVIRON["FTB_SECRET_NAMES"], names, " ")
   for (i = 1; i <= n; i++) { v = ENVIRON[names[i]]; if (length(v) >= ENVIRON["FTB_MIN_SECRET_LEN"] + 0) secret[++m] = v } }
 { line = $0
@@ -315,7 +326,7 @@ mode_node() {
   # job is left on this host, and the launcher needs no second channel to make sure of it.
   local stopping=0
   trap 'stopping=1' USR1
-  ( why= rc=0
+  ( why='' rc=0
     while :; do
       IFS= read -r -t "$FTB_WATCHDOG" line; rc=$?
       if [ "$rc" = 0 ]; then [ "$line" = stop ] && break; continue; fi
@@ -424,6 +435,7 @@ mode_tail_ranks() {  # LINES FOLLOW MARKER LOG RANKS_DIR STORAGE LOCAL...: for e
     for l in "$@"; do
       if [ "$l" = 0 ]; then files+=("$log"); want=$((want + 1)); continue; fi
       want=$((want + 2))
+      # shellcheck disable=SC2012  # (newest by time; the names are torchrun's own: digits and _)
       d=$(ls -1td -- "$ranks"/*/attempt_*/"$l" 2>/dev/null | head -n 1)
       if [ -n "$d" ]; then files+=("$d/stdout.log" "$d/stderr.log"); fi
     done
@@ -444,12 +456,22 @@ mode_tail_ranks() {  # LINES FOLLOW MARKER LOG RANKS_DIR STORAGE LOCAL...: for e
 
 mode_resume_point() {  # DIR: drop an incomplete newest checkpoint, print the newest complete one
   local last
-  last=$(ls -1 -- "$1" 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1)
+  last=$(ftb_newest_checkpoint "$1")
   if [ -n "$last" ] && [ ! -e "$1/$last/trainer_state.json" ]; then
     rm -rf -- "${1:?}/$last"; echo "removed incomplete checkpoint $last" >&2
   fi
-  ls -1 -- "$1" 2>/dev/null | grep -E '^checkpoint-[0-9]+$' | sort -t- -k2 -n | tail -n 1
+  ftb_newest_checkpoint "$1"
   exit 0
+}
+
+ftb_newest_checkpoint() {  # DIR: the name of its checkpoint-N with the highest N (nothing when none)
+  local f n best=-1 name=""
+  for f in "$1"/checkpoint-*; do
+    n=${f##*/checkpoint-}
+    [[ $n =~ ^[0-9]+$ ]] || continue
+    if [ "$((10#$n))" -gt "$best" ]; then best=$((10#$n)); name=${f##*/}; fi
+  done
+  [ -z "$name" ] || echo "$name"
 }
 
 mode_stage() {  # DIR MIN_FREE_MB [LEFTOVER...]: create DIR, unpack the tar archive on stdin
@@ -468,7 +490,7 @@ mode_stage() {  # DIR MIN_FREE_MB [LEFTOVER...]: create DIR, unpack the tar arch
       exit 28
     fi
   fi
-  tar -xf - -C "$tmp" && mv -f -- "$tmp"/* "$dir"/ || { rc=$?; rm -rf -- "$tmp"; exit "$rc"; }
+  { tar -xf - -C "$tmp" && mv -f -- "$tmp"/* "$dir"/; } || { rc=$?; rm -rf -- "$tmp"; exit "$rc"; }
   rmdir -- "$tmp"
   if [ $# -gt 0 ]; then rm -rf -- "$@"; fi
   exit 0
@@ -489,7 +511,7 @@ ftb_xids() {  # WINDOW_S [SINCE]: on a host with nvidia-smi (its node program sa
   while IFS= read -r line; do
     if [ -n "${2:-}" ]; then
       s=${line#*[}; s=${s%%]*}; s=${s// /}; s=${s%%.*}
-      [[ $s =~ ^[0-9]+$ ]] && [ "$s" -ge "$2" ] || continue
+      { [[ $s =~ ^[0-9]+$ ]] && [ "$s" -ge "$2" ]; } || continue
     fi
     found+=("$line")
   done < <({ dmesg 2>/dev/null || journalctl -k -o short-monotonic --no-pager --since="-${1:-3600}s" 2>/dev/null; } |

@@ -76,3 +76,24 @@ def test_below_the_check(source):
     what they share with it (the fact types, the GPU health parsing) lives below both."""
     floors, why = floor_graph(import_graph())
     assert imports_from(floors, why, source, "check") == []
+
+
+ROOM_LIMIT = 600  # issue 44 item 4: no module under ftbundle/ (Python or shell) over this many lines
+
+
+def rooms_over(root, limit: int) -> list[str]:
+    return sorted(f"{p.relative_to(root.parent)}: {n} lines" for p in root.rglob("*")
+                  if p.suffix in (".py", ".sh") and (n := len(p.read_text().splitlines())) > limit)
+
+
+def test_no_room_over_600_lines(tmp_path):
+    """Every module the package ships, Python or shell, is at most 600 lines: the next feature
+    lands in a room of its own. (The rule can fail: a copy with one module grown is caught.)"""
+    from tests.support.helpers import REPO
+
+    assert rooms_over(REPO / "ftbundle", ROOM_LIMIT) == []
+    grown = tmp_path / "ftbundle"
+    grown.mkdir()
+    (grown / "big.py").write_text("x = 1\n" * (ROOM_LIMIT + 1))
+    (grown / "small.sh").write_text("true\n" * ROOM_LIMIT)
+    assert rooms_over(grown, ROOM_LIMIT) == [f"ftbundle/big.py: {ROOM_LIMIT + 1} lines"]

@@ -18,7 +18,7 @@ from ftbundle.remote.watch import Follower, Referee, observe_progress, waiting_f
 
 def shipped_namespace() -> dict:
     """The staged program's text, run as a module (not as __main__: nothing starts)."""
-    namespace = {"__name__": "ftb_watch_shipped"}
+    namespace = {"__name__": "ftb_watch_shipped", "__package__": None}
     exec(compile(stall.watcher_source(), "watch.py", "exec"), namespace)
     return namespace
 
@@ -140,3 +140,16 @@ def test_the_shipped_watcher_runs_under_an_isolated_python_and_keeps_a_node_s_fi
     assert watcher.returncode == 0, err
     assert not any(steps_dir.iterdir())  # the ranks' step-time files, away with the job
     assert not (run / "node-1.a1.xids").exists()  # (no nvidia-smi here)
+
+
+def test_the_watchers_commands_resolve_as_they_did_at_the_start():
+    """The node program's children (``ftb xids``, ``ftb stop``) get a PATH of the folders that hold
+    the commands they run, in the PATH's own order: a stand-in or wrapper in /usr/local/bin keeps
+    winning over /usr/bin (on a test host, dmesg's; the CI failure of 2026-11-28 read the real
+    kernel log instead), and a folder with none of them (one on shared storage) is left out."""
+    from ftbundle.remote.watch_host import command_path
+
+    found = ["/usr/bin/bash", "/usr/bin/grep", "/usr/bin/nvidia-smi", "/usr/local/bin/dmesg", None]
+    path = "/shared/venv/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/bin"
+    assert command_path(path, found) == "/usr/local/bin:/usr/bin"
+    assert command_path("", [None]) == "/usr/bin:/bin"
