@@ -3,7 +3,7 @@ node program (ftbundle/remote/node.sh, mode ``node``) says on its stderr, in one
 
 The node program is shell on the start path and spells these keywords in its ``echo`` lines;
 this module owns their formats and the one parser of them (:func:`parse_line`), and
-tests/test_protocol_unit.py runs the real node program and parses its real output, and holds
+tests/unit/test_protocol_unit.py runs the real node program and parses its real output, and holds
 node.sh to the keywords named here.
 
 stdin (launcher -> node)::

@@ -272,7 +272,7 @@ class Cluster:
         limit = timeout or self.connect_timeout
         # A key exchange in progress holds every send on the transport, the channel open's
         # included, and paramiko waits for its end without a limit: a peer that died in the
-        # middle of one held the run's last record 30 s (tests/test_launcher_faults.py).
+        # middle of one held the run's last record 30 s (tests/cluster/test_launcher_faults.py).
         if not transport.clear_to_send.wait(limit):
             raise HostUnreachable(f"{host.name}: its SSH key exchange did not finish within {limit:g}s")
         try:

@@ -1,5 +1,5 @@
-# shellcheck shell=bash
 # ftbundle's node program: what runs on every host of a run.
+# shellcheck shell=bash
 #
 # Shipped as this file's text: `bash -c "<this text>" ftb MODE ARGS...`. The text is fixed;
 # every value arrives as an argument or in the environment, and nothing from a job file or

@@ -1,7 +1,7 @@
 """The detached watcher (ftbundle/remote/watch.py, issue 44 item 3), without containers: the one
 StallClock it ships with, its referee's and followers' decisions as pure functions, and the
-shipped program run as the node program starts it. Containers: tests/test_detach_restart.py,
-tests/test_stall.py and tests/test_storage_hang.py (detached cases)."""
+shipped program run as the node program starts it. Containers: tests/cluster/test_detach_restart.py,
+tests/cluster/test_stall.py and tests/cluster/test_storage_hang.py (detached cases)."""
 
 from __future__ import annotations
 
