@@ -384,6 +384,15 @@ def _check_llamafactory(r: _Reader, train: Train, gpus_per_node: int | str) -> N
     def error(key: str, message: str) -> UserError:
         return UserError(message, file=file, key=key) if file else r.error(f"train.llamafactory.{key}", message)
 
+    from .lfargs import judge
+
+    findings = judge(cfg)
+    if findings:
+        first, rest = findings[0], findings[1:]
+        more = f" (and {len(rest)} more: {', '.join(repr(f.key) for f in rest)})" if rest else ""
+        if file:
+            raise UserError(first.message + more, file=_line_of(file, first.key), key=first.key)
+        raise r.error(f"train.llamafactory.{first.key}", first.message + more)
     model = cfg.get("model_name_or_path")
     if not isinstance(model, str) or not model.strip():
         raise error("model_name_or_path", "is required: the base model, a hub id (Qwen/Qwen2.5-7B-Instruct) or a "
@@ -394,6 +403,18 @@ def _check_llamafactory(r: _Reader, train: Train, gpus_per_node: int | str) -> N
                 raise error(key, f"{key}: true in a CPU job (the job's gpus_per_node: 0): half precision needs a GPU "
                             f"and LlamaFactory stops on every host with \"Your setup doesn't support bf16/gpu\". "
                             f"Remove it (or set {key}: false) and set use_cpu: true")
+
+
+def _line_of(path: str, key: str) -> str:
+    """``path:LINE`` of a top-level ``key:`` in a YAML file (``path`` when it is not found)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if re.match(rf"{re.escape(str(key))}\s*:", line):
+                    return f"{path}:{n}"
+    except OSError:
+        pass
+    return path
 
 
 def _with_deepspeed(r: _Reader, train: Train, value: str | None, base: Path) -> Train:
@@ -419,8 +440,11 @@ def _deepspeed_beside(cfg: dict, cfg_path: Path) -> str | None:
         return None
     text = userfiles.read_text(path, "DeepSpeed config", "deepspeed")
     try:
-        json.loads(text)
+        data = json.loads(text)
     except ValueError as exc:
         raise UserError(f"DeepSpeed config is not valid JSON: {exc}", file=str(path),
                         key="deepspeed") from None
+    if not isinstance(data, dict):
+        raise UserError(f"a DeepSpeed config must be a JSON object; this one is a {type(data).__name__}",
+                        file=str(path), key="deepspeed")
     return text

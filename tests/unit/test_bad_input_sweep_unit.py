@@ -165,6 +165,83 @@ def case_init_negative_gpus(tmp):
     return ["init", "--dir", "proj", "--gpus", "-1", "--yes"], ["key '--gpus'", "must be 0 (a CPU job"]
 
 
+# LlamaFactory values (issue 45, item 1): judged by LlamaFactory's own declarations (ftbundle/lfargs)
+def _lf_case(tmp, line_of_key: int, key: str, fragments: list[str], **config):
+    job(tmp, train=lf(tmp, **config))
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/train.yaml:{line_of_key}", f"key '{key}'", *fragments]
+
+
+def _line(tmp, key: str) -> int:
+    return next(n for n, line in enumerate((tmp / "train.yaml").read_text().splitlines(), 1) if line.startswith(key + ":"))
+
+
+def _lf(tmp, key: str, fragments: list[str], **config):
+    argv, _ = _lf_case(tmp, 0, key, fragments, **config)
+    return argv, [f"{tmp}/train.yaml:{_line(tmp, key)}", f"key '{key}'", *fragments]
+
+
+def case_lf_zero_accumulation_steps(tmp):
+    return _lf(tmp, "gradient_accumulation_steps", ["must be at least 1; got 0"], gradient_accumulation_steps=0)
+
+
+def case_lf_fractional_accumulation_steps(tmp):
+    return _lf(tmp, "gradient_accumulation_steps", ["must be a whole number", "got 2.5"], gradient_accumulation_steps=2.5)
+
+
+def case_lf_negative_batch(tmp):
+    return _lf(tmp, "per_device_train_batch_size", ["must be at least 1; got -1"], per_device_train_batch_size=-1)
+
+
+def case_lf_batch_in_words(tmp):
+    return _lf(tmp, "per_device_train_batch_size", ["must be a whole number", "got 'four'"],
+               per_device_train_batch_size="four")
+
+
+def case_lf_null_batch(tmp):
+    return _lf(tmp, "per_device_train_batch_size", ["must be a whole number", "got null"],
+               per_device_train_batch_size=None)
+
+
+def case_lf_learning_rate_in_words(tmp):
+    return _lf(tmp, "learning_rate", ["must be a number", "got 'fast'"], learning_rate="fast")
+
+
+def case_lf_misspelt_finetuning_type(tmp):
+    return _lf(tmp, "finetuning_type", ["'lorra' is not one of LlamaFactory", "lora, oft, freeze, full",
+                                        "did you mean 'lora'?"], finetuning_type="lorra")
+
+
+def case_lf_unknown_key(tmp):
+    return _lf(tmp, "learning_rat", ["is not an argument of LlamaFactory", "did you mean 'learning_rate'?"],
+               learning_rat=1.0e-4)
+
+
+def case_lf_zero_cutoff(tmp):
+    return _lf(tmp, "cutoff_len", ["must be at least 1; got 0"], cutoff_len=0)
+
+
+def case_lf_zero_steps(tmp):
+    return _lf(tmp, "max_steps", ["trains zero steps", "set max_steps above 0 or num_train_epochs above 0"],
+               max_steps=-5, num_train_epochs=0)
+
+
+def case_lf_unknown_template(tmp):
+    return _lf(tmp, "template", ["'qwen25' is not a chat template of LlamaFactory", "did you mean 'qwen"],
+               template="qwen25")
+
+
+def case_lf_inline_config_names_the_job_key(tmp):
+    job(tmp, train={"llamafactory": {"model_name_or_path": "org/m", "stage": "sfft"}})
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'train.llamafactory.stage'",
+                                              "'sfft' is not one of", "did you mean 'sft'?"]
+
+
+def case_lf_deepspeed_json_is_a_list(tmp):
+    job(tmp, train=lf(tmp, deepspeed="ds.json"))
+    (tmp / "ds.json").write_text('[{"zero_optimization": {"stage": 2}}]')
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/ds.json", "key 'deepspeed'", "must be a JSON object; this one is a list"]
+
+
 CASES = {name[5:]: func for name, func in globals().items() if name.startswith("case_")}
 
 
