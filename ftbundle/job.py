@@ -27,6 +27,8 @@ SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", 
 MIN_SECRET_LEN = 4
 MIN_STALL_TIMEOUT_S = 5  # progress is sampled every second below 60 s; a shorter limit would mistake a pause for a stall
 DEFAULT_NCCL_ENV_FILE = "/etc/ftbundle/nccl.env"
+ENV_ENTRY_MAX = 131_072  # bytes of one NAME=value with its NUL: Linux's MAX_ARG_STRLEN (32 pages)
+ENV_TOTAL_MAX = 1_048_576  # the job's env in all: half of the usual 2 MiB ARG_MAX, the rest for the host's
 # repo@sha256:<digest> (pulled from a registry), or an image ID (loaded from a tarball):
 # either names exactly one image's bytes, whatever a tag points to today.
 PINNED_IMAGE_RE = re.compile(r"(@|^)sha256:[0-9a-f]{64}$")
@@ -267,9 +269,25 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         env[key] = str(value).lower() if isinstance(value, bool) else str(value)
         if "\0" in env[key]:
             raise r.error(f"env.{key}", "holds a NUL byte, which no environment variable can carry")
+        size = len(key.encode()) + 1 + len(env[key].encode())
+        if size >= ENV_ENTRY_MAX:
+            raise r.error(f"env.{key}", f"is {size:,} bytes as {key}=value; the kernel passes at most "
+                          f"{ENV_ENTRY_MAX - 1:,} in one (MAX_ARG_STRLEN): every node would fail with \"Argument list "
+                          "too long\". Put the value in a file on shared storage and name the file here")
+    if sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items()) > ENV_TOTAL_MAX:
+        raise r.error("env", f"holds more than {ENV_TOTAL_MAX:,} bytes in all; with the host's own environment and "
+                      "the command line it would pass the kernel's ARG_MAX (2 MiB on most hosts) and every node "
+                      "would fail with \"Argument list too long\". Put large values in files on shared storage")
+    if env.get("PATH", None) is not None and not any(d.startswith("/") for d in env["PATH"].split(":")):
+        raise r.error("env.PATH", f"is {show(env['PATH'])}: no absolute directory, so no command (torchrun, python, "
+                      "bash) would be found on any host (exit 127). Leave PATH out to keep each host's, or list "
+                      "absolute directories")
 
     runtime = _parse_runtime(r, data.get("runtime"))
     train = _parse_train(r, data.get("train"), base)
+    if "keep_global_batch" in data and train.mode != "llamafactory":
+        raise r.error("keep_global_batch", f"only applies to a LlamaFactory job (ftbundle rescales its "
+                      f"gradient_accumulation_steps); a {train.mode} job keeps its own batch: remove the key")
     if train.llamafactory is not None:
         _check_llamafactory(r, train, gpus)
 

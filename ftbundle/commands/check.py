@@ -6,7 +6,7 @@ import argparse
 
 from ..errors import EXIT_USAGE
 from ..plan import make_plan
-from .common import load_layout, open_cluster
+from .common import load_layout, open_cluster, refuse_contradictions
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -17,6 +17,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ..check import print_report, run_checks
 
     job, layout = load_layout(args.job, args.inventory)
+    refuse_contradictions(job, layout, args.inventory)
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
         report, facts = run_checks(layout, cluster)
         print_report(report)

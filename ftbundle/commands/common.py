@@ -22,6 +22,40 @@ def load_layout(job_path: str, inventory: str | None) -> tuple[Job, Layout]:
     return job, make_layout(job, resolve_hosts(job, inventory), new_run_id(job.name))
 
 
+def refuse_contradictions(job: Job, layout: Layout, inventory: str | None) -> None:
+    """What a run or a check must refuse before any host is asked, because the job and its
+    hosts contradict each other (issue 45, item 2): ``min_nodes`` above the hosts there are, and
+    ``on_node_loss: spare`` without a usable spares group (missing, empty, or the trainers themselves)."""
+    hosts = layout.hosts
+    if job.on_node_loss != "stop" and job.min_nodes > len(hosts):
+        raise UserError(f"is {job.min_nodes}, above the {len(hosts)} host(s) of the job ({job.hosts}): the run "
+                        f"could never go on after a loss, nor start. Set min_nodes to {len(hosts)} or less",
+                        file=str(job.path), key="min_nodes")
+    if job.on_node_loss != "spare":
+        return
+    source = inventory or job.inventory
+    if source is None:
+        raise UserError("on_node_loss: spare takes its spares from an inventory group, and this job has no "
+                        "inventory (job key 'inventory' or -i)", file=str(job.path), key="on_node_loss")
+    from ..inventory import load_hosts
+
+    try:
+        spares = load_hosts(source, job.spares)
+    except UserError as exc:
+        raise UserError(f"'{job.spares}' names no usable group of hosts in {source}: {exc.message}. Add the group "
+                        "(its hosts stand by for a lost one), or set on_node_loss: exclude",
+                        file=str(job.path), key="spares") from None
+    if not spares:
+        raise UserError(f"group '{job.spares}' of {source} has no hosts: add the hosts that stand by, or set "
+                        "on_node_loss: exclude", file=str(job.path), key="spares")
+    trainers = {h.name for h in hosts}
+    both = [h.name for h in spares if h.name in trainers]
+    if both:
+        raise UserError(f"group '{job.spares}' holds {', '.join(both)}, which the job trains on ({job.hosts}): a "
+                        "spare must be a host that stands by. Take them out of one of the two groups",
+                        file=str(job.path), key="spares")
+
+
 def open_cluster(hosts, *, accept_new_host_keys: bool = False, meanwhile=None):
     """One connection to every host, opened at once. ``meanwhile`` runs here while the
     handshakes wait on the network (the launch path imports what it needs next)."""

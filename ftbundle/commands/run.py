@@ -17,7 +17,7 @@ from ..errors import UserError
 from ..job import Job, is_secret
 from ..layout import Layout
 from ..plan import Plan, make_plan
-from .common import load_layout, open_cluster, say
+from .common import load_layout, open_cluster, refuse_contradictions, say
 
 
 def needs_facts(layout: Layout) -> bool:
@@ -120,6 +120,7 @@ def format_plan(plan: Plan) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     job, layout = load_layout(args.job, args.inventory)
+    refuse_contradictions(job, layout, args.inventory)
     if args.detach and job.restarts:
         raise UserError(f"restarts: {job.restarts} needs ftbundle to stay and supervise the run; --detach cannot "
                         "restart nodes. Drop --detach, or set restarts: 0 for a detached run",

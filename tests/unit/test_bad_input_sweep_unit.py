@@ -242,6 +242,77 @@ def case_lf_deepspeed_json_is_a_list(tmp):
     return ["run", "job.yaml", "--dry-run"], [f"{tmp}/ds.json", "key 'deepspeed'", "must be a JSON object; this one is a list"]
 
 
+# The job's contradictions (issue 45, item 2)
+SPARES_INVENTORY = """all:
+  children:
+    trainers:
+      hosts:
+        node0: {ansible_host: 10.0.0.1}
+        node1: {ansible_host: 10.0.0.2}
+    spares:
+      hosts:
+        node1: {}
+    standby:
+      hosts:
+        node2: {ansible_host: 10.0.0.3}
+"""
+
+
+def _spare_job(tmp, **over):
+    (tmp / "hosts.yml").write_text(SPARES_INVENTORY)
+    return job(tmp, hosts="trainers", inventory="hosts.yml", restarts=1, on_node_loss="spare", **over)
+
+
+def case_spares_group_missing(tmp):
+    _spare_job(tmp, spares="sparez")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'spares'", "'sparez' names no usable group",
+                                              "groups in this inventory: spares, standby, trainers"]
+
+
+def case_spares_are_the_trainers(tmp):
+    _spare_job(tmp)
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'spares'", "group 'spares' holds node1",
+                                              "a spare must be a host that stands by"]
+
+
+def case_spare_without_an_inventory(tmp):
+    job(tmp, restarts=1, on_node_loss="spare")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'on_node_loss'", "has no inventory"]
+
+
+def case_min_nodes_above_the_hosts(tmp):
+    (tmp / "hosts.yml").write_text(SPARES_INVENTORY)
+    job(tmp, hosts="trainers", inventory="hosts.yml", restarts=1, on_node_loss="exclude", min_nodes=5)
+    return ["check", "job.yaml"], [f"{tmp}/job.yaml", "key 'min_nodes'", "is 5, above the 2 host(s)",
+                                   "Set min_nodes to 2 or less"]
+
+
+def case_keep_global_batch_on_a_command_job(tmp):
+    job(tmp, restarts=1, on_node_loss="exclude", keep_global_batch=False)
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'keep_global_batch'",
+                                              "only applies to a LlamaFactory job"]
+
+
+def case_env_value_over_the_kernels_limit(tmp):
+    job(tmp, env={"BIG": "x" * 200_000})
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'env.BIG'", "200,004 bytes",
+                                              "at most 131,071", "Argument list too long"]
+
+
+def case_env_over_a_megabyte_in_all(tmp):
+    """(A job file is read up to 1 MiB: the values are one, repeated by YAML aliases.)"""
+    value = "x" * 100_000
+    lines = ["name: sweep", "nproc_per_node: 1", "train: {command: 'true'}", "env:", f"  V0: &v {value}"]
+    (tmp / "job.yaml").write_text("\n".join(lines + [f"  V{i}: *v" for i in range(1, 12)]) + "\n")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'env'", "more than 1,048,576 bytes"]
+
+
+def case_env_empty_path(tmp):
+    job(tmp, env={"PATH": ""})
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'env.PATH'", "no absolute directory",
+                                              "exit 127"]
+
+
 CASES = {name[5:]: func for name, func in globals().items() if name.startswith("case_")}
 
 
