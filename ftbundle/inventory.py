@@ -259,7 +259,14 @@ def _load_with_ansible(inventory: str, pattern: str) -> list[Host]:
         try:
             port = int(port)
         except (TypeError, ValueError):
-            raise UserError(f"ansible_port of {name} is not a number: {port!r}", file=inventory) from None
+            raise UserError(f"ansible_port of {name} is not a number: {port!r}", file=inventory,
+                            key="ansible_port") from None
+        if not 1 <= port <= 65535:
+            raise UserError(f"ansible_port of {name} is {port}: a TCP port is 1 to 65535 (sshd listens on 22 unless "
+                            "told otherwise)", file=inventory, key="ansible_port")
+        if "ansible_host" in hv and not str(hv.get("ansible_host") or "").strip():
+            raise UserError(f"ansible_host of {name} is empty: give its address (an IP or a DNS name), or remove the "
+                            "key to use the name itself", file=inventory, key="ansible_host")
         options = _ssh_options(hv)
         hosts.append(
             Host(

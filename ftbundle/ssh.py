@@ -17,6 +17,7 @@ from __future__ import annotations
 import binascii
 import contextlib
 import hmac
+import logging
 import os
 import socket
 import sys
@@ -60,6 +61,9 @@ _connection_class = None
 _import_lock = threading.Lock()
 
 
+_QUIET = logging.NullHandler()
+
+
 def load_fabric():
     """Import Fabric (and paramiko) once, under a lock: the first connections import it on
     their own threads (so that the TCP connections are made meanwhile), and paramiko
@@ -71,6 +75,10 @@ def load_fabric():
                 import fabric
         import fabric
         import paramiko.ssh_exception  # noqa: F401
+        # paramiko's transport threads log what failed ("Exception (client): Error reading SSH protocol
+        # banner", with a traceback) to loggers nobody configured, which Python then prints on stderr;
+        # ftbundle says per host what failed, in words (cluster/errors.py)
+        logging.getLogger("paramiko").addHandler(_QUIET)
     return fabric
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from ..inventory import Host
-from .errors import HostUnreachable, first_line, refused, timed_out
+from .errors import HostUnreachable, NoBanner, first_line, no_banner, refused, timed_out
 from .fanout import parallel
 from .paramiko_fixes import hook_exec_answers, settle
 from .procs import ChannelProc, LocalProc, Proc, Result
@@ -152,11 +152,16 @@ class Cluster:
                                sock=sock, gateway=gateway)
                 conn.open()  # on a ftbundle.ssh.LowLatencySocket: no 40 ms stalls on small messages
                 settle(conn.transport)
-            except BaseException:
+            except BaseException as exc:
+                silent = conn is not None and no_banner(conn)
                 if conn is not None:
                     _close_quietly(conn)
                 elif sock is not None:
                     sock.close()
+                if silent:  # (paramiko goes on to authenticate and says "No existing session")
+                    raise NoBanner(f"timed out after {self.connect_timeout:g} s waiting for the SSH banner: the "
+                                   f"port accepts connections but nothing there speaks SSH (is {host.port} its "
+                                   "sshd's port?)") from exc
                 raise
         return conn
 
@@ -189,6 +194,8 @@ class Cluster:
 
     def _reason(self, exc: BaseException) -> str:
         """Why a try failed, in words: a timeout says so and how long it waited."""
+        if isinstance(exc, NoBanner):
+            return str(exc)
         if timed_out(exc):
             return f"timed out after {self.connect_timeout:g} s"
         return first_line(exc)

@@ -9,6 +9,18 @@ class HostUnreachable(Exception):
     """The host could not be connected to (or its transport is gone)."""
 
 
+class NoBanner(Exception):
+    """The TCP connection was accepted and no SSH banner came back in time."""
+
+
+def no_banner(conn) -> bool:
+    """Whether a connection that failed never heard the server's SSH banner (its transport has
+    no remote version): something accepts connections on that port and does not speak SSH."""
+    client = getattr(conn, "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is not None and not getattr(transport, "remote_version", "")
+
+
 def causes(exc: BaseException | None):
     seen = 0
     while exc is not None and seen < 8:

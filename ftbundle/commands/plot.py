@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import UserError
@@ -14,6 +15,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from ..history import list_runs, read_metrics
     from ..plot import plot_png, plot_terminal
 
+    if args.output is not None:
+        writable_output(args.output)
     job, layout, cluster = history_source(args)
     try:
         rows = list_runs(job.name, layout.shared_dir, cluster, layout.hosts[0])
@@ -37,6 +40,26 @@ def cmd_plot(args: argparse.Namespace) -> int:
         plot_terminal(metrics, title=job.name)
         return 0
     out = args.output or "loss.png"
-    plot_png(metrics, out, title=job.name)
+    try:
+        plot_png(metrics, out, title=job.name)
+    except OSError as exc:
+        raise UserError(f"cannot write the plot: {exc.strerror or exc}", file=out, key="-o") from None
     print(f"wrote {out}")
     return 0
+
+
+def writable_output(path: str) -> None:
+    """Where ``-o`` writes: a file (or a new name) in a directory that exists and can be written.
+    Said before any run is read; a system directory (/proc, /sys) is no place for a PNG."""
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise UserError(f"{path} is a directory: name the PNG file (e.g. {os.path.join(path, 'loss.png')})",
+                        file=path, key="-o")
+    if not os.path.isdir(folder):
+        raise UserError(f"the directory {folder} does not exist: create it, or write the plot elsewhere",
+                        file=path, key="-o")
+    if folder == "/proc" or folder.startswith(("/proc/", "/sys/")) or folder == "/sys":
+        raise UserError(f"{folder} is a kernel file system, not a place for a file", file=path, key="-o")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"cannot write into {folder} (permission denied)", file=path, key="-o")

@@ -16,6 +16,7 @@ from . import ExportSpec, Resources
 from .shell import (
     RUN_NODE,
     directive_value,
+    time_value,
     environment,
     header,
     node_program_file,
@@ -70,7 +71,7 @@ def render(spec: ExportSpec, res: Resources, *, queue: str | None = None, time: 
              *resources(spec, res, torque),
              "#PBS -V"]
     if time:
-        lines.append(f"#PBS -l walltime={directive_value(time, '--time')}")
+        lines.append(f"#PBS -l walltime={time_value(time, 'pbs')}")
     if queue:
         lines.append(f"#PBS -q {directive_value(queue, '--partition')}")
     lines += [

@@ -48,6 +48,24 @@ def directive_value(value: str, flag: str) -> str:
     return value
 
 
+# Slurm's --time forms (sbatch(1)): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; and
+# UNLIMITED / INFINITE. PBS's walltime is [[HH:]MM:]SS (or seconds).
+SLURM_TIME_RE = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}(?::\d{1,2}(?::\d{1,2})?)?|"
+                           r"UNLIMITED|INFINITE|unlimited|infinite)$")
+PBS_TIME_RE = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2})$")
+
+
+def time_value(value: str, target: str) -> str:
+    """``--time`` as the target's scheduler reads it, or a UserError that shows its forms."""
+    if target == "pbs":
+        if not PBS_TIME_RE.match(value):
+            raise UserError(f"{value!r} is not a PBS walltime: [[HH:]MM:]SS, e.g. 24:00:00 or 3600", key="--time")
+    elif not SLURM_TIME_RE.match(value):
+        raise UserError(f"{value!r} is not a Slurm time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+                        "D-HH:MM:SS (e.g. 2-00:00:00 for two days), or UNLIMITED", key="--time")
+    return directive_value(value, "--time")
+
+
 def comment(text: str) -> str:
     """Any text as the rest of one comment line: a newline in a job or inventory value
     (a path, a warning) cannot start a line of code."""

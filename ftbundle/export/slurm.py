@@ -21,6 +21,7 @@ from . import ExportSpec, Resources
 from .shell import (
     RUN_NODE,
     directive_value,
+    time_value,
     environment,
     header,
     node_program_file,
@@ -78,7 +79,7 @@ def render(spec: ExportSpec, res: Resources, *, partition: str | None = None, ti
     if partition:
         where.append(f"#SBATCH --partition={directive_value(partition, '--partition')}")
     if time:
-        where.append(f"#SBATCH --time={directive_value(time, '--time')}")
+        where.append(f"#SBATCH --time={time_value(time, 'slurm')}")
     lines += [f"#SBATCH --job-name={directive_value(spec.name, 'name')}",
               *directives(spec, res, gres, *(groups[0][::2] if groups else ())), *where]
     lines += [

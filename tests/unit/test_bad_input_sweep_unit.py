@@ -313,6 +313,45 @@ def case_env_empty_path(tmp):
                                               "exit 127"]
 
 
+# ftbundle's own tracebacks, and values the inventory and the export hold (issue 45, items 2 and 3)
+def case_plot_into_proc(tmp):
+    job(tmp)
+    return ["plot", "job.yaml", "-o", "/proc/x.png"], ["/proc/x.png", "key '-o'", "a kernel file system"]
+
+
+def case_plot_into_a_missing_directory(tmp):
+    job(tmp)
+    return ["plot", "job.yaml", "-o", "nodir/sub/x.png"], ["nodir/sub/x.png", "key '-o'", f"{tmp}/nodir/sub does not exist"]
+
+
+def _inventory_job(tmp, host_vars: str):
+    (tmp / "hosts.yml").write_text(f"all:\n  children:\n    trainers:\n      hosts:\n        node0: {host_vars}\n")
+    return job(tmp, hosts="trainers", inventory="hosts.yml")
+
+
+def case_ansible_port_out_of_range(tmp):
+    _inventory_job(tmp, "{ansible_host: 10.0.0.1, ansible_port: 70000}")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/hosts.yml", "key 'ansible_port'", "node0 is 70000",
+                                              "1 to 65535"]
+
+
+def case_ansible_host_empty(tmp):
+    _inventory_job(tmp, "{ansible_host: ''}")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/hosts.yml", "key 'ansible_host'", "node0 is empty"]
+
+
+def case_export_time_forever(tmp):
+    job(tmp)
+    return ["export", "job.yaml", "--to", "slurm", "--nodes", "1", "--time", "forever"], [
+        "key '--time'", "'forever' is not a Slurm time limit", "D-HH:MM:SS"]
+
+
+def case_export_pbs_time_in_days(tmp):
+    job(tmp)
+    return ["export", "job.yaml", "--to", "pbs", "--nodes", "1", "--time", "2-00:00:00"], [
+        "key '--time'", "is not a PBS walltime"]
+
+
 CASES = {name[5:]: func for name, func in globals().items() if name.startswith("case_")}
 
 

@@ -1,0 +1,54 @@
+"""An SSH port that accepts connections and never answers (issue 45, item 3): the host is named
+with what happened, in one line ("timed out after N s waiting for the SSH banner: ... nothing there
+speaks SSH"), not paramiko's "No existing session", and paramiko's own logging ("Exception
+(client): Error reading SSH protocol banner" and its tracebacks) does not reach the terminal.
+A real TCP server on this machine, real paramiko; no containers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+
+from tests.support.helpers import REPO
+
+
+def silent_server() -> tuple[socket.socket, int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(server.accept()[0])  # accepted, and never a byte back
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+def test_a_port_that_never_answers_is_named_in_one_line_without_paramikos_traceback():
+    server, port = silent_server()
+    code = f"""
+import json
+from ftbundle.cluster import Cluster
+from ftbundle.inventory import Host
+host = Host(name="silent", address="127.0.0.1", port={port}, user=None, key_file=None, local=False,
+            known_hosts=None, proxy_jump=None, vars={{}})
+cluster = Cluster([host], connect_timeout=2, connect_tries=1).open()
+print(json.dumps(cluster.errors))
+"""
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stderr
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert errors == {"silent": f"cannot SSH to 127.0.0.1:{port}: timed out after 2 s waiting for the SSH banner: the "
+                                f"port accepts connections but nothing there speaks SSH (is {port} its sshd's port?)"}
+    assert "Exception (client)" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
