@@ -80,13 +80,21 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
     try:
         plan = json.loads(files.get(PLAN) or "null")
     except ValueError:
-        plan = None
+        plan = "broken"
     if not isinstance(plan, dict):
-        return None
+        # a directory that is not a run: named (never picked as the latest by status or logs)
+        m = _RUN_ID.match(run_id)
+        if m is None:
+            return None
+        state = ("no run: plan.json is not valid JSON" if plan == "broken" else
+                 "no run: no plan.json (refused or stopped before it was staged)")
+        return RunRow(run_id, m.group("job"), [], _start_of(run_id, {}), None, state, None, None, None)
     try:
         summary = json.loads(files.get(SUMMARY) or "{}")
     except ValueError:
-        summary = {}
+        summary = {"state": "summary.json is not valid JSON"}
+    if not isinstance(summary, dict):
+        summary = {"state": "summary.json holds no record"}
     hosts = [n["host"] for n in plan.get("nodes", [])]
     attempt = (files.get(ATTEMPT) or "1").strip()  # (the newest)
     if summary:
@@ -186,6 +194,7 @@ def read_run_files(cluster: Cluster | None, host: Host | None, runs_dir: str,
             directory = os.path.join(runs_dir, run_id)
             if not os.path.isdir(directory):
                 continue
+            out.setdefault(run_id, {})  # (an empty one too: `runs` names it)
             for name in os.listdir(directory):
                 if any(fnmatch.fnmatch(name, p) for p in patterns):
                     try:

@@ -71,6 +71,24 @@ def _read(cluster: Cluster, host: Host, path: str) -> str | None:
     return result.stdout if result.ok else None
 
 
+LATEST_TRIES = 5  # run directories tried, newest first, for a job's latest run
+
+
+def _plan_record(cluster: Cluster, host: Host, rundir: RunDir):
+    """A run's plan.json as a dict, or why there is none, in words."""
+    name = posixpath.basename(rundir.plan)
+    text = _read(cluster, host, rundir.plan)
+    if text is None:
+        return f"no {name} there (a start refused or stopped before its run directory was staged?)"
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        return f"its {name} is not valid JSON ({exc})"
+    if not isinstance(record, dict) or not isinstance(record.get("nodes"), list):
+        return f"its {name} holds no nodes"
+    return record
+
+
 def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | None, cluster: Cluster) -> RunRef:
     """The run `run_id`, or the job's latest run, read through ``hosts[0]`` (rank 0's host, or
     the first that answers)."""
@@ -81,13 +99,22 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
         mine = sorted(name for name in listing if pattern.match(name))
         if not mine:
             raise UserError(f"no run of job {job_name!r} in {runs}", key="--run")
-        run_id = mine[-1]
+        # the latest run that has a plan: a directory without one (a start refused or killed before
+        # it was staged) is named and passed over, never picked
+        for candidate in reversed(mine[-LATEST_TRIES:]):
+            record = _plan_record(cluster, hosts[0], RunDir.of(shared_dir, candidate))
+            if isinstance(record, dict):
+                run_id = candidate
+                break
+            print(f"ftbundle: passing over {candidate}: {record}", file=sys.stderr)
+        else:
+            raise UserError(f"no run of job {job_name!r} in {runs} has a readable plan (the last "
+                            f"{min(len(mine), LATEST_TRIES)} tried); name one with --run", key="--run")
     rundir = RunDir.of(shared_dir, run_id)
     run_dir = rundir.path
-    text = _read(cluster, hosts[0], rundir.plan)
-    if text is None:
-        raise UserError(f"no run {run_id!r} in {runs} (no {posixpath.basename(rundir.plan)} there)", key="--run")
-    record = json.loads(text)
+    record = _plan_record(cluster, hosts[0], rundir)
+    if not isinstance(record, dict):
+        raise UserError(f"run {run_id!r} in {runs}: {record}", key="--run")
     attempt_text = (_read(cluster, hosts[0], rundir.attempt) or "1").strip()
     try:
         attempts = attempts_said(json.loads(_read(cluster, hosts[0], rundir.attempts) or "[]"))
@@ -128,6 +155,19 @@ def node_states(ref: RunRef, cluster: Cluster) -> list[tuple[NodePlan, str, str]
     return parallel(ask, ref.nodes)
 
 
+def run_state(states: list[str]) -> tuple[str, bool]:
+    """(the run's state in a word or two, whether a node failed) from its nodes' states (node.sh
+    ``state``: running | exited N | stopped[: why] | unreachable | unknown). Pure."""
+    failed = any(state.startswith("exited") and state != "exited 0" for state in states)
+    if states and all(state == "exited 0" for state in states):
+        return "finished", failed
+    if any(state == "running" for state in states):
+        return ("running" if not failed else "failing"), failed
+    # a node that stopped its job by itself says why (node.sh: "stopped: launcher lost: ...")
+    why = next((state.split(":", 1)[1].strip() for state in states if state.startswith("stopped: ")), "")
+    return ("failed" if failed else (f"stopped: {why}" if why else "stopped")), failed
+
+
 STATUS_ROWS_MAX = 16  # more nodes than this: a row only for the nodes that are not fine
 
 
@@ -137,14 +177,7 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     states = node_states(ref, cluster)
     for line in format_status(ref, states):
         print(line, file=out)
-    failed = any(state.startswith("exited") and state != "exited 0" for _, state, _ in states)
-    if all(state == "exited 0" for _, state, _ in states):
-        summary = "finished"
-    elif any(state == "running" for _, state, _ in states):
-        summary = "running" if not failed else "failing"
-    else:  # a node that stopped its job by itself says why (node.sh: "stopped: launcher lost: ...")
-        why = next((state.split(":")[1].strip() for _, state, _ in states if state.startswith("stopped: ")), "")
-        summary = "failed" if failed else (f"stopped: {why}" if why else "stopped")
+    summary, failed = run_state([state for _, state, _ in states])
     stalled = _detached_stall(ref, cluster)
     if stalled:
         summary = "stalled"
@@ -424,6 +457,11 @@ def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:
     """Ask every node to stop (a request file on shared storage for their watchers, and a
     stop on each host), then report what is left."""
     out = out or sys.stderr
+    states = [state for _, state, _ in node_states(ref, cluster)]
+    if states and all(s.startswith(("exited", "stopped")) for s in states):
+        # over already: nothing to stop, and nothing written into its run directory
+        print(f"ftbundle: run {ref.run_id} is not running (state: {run_state(states)[0]}): nothing to stop", file=out)
+        return 0
     stage_files(cluster, ref.nodes[0].host, ref.run_dir, {STOP_REQUEST: "stop requested\n"})
 
     def stop(node: NodePlan) -> str:

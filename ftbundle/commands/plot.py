@@ -20,7 +20,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     job, layout, cluster = history_source(args)
     try:
         rows = list_runs(job.name, layout.shared_dir, cluster, layout.hosts[0])
-        wanted = args.run or ([rows[-1].run_id] if rows else [])
+        runs = [row for row in rows if row.hosts]  # (a directory without a plan is no run to plot)
+        wanted = args.run or ([runs[-1].run_id] if runs else [])
         if not wanted:
             raise UserError(f"no run of job {job.name!r} in {layout.shared_dir}/runs to plot", file=args.job)
         unknown = [r for r in wanted if r not in {row.run_id for row in rows}]

@@ -254,7 +254,7 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, v
         if ui is not None:
             ui.stop()
         _say(ui, f"error: {exc}; nothing was started")
-        return 1
+        return 2 if exc.refused else 1
     if code == 0:
         _say(ui, f"run {plan.run_id} started on all {plan.nnodes} node(s) and detached; follow it with\n"
                  f"  ftbundle status {job_file} --run {plan.run_id}\n"

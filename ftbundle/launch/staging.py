@@ -16,7 +16,15 @@ from .stall import collector_source, watcher_source
 
 
 class StagingError(RuntimeError):
-    """The run directory could not be written (nothing was started)."""
+    """The run directory could not be written (nothing was started). ``refused``: the shared
+    storage has less free space than a run needs (a refusal like the check's: exit 2)."""
+
+    def __init__(self, message: str, *, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
+
+
+NO_SPACE = 28  # the node program's `stage` refused: less free space than min_free_mb (ENOSPC's number)
 
 
 MIN_FREE_MB = 64  # a run is not started on a shared directory with less free space than this
@@ -44,7 +52,8 @@ def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, s
     except (HostUnreachable, TimeoutError) as exc:
         raise StagingError(f"could not write {directory} through {host.name}: {first_line(exc)}") from exc
     if not result.ok:
-        raise StagingError(f"could not write {directory} on {host.name}: {result.stderr.strip() or result.code}")
+        raise StagingError(f"could not write {directory} on {host.name}: {result.stderr.strip() or result.code}",
+                           refused=result.code == NO_SPACE and min_free_mb > 0)
 
 
 def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = (), *, detach: bool = False) -> None:

@@ -479,17 +479,19 @@ mode_stage() {  # DIR MIN_FREE_MB [LEFTOVER...]: create DIR, unpack the tar arch
   # Refused when DIR's filesystem has less than MIN_FREE_MB free. The files are unpacked
   # beside DIR's and renamed into place: whole, or not there (a full disk, a killed tar).
   # (5 processes: staging holds every node's start, so each one counts)
-  local dir=$1 min=$2 tmp=$1/.stage.$$ free; shift 2
-  mkdir -p -- "$tmp" || exit $?
+  local dir=$1 min=$2 tmp=$1/.stage.$$ free at; shift 2
   if [ "$min" -gt 0 ]; then
-    # the space df calls available: blocks free to users x their size (one process, not df|awk)
-    read -r -a free <<<"$(stat -f -c '%a %S' -- "$dir" 2>/dev/null)"
+    # the space df calls available: blocks free to users x their size (one process, not df|awk),
+    # read before anything is created: a refused start leaves no empty run directory behind
+    at=$dir
+    while [ ! -e "$at" ] && [ "${at%/*}" != "$at" ]; do at=${at%/*}; at=${at:-/}; done
+    read -r -a free <<<"$(stat -f -c '%a %S' -- "$at" 2>/dev/null)"
     if [ "${#free[@]}" = 2 ] && [ $((free[0] * free[1] / 1048576)) -lt "$min" ]; then
       echo "only $((free[0] * free[1] / 1048576)) MB free under $dir on $(hostname) (a run needs at least $min MB for its logs and records)" >&2
-      rm -rf -- "$tmp"
       exit 28
     fi
   fi
+  mkdir -p -- "$tmp" || exit $?
   { tar -xf - -C "$tmp" && mv -f -- "$tmp"/* "$dir"/; } || { rc=$?; rm -rf -- "$tmp"; exit "$rc"; }
   rmdir -- "$tmp"
   if [ $# -gt 0 ]; then rm -rf -- "$@"; fi

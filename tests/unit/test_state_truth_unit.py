@@ -1,0 +1,92 @@
+"""State that tells the truth (issue 45, item 4), on this machine (a local host: the node program
+runs as a process here): `stop` on a run that is over says so, exits 0 and writes nothing into its
+run directory (it printed "stopped" and wrote stop-requested); the run's state in words is one rule
+for `status` and `stop`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from ftbundle.rundir import STOP_REQUEST
+from ftbundle.runs import run_state
+from tests.support.helpers import REPO
+
+
+def ftb(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ftbundle", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_the_runs_state_in_words():
+    assert run_state(["exited 0", "exited 0"]) == ("finished", False)
+    assert run_state(["running", "exited 3"]) == ("failing", True)
+    assert run_state(["stopped: launcher lost: no ping for 10s", "exited 143"]) == ("failed", True)
+    assert run_state(["stopped: shared storage /x on n1 not answering for 30s", "stopped"]) == (
+        "stopped: shared storage /x on n1 not answering for 30s", False)
+    assert run_state(["running", "unreachable"]) == ("running", False)
+    assert run_state([]) == ("stopped", False)
+
+
+def test_stop_on_a_finished_run_says_so_and_writes_nothing(tmp_path):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "over", "nproc_per_node": 1, "shared_dir": str(tmp_path / "shared"), "check": False,
+        "train": {"command": "echo done"}}))
+    run = ftb(tmp_path, "run", "job.yaml")
+    assert run.returncode == 0, run.stdout + run.stderr
+    run_dir = next((tmp_path / "shared" / "runs").iterdir())
+    before = sorted(p.name for p in run_dir.iterdir())
+    stop = ftb(tmp_path, "stop", "job.yaml")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert f"run {run_dir.name} is not running (state: finished): nothing to stop" in stop.stderr, stop.stderr
+    assert "stopped" not in stop.stderr.replace("not running", "")
+    assert not (run_dir / STOP_REQUEST).exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == before
+    status = ftb(tmp_path, "status", "job.yaml")
+    assert status.returncode == 0 and "state: finished" in status.stdout, status.stdout + status.stderr
+
+
+def test_a_run_directory_without_a_plan_is_passed_over_and_named(tmp_path):
+    """An empty run directory and one with a broken plan.json, both newer than the good run:
+    `status` and `logs` without --run say they pass them over and show the good run; `runs`
+    lists them as what they are; --run naming one is refused with why (exit 2, no traceback)."""
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "kept", "nproc_per_node": 1, "shared_dir": str(tmp_path / "shared"), "check": False,
+        "train": {"command": "echo the good run"}}))
+    assert ftb(tmp_path, "run", "job.yaml").returncode == 0
+    runs = tmp_path / "shared" / "runs"
+    good = next(runs.iterdir()).name
+    (runs / "kept-20991231-235958-aaaa").mkdir()
+    (runs / "kept-20991231-235959-bbbb").mkdir()
+    (runs / "kept-20991231-235959-bbbb" / "plan.json").write_text('{"nodes": [')
+    status = ftb(tmp_path, "status", "job.yaml")
+    assert status.returncode == 0 and f"run {good}" in status.stdout and "state: finished" in status.stdout, \
+        status.stdout + status.stderr
+    assert "passing over kept-20991231-235959-bbbb: its plan.json is not valid JSON" in status.stderr, status.stderr
+    assert "passing over kept-20991231-235958-aaaa: no plan.json there" in status.stderr, status.stderr
+    logs = ftb(tmp_path, "logs", "job.yaml")
+    assert logs.returncode == 0 and "the good run" in logs.stdout, logs.stdout + logs.stderr
+    named = ftb(tmp_path, "status", "job.yaml", "--run", "kept-20991231-235959-bbbb")
+    assert named.returncode == 2 and "Traceback" not in named.stderr, named.stderr
+    assert "its plan.json is not valid JSON" in named.stderr, named.stderr
+    listing = ftb(tmp_path, "runs", "job.yaml")
+    assert listing.returncode == 0 and good in listing.stdout, listing.stdout + listing.stderr
+    lines = {line.split()[0]: line for line in listing.stdout.splitlines()[1:]}
+    assert "no run: no plan.json" in lines["kept-20991231-235958-aaaa"], listing.stdout
+    assert "no run: plan.json is not valid JSON" in lines["kept-20991231-235959-bbbb"], listing.stdout
+    assert "finished" in lines[good], listing.stdout
+
+
+def test_runs_json_says_a_broken_summary(tmp_path):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "sums", "nproc_per_node": 1, "shared_dir": str(tmp_path / "shared"), "check": False,
+        "train": {"command": "true"}}))
+    assert ftb(tmp_path, "run", "job.yaml").returncode == 0
+    run_dir = next((tmp_path / "shared" / "runs").iterdir())
+    (run_dir / "summary.json").write_text("{not json")
+    import json
+    rows = json.loads(ftb(tmp_path, "runs", "job.yaml", "--json").stdout)
+    assert rows[0]["state"] == "summary.json is not valid JSON", rows
