@@ -194,6 +194,7 @@ class HostFacts:
     workdir_ok: bool = True
     storage: dict[str, Storage] = field(default_factory=dict)
     port: dict[str, Any] | None = None
+    claim: dict[str, Any] | None = None  # what a run's check claimed here, or found held (remote/claims.py)
     datasets: list[dict] = field(default_factory=list)
     cpus: int | None = None  # the cores the probe's login may use
     paths: dict[str, str | None] = field(default_factory=dict)  # the job's files: None there, else why not
@@ -253,6 +254,7 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
             seen=tuple(s.get("seen") or ()), error=s.get("write_error") or s.get("create_error"),
             not_answering_s=s.get("not_answering_s"), slow=slow_reading(s.get("slow")))
     f.port = data.get("port")
+    f.claim = data.get("claim") if isinstance(data.get("claim"), dict) else None
     f.datasets = list(data.get("datasets") or [])
     f.cpus = data.get("cpus") if isinstance(data.get("cpus"), int) else None
     f.paths = dict(data.get("paths") or {})

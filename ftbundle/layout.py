@@ -243,3 +243,26 @@ def _docker_image(job: Job, hosts: list[Host]) -> str | None:
                         file=str(job.inventory or job.path), key="ftb_image")
     image = values.pop() if values else None
     return image if image and PINNED_IMAGE_RE.search(image) else None
+
+
+# A run's claims on its hosts (remote/claims.py: a second run on the same port or GPUs is refused
+# by its check): one directory on each host's own disk, one file per claimed thing.
+CLAIM_DIR = "/tmp/ftbundle-claims"
+CLAIM_GRACE_S = 60  # a claim holds this long before its run's job starts (the check, then the start)
+
+
+def claim_keys(layout: Layout, rank: int) -> list[str]:
+    """What host ``rank`` of a run claims: the master port on rank 0's host; the GPUs a GPU job
+    uses on every host (``gpu-I`` for each of its ``ftb_gpus``, else ``gpus``: all of them). A
+    CPU job (gpus_per_node: 0) claims only the port. This machine (a local host) claims nothing:
+    tests and the demo run side by side here on ports of their own. Pure."""
+    host = layout.hosts[rank]
+    if host.local:
+        return []
+    keys = [f"port-{layout.master_port}"] if rank == 0 else []
+    if layout.job.gpus_per_node != 0:
+        chosen = layout.host_gpus.get(host.name)
+        keys += [f"gpu-{g}" for g in chosen] if chosen else ["gpus"]
+    return keys
+
+

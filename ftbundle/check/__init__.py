@@ -31,12 +31,13 @@ from ..cluster import Cluster, first_line, parallel
 from ..facts import ClusterFacts, HostFacts, parse_facts
 from ..gpu_health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
 from ..inventory import Host
-from ..layout import Layout
+from ..layout import CLAIM_DIR, CLAIM_GRACE_S, Layout, claim_keys
 from ..plan import IMAGE_REF_FILE, shape_text
+from .claims import claim_check, claimed
 from .report import CheckReport, format_report, print_report
 from .rules import Check, evaluate, job_paths
 
-__all__ = ["Check", "CheckReport", "ClusterFacts", "HostFacts", "clean_up", "format_report", "print_report",
+__all__ = ["Check", "CheckReport", "ClusterFacts", "HostFacts", "claimed", "clean_up", "format_report", "print_report",
            "probe_hosts", "probe_spec", "remove_sentinels", "run_checks", "sentinel_cleanup"]
 
 PACKAGES = ("torch", "transformers", "llamafactory")
@@ -60,7 +61,7 @@ STORAGE_PATIENCE_S = 30
 
 # The probe is one program on stdin, written as files by concern (ftbundle/remote/): its parts in
 # this order, main (probe.py) last; the versions script (run by the job's interpreter) as a string.
-PROBE_PARTS = ("evidence.py", "probe_common.py", "probe_gpus.py", "probe_storage.py")
+PROBE_PARTS = ("evidence.py", "probe_common.py", "probe_gpus.py", "probe_storage.py", "claims.py")
 
 
 @cache
@@ -91,7 +92,7 @@ def probe_python(host: Host) -> str:
 
 
 def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int],
-               port_peers: int | None, create: bool = True) -> dict:
+               port_peers: int | None, create: bool = True, claim: bool = False) -> dict:
     """What host ``rank`` is asked (pure). ``token``: the sentinel name (None: no storage
     sentinels, a light probe); ``expect``: the ranks whose sentinels each host waits for;
     ``port_peers``: how many hosts rank 0 waits for on the master port (None: no port test);
@@ -135,6 +136,10 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
     wanted = job_paths(layout)
     if wanted:
         spec["paths"] = wanted
+    keys = claim_keys(layout, rank) if claim else []
+    if keys:  # (a run's check: its port and GPUs, claimed on the host: remote/claims.py)
+        spec["claim"] = {"dir": CLAIM_DIR, "run": layout.run_id, "keys": keys, "grace_s": CLAIM_GRACE_S,
+                         "arbiter": rank == 0}
     return spec
 
 
@@ -151,7 +156,7 @@ def sentinel_token(layout: Layout) -> str | None:
 
 
 def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: str | None = None,
-                on_progress: Callable[[int, int], None] | None = None) -> ClusterFacts:
+                on_progress: Callable[[int, int], None] | None = None, claim: bool = False) -> ClusterFacts:
     """Every host's facts, asked at once. ``full``: also the master port, and the storage
     sentinels named ``token`` (the check); otherwise only what the plan needs (``--no-check``
     with ``auto``)."""
@@ -170,7 +175,7 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
             if host.name in cluster.errors:
                 return HostFacts(host.name, rank, error=cluster.errors[host.name])
             spec = probe_spec(layout, rank, token=token, expect=reachable if sentinels else [rank],
-                              port_peers=port_peers, create=full)
+                              port_peers=port_peers, create=full, claim=claim and full)
             try:
                 result = cluster.run(host, probe_argv(host, json.dumps(spec)), stdin=probe_source(),
                                      timeout=PROBE_TIMEOUT_S)
@@ -231,14 +236,14 @@ def clean_up(cluster: Cluster, leftovers: list[tuple[Host, list[str]]], timeout:
 
 def run_checks(layout: Layout, cluster: Cluster, *, nproc_per_node: int | None = None,
                on_progress: Callable[[int, int], None] | None = None,
-               keep_sentinels: bool = False) -> tuple[CheckReport, ClusterFacts]:
+               keep_sentinels: bool = False, claim: bool = False) -> tuple[CheckReport, ClusterFacts]:
     """Ask every host whether they are alike and ready: (the report, the facts). Starts
     nothing; leaves nothing behind but the shared directory it created (and, with
     ``keep_sentinels``, the sentinels for the caller to remove, e.g. as it stages)."""
     started = time.monotonic()
     token = sentinel_token(layout)
     try:
-        facts = probe_hosts(layout, cluster, full=True, token=token, on_progress=on_progress)
+        facts = probe_hosts(layout, cluster, full=True, token=token, on_progress=on_progress, claim=claim)
     except KeyboardInterrupt:  # a moment for the sentinels, not more: Ctrl-C must be quick
         remove_sentinels(layout, cluster, token, list(layout.hosts), timeout=1)
         raise
@@ -246,8 +251,9 @@ def run_checks(layout: Layout, cluster: Cluster, *, nproc_per_node: int | None =
         clean_up(cluster, sentinel_cleanup(layout, facts))
     nproc = nproc_per_node if nproc_per_node is not None else (
         layout.job.nproc_per_node if isinstance(layout.job.nproc_per_node, int) else None)
+    claims = claim_check(layout, facts)
     report = CheckReport(
-        checks=evaluate(layout, facts, nproc),
+        checks=evaluate(layout, facts, nproc) + ([claims] if claims is not None else []),
         seconds=time.monotonic() - started,
         title=(f"ftbundle check: job {layout.job.name}, {_shape(layout)}, "
                f"master {layout.master_addr}:{layout.master_port}"),

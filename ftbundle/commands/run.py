@@ -47,15 +47,15 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None):
     facts = None
     leftovers: tuple[str, ...] = ()
     if check:
-        from ..check import clean_up, print_report, run_checks, sentinel_cleanup
+        from ..check import claimed, clean_up, print_report, run_checks, sentinel_cleanup
 
-        report, facts = run_checks(layout, cluster, keep_sentinels=True,
+        report, facts = run_checks(layout, cluster, keep_sentinels=True, claim=True,
                                    on_progress=ui.checking if ui is not None else None)
         if ui is not None:
             ui.stop()
         sentinels = sentinel_cleanup(layout, facts)
-        if not report.ok:
-            clean_up(cluster, sentinels)
+        if not report.ok:  # (the claims this run took on its hosts go with its sentinels)
+            clean_up(cluster, sentinels + claimed(layout, facts))
             print_report(report, sys.stderr)
             raise UserError(f"{len(report.failures)} problem(s) found on the hosts before launch (see above); "
                             "nothing was started. Fix them, or set 'check: false' in the job to skip the check",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from .. import protocol, shipped
 from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
 from ..job import MIN_SECRET_LEN, is_secret
+from ..layout import CLAIM_DIR
 from ..plan import NodePlan, Plan
 from ..protocol import env_payload
 from ..rundir import NodeFiles
@@ -90,6 +91,7 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STOP_GRACE": str(STOP_GRACE_S),
         "FTB_STALE": str(DETACHED_STALE_S),
         "FTB_DETACH": "1" if detach else "0",
+        "FTB_CLAIM_DIR": CLAIM_DIR,  # the run's claims on each host (remote/claims.py), released at its end
         # the detached watcher's program, staged beside the run's files (remote/watch.py; launch/staging.py)
         "FTB_WATCHER_PROGRAM": plan.rundir.watcher_program if detach else "",
         "FTB_PROGRESS_FILES": " ".join(progress_globs(plan, node)) if plan.stall_timeout else "",  # (.stall)

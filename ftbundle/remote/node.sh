@@ -278,6 +278,8 @@ mode_node() {
   FTB_JOB=$FTB_MARKER setsid bash -c "$BASH_EXECUTION_STRING" ftb job "$@" </dev/null >/dev/null 2>&1 &
   local pid=$!
   echo "$pid $FTB_MARKER $(hostname)" >"$FTB_PIDFILE"
+  # the run's claims on this host hold while its job runs (remote/claims.py): marked started
+  [ ! -d "${FTB_CLAIM_DIR:-}" ] || { : >"$FTB_CLAIM_DIR/${FTB_RUN_DIR##*/}.started"; } 2>/dev/null
   # (a GPU host: a failed run's summary reads its kernel log for Xids, ftb_xids; a lookup, no process)
   if command -v nvidia-smi >/dev/null 2>&1; then echo "ftb-gpu" >&2; fi
   echo "ftb-pid $pid" >&2
@@ -360,7 +362,16 @@ mode_node() {
   if [ "$rc" != 0 ] && ftb_disk_full "$FTB_RUN_DIR"; then
     echo "ftbundle: no space left on the device under $FTB_RUN_DIR on $(hostname) (ENOSPC): the job's log and exit record may be cut" >&2
   fi
+  ftb_release
   exit "$rc"
+}
+
+ftb_release() {  # the run's claims on this host (remote/claims.py: KEY@RUN), once its job is over here
+  local run=${FTB_RUN_DIR##*/} f
+  [ -d "${FTB_CLAIM_DIR:-}" ] || return 0
+  local -a mine=()
+  for f in "$FTB_CLAIM_DIR"/*@"$run" "$FTB_CLAIM_DIR/$run.started"; do [ ! -e "$f" ] || mine+=("$f"); done
+  [ "${#mine[@]}" = 0 ] || rm -f -- "${mine[@]}"
 }
 
 mode_state() {  # MARKER EXITFILE LOG STOPPEDFILE: running | exited N | stopped[: why], then the log's last line

@@ -47,6 +47,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .probe_common import guarded, have, last_line, pauses, run, which
     from .probe_gpus import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY, gpus, health  # noqa: F401 (tests)
     from .probe_storage import StorageReport, cleanup, storage_apart
+    from .claims import claim
 
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "versions.py")) as f:
         VERSIONS_PY = f.read()  # (shipped: a line of its own, probe_source)
@@ -438,7 +439,8 @@ def main():
         return
     report = StorageReport(spec, *storage_apart(spec, started)) if spec.get("storage") else None
     # the slowest first (it starts the job's interpreter): its head start is the round's
-    tasks = ([versions] if spec.get("python") else []) + [system, env_view, port, gpus, health, image]
+    tasks = (([versions] if spec.get("python") else []) + [system, env_view, port, gpus, health, image]
+             + ([claim] if spec.get("claim") else []))
     threads = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
                for t in tasks]
     for t in threads:

@@ -47,7 +47,8 @@ import time
 
 if __package__:  # imported (tests); shipped, the parts' texts come before this one (launch/stall.py WATCH_PARTS)
     from .stallclock import StallClock
-    from .watch_host import Host, Task, Worker, append, environ_of, read_text, write_plain, write_whole
+    from .watch_host import (Host, Task, Worker, append, environ_of, read_text, release_claims, write_plain,
+                             write_whole)
     from .watch_rules import (MOVED, Follower, Referee, first_line, observe_progress,  # noqa: F401 (tests)
                               progress_value, waiting_for_step, wildcard)
 
@@ -147,6 +148,7 @@ class Watcher:
             report = self.host.xids(int(time.monotonic() - self.started) + 60, self.up0).rstrip("\n")
             if report:
                 write_whole(self.path("FTB_XIDS_FILE"), report)
+            release_claims(self.path("FTB_CLAIM_DIR"), os.path.basename(self.path("FTB_RUN_DIR")))
         return beat
 
     def following(self):

@@ -211,3 +211,20 @@ def environ_of(pid):
             return f.read().split(b"\0")
     except OSError:
         return None
+
+
+def release_claims(directory, run):
+    """The run's claims on this host (remote/claims.py: KEY@RUN), once its job is over here (as
+    the node program's ftb_release does for an attached run). Local disk: no worker needed."""
+    if not directory or not run or not os.path.isdir(directory):
+        return
+    for name in os.listdir(directory):
+        if name.endswith("@" + run) or name == run + ".started":
+            _unlink(os.path.join(directory, name))
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
