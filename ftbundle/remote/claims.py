@@ -81,8 +81,10 @@ def take(directory, run, keys, grace_s, now=None, running="read", arbiter=True):
     with open(os.path.join(directory, CLAIMS_LOCK), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         names = [n for n in os.listdir(directory) if "@" in n and not n.endswith(".tmp")]
-        if running == "read":
-            running = running_runs()
+        others = any(not n.endswith("@" + run) for n in names) or \
+            any(n.endswith(".started") for n in os.listdir(directory))
+        if running == "read":  # (/proc is read only when another run left something here)
+            running = running_runs() if others else set()
         taken, stale = [], []
         for name in names:
             key, _, other = name.partition("@")
