@@ -164,6 +164,10 @@ def host_settings(job: Job, hosts: list[Host]) -> tuple[dict[str, int], dict[str
     source = str(job.inventory or job.path)
     nprocs = {h.name: n for h in hosts if (n := host_nproc(h, source)) is not None}
     gpus = {h.name: g for h in hosts if (g := host_gpus(h, source)) is not None}
+    if gpus and job.gpus_per_node == 0:
+        raise UserError(f"ftb_gpus is set for {', '.join(gpus)} in the inventory, and the job is a CPU job "
+                        "(gpus_per_node: 0): its ranks would see no GPU either way. Remove ftb_gpus, or set "
+                        "gpus_per_node to the GPUs each host's ranks use", file=str(job.path), key="gpus_per_node")
     if gpus and "CUDA_VISIBLE_DEVICES" in job.env:
         raise UserError(f"CUDA_VISIBLE_DEVICES is set for every host here, and ftb_gpus in the inventory for "
                         f"{', '.join(gpus)}: choose the GPUs in one place", file=str(job.path),

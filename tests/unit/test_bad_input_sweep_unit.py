@@ -352,6 +352,13 @@ def case_export_pbs_time_in_days(tmp):
         "key '--time'", "is not a PBS walltime"]
 
 
+def case_ftb_gpus_in_a_cpu_job(tmp):
+    _inventory_job(tmp, "{ansible_host: 10.0.0.1, ftb_gpus: '0,1'}")
+    (tmp / "job.yaml").write_text((tmp / "job.yaml").read_text() + "gpus_per_node: 0\n")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/job.yaml", "key 'gpus_per_node'", "ftb_gpus is set for node0",
+                                              "a CPU job"]
+
+
 CASES = {name[5:]: func for name, func in globals().items() if name.startswith("case_")}
 
 
