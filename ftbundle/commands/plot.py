@@ -34,7 +34,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
             cluster.close()
     missing = [r for r in wanted if r not in metrics]
     if len(missing) == len(wanted):
-        raise UserError(f"run {missing[0]} has no training metrics (metrics.jsonl) to plot", key="--run")
+        # (the key only when the user named the run: a flag never given is not to blame)
+        raise UserError(f"run {missing[0]} has no training metrics (metrics.jsonl) to plot: its trainer logged no "
+                        "step (logging_steps above the steps it trained?)", key="--run" if args.run else None)
     for run_id in missing:
         say(f"run {run_id} has no training metrics; left out")
     if args.output is None and sys.stdout.isatty():

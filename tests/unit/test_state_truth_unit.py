@@ -90,3 +90,15 @@ def test_runs_json_says_a_broken_summary(tmp_path):
     import json
     rows = json.loads(ftb(tmp_path, "runs", "job.yaml", "--json").stdout)
     assert rows[0]["state"] == "summary.json is not valid JSON", rows
+
+
+def test_plot_of_a_run_without_metrics_blames_no_flag_never_given(tmp_path):
+    """The newcomer walk: `plot` after a run that logged no step said "key '--run'" (never given)."""
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "quiet", "nproc_per_node": 1, "shared_dir": str(tmp_path / "shared"), "check": False,
+        "train": {"command": "true"}}))
+    assert ftb(tmp_path, "run", "job.yaml").returncode == 0
+    plot = ftb(tmp_path, "plot", "job.yaml", "-o", "loss.png")
+    assert plot.returncode == 2 and "--run" not in plot.stderr and "has no training metrics" in plot.stderr, \
+        plot.stderr
+    assert "logging_steps" in plot.stderr
