@@ -263,7 +263,9 @@ def test_init_gpus_0_makes_a_cpu_job_for_servers(tmp_path, capsys):
     assert job["env"]["HF_HUB_OFFLINE"] == 1  # a model given as a path: no hub
     assert train["use_cpu"] is True and train["ddp_backend"] == "gloo"
     assert not {"bf16", "fp16"} & set(train)
-    assert "= 4 x 4 x 1 x 2 = 32" in (target / "train.yaml").read_text()
+    # its example trains and logs as written: a batch that fits the 3 example samples, every step logged
+    assert "= 1 x 1 x 1 x 2 = 2" in (target / "train.yaml").read_text() and train["logging_steps"] == 1
+    assert len(json.loads((target / "data" / "example.json").read_text())) >= 2
     out = capsys.readouterr().out
     assert "FILL IN" in out and "ansible-playbook site.yml -i" in out  # the next steps, in order
     assert main(["init", "--dir", str(tmp_path / "neg"), "--gpus", "-1", "--yes"]) == 2
