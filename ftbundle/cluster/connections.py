@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from ..inventory import Host
-from .errors import HostUnreachable, NoBanner, first_line, no_banner, refused, timed_out
+from .errors import HostUnreachable, NoBanner, causes, first_line, no_banner, refused, timed_out
 from .fanout import parallel
 from .paramiko_fixes import hook_exec_answers, settle
 from .procs import ChannelProc, LocalProc, Proc, Result
@@ -153,7 +153,7 @@ class Cluster:
                 conn.open()  # on a ftbundle.ssh.LowLatencySocket: no 40 ms stalls on small messages
                 settle(conn.transport)
             except BaseException as exc:
-                silent = conn is not None and no_banner(conn)
+                silent = conn is not None and no_banner(conn) and not refused(exc)
                 if conn is not None:
                     _close_quietly(conn)
                 elif sock is not None:
@@ -198,6 +198,9 @@ class Cluster:
             return str(exc)
         if timed_out(exc):
             return f"timed out after {self.connect_timeout:g} s"
+        if refused(exc) and not any(isinstance(e, ConnectionRefusedError) for e in causes(exc)):
+            return (f"the server closed the connection before its SSH banner ({first_line(exc)}): an sshd "
+                    "at its MaxStartups or restarting does this")
         return first_line(exc)
 
     def reconnect(self, host: Host) -> bool:

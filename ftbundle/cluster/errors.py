@@ -15,10 +15,15 @@ class NoBanner(Exception):
 
 def no_banner(conn) -> bool:
     """Whether a connection that failed never heard the server's SSH banner (its transport has
-    no remote version): something accepts connections on that port and does not speak SSH."""
+    no remote version): something accepts connections on that port and does not speak SSH.
+    Not a connection the server reset or closed before its banner (an sshd at MaxStartups
+    does that): that is refused, worth another try."""
     client = getattr(conn, "client", None)
     transport = client.get_transport() if client is not None else None
-    return transport is not None and not getattr(transport, "remote_version", "")
+    if transport is None or getattr(transport, "remote_version", ""):
+        return False
+    saved = getattr(transport, "saved_exception", None)
+    return saved is None or not refused(saved)
 
 
 def causes(exc: BaseException | None):

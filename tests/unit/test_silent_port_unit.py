@@ -52,3 +52,48 @@ print(json.dumps(cluster.errors))
     assert errors == {"silent": f"cannot SSH to 127.0.0.1:{port}: timed out after 2 s waiting for the SSH banner: the "
                                 f"port accepts connections but nothing there speaks SSH (is {port} its sshd's port?)"}
     assert "Exception (client)" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def resetting_server() -> tuple[socket.socket, int]:
+    """Accepts and resets at once, as an sshd at its MaxStartups drops a connection before
+    its banner: refused (worth another try), not a port where nothing speaks SSH."""
+    import struct
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+
+    def accept():
+        while True:
+            try:
+                conn = server.accept()[0]
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # RST
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+def test_a_connection_reset_before_the_banner_is_refused_and_tried_again_not_called_silent():
+    server, port = resetting_server()
+    code = f"""
+import json
+from ftbundle.cluster import Cluster
+from ftbundle.cluster.errors import refused
+from ftbundle.inventory import Host
+host = Host(name="reset", address="127.0.0.1", port={port}, user=None, key_file=None, local=False,
+            known_hosts=None, proxy_jump=None, vars={{}})
+cluster = Cluster([host], connect_timeout=2, connect_tries=2).open()
+print(json.dumps(cluster.errors))
+"""
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stderr
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert list(errors) == ["reset"]
+    assert "speaks SSH" not in errors["reset"], errors
+    assert "closed the connection before its SSH banner" in errors["reset"] and "(2 tries)" in errors["reset"], errors
