@@ -20,10 +20,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     refuse_contradictions(job, layout, args.inventory)
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
         report, facts = run_checks(layout, cluster)
+        plan = make_plan(layout, facts) if report.ok else None
+        if plan is not None:
+            said = output_dir_check(plan, cluster)
+            if said is not None:
+                report.checks.append(said)
         print_report(report)
         if not report.ok:
             return EXIT_USAGE
-        plan = make_plan(layout, facts) if args.net or args.burn_in is not None else None
         failed = False
         net_figures = None
         if args.net:
@@ -39,3 +43,23 @@ def cmd_check(args: argparse.Namespace) -> int:
             burnin = run_burnin(plan, cluster, seconds=args.burn_in, slow_below=args.slow_below, net=net_figures)
             failed = failed or not burnin.ok
     return EXIT_USAGE if failed else 0
+
+
+def output_dir_check(plan, cluster):
+    """What `run` will find in a LlamaFactory job's output_dir, read on rank 0's host without
+    removing anything: a finished training fails the check as `run` refuses it; a checkpoint
+    to resume from is said. None for a fresh output_dir or a job that does not resume."""
+    from ..check.rules import Check
+    from ..launch.resume import FRESH_OR_OVERWRITE, finished_words, read_resume_state
+
+    state = read_resume_state(plan, cluster, look=True)
+    if state is None or not (state.finished or state.checkpoint):
+        return None
+    host = [plan.nodes[0].host.name]
+    notes = list(state.cleaned)
+    if state.finished:
+        return Check("output_dir holds a finished training", [(f"{state.output_dir}: finished", host)],
+                     failure="output_dir holds a finished training",
+                     details=[f"{finished_words(state)}: `run` would refuse it. Either {FRESH_OR_OVERWRITE}"],
+                     notes=notes, label="training")
+    return Check("training", [(state.announcement() or "", host)], notes=notes, label="training")

@@ -73,14 +73,16 @@ def parse_states(output_dir: str, last: str | None, text: str, cleaned: tuple[st
                        written_by=written_by, cleaned=cleaned)
 
 
-def read_resume_state(plan: Plan, cluster: Cluster, *, writer: bool = True) -> ResumeState | None:
+def read_resume_state(plan: Plan, cluster: Cluster, *, writer: bool = True, look: bool = False) -> ResumeState | None:
     """Rank 0's host's view of output_dir (an incomplete newest checkpoint is removed first,
-    as for restarts); None when the job does not resume by itself (not LlamaFactory, or
+    as for restarts; with ``look``, the check's, nothing is removed and ``cleaned`` says what a
+    run would remove); None when the job does not resume by itself (not LlamaFactory, or
     overwrite_output_dir / resume_from_checkpoint in its config)."""
     if not plan.resumes or not plan.checkpoint_dir:
         return None
     host = plan.nodes[0].host
-    result = cluster.run(host, node_argv("resume-point", plan.checkpoint_dir), timeout=30)
+    result = cluster.run(host, node_argv("resume-point", plan.checkpoint_dir, *(["look"] if look else [])),
+                         timeout=30)
     last = (result.stdout.strip().splitlines()[-1:] or [None])[0]
     cleaned = tuple(line for line in result.stderr.splitlines() if line.strip())
     states = cluster.run(host, ["bash", "-c", _READ_STATES, "ftb", plan.checkpoint_dir, last or "", _SEPARATOR],
@@ -103,12 +105,18 @@ def _writer(plan: Plan, cluster: Cluster) -> str | None:
     return mine[-1].run_id if mine else None
 
 
-def refuse_finished(state: ResumeState, job_path: str) -> None:
-    """A finished training is not trained again silently: exit 2 with the ways forward."""
+def finished_words(state: ResumeState) -> str:
+    """`output_dir X holds a finished training (step N of T), written by run R`."""
     by = f", written by run {state.written_by}" if state.written_by else ""
     at = f" (step {state.final_step} of {state.total})" if state.final_step is not None and state.total else ""
-    raise UserError(
-        f"output_dir {state.output_dir} holds a finished training{at}{by}; nothing is left to train and "
-        "nothing was started. Either give the LlamaFactory config a fresh output_dir, or set "
-        "'overwrite_output_dir: true' in it to train again from the start over the old results",
-        file=job_path, key="train.llamafactory output_dir")
+    return f"output_dir {state.output_dir} holds a finished training{at}{by}"
+
+
+FRESH_OR_OVERWRITE = ("give the LlamaFactory config a fresh output_dir, or set 'overwrite_output_dir: true' "
+                      "in it to train again from the start over the old results")
+
+
+def refuse_finished(state: ResumeState, job_path: str) -> None:
+    """A finished training is not trained again silently: exit 2 with the ways forward."""
+    raise UserError(f"{finished_words(state)}; nothing is left to train and nothing was started. Either "
+                    f"{FRESH_OR_OVERWRITE}", file=job_path, key="train.llamafactory output_dir")

@@ -14,7 +14,7 @@
 #                  fencing before a restart); exit 0 when none is left
 #   state MARKER EXITFILE LOG STOPPEDFILE  a node's state and last log line (`ftbundle status`)
 #   follow MARKER LOG LINES       a node's log until its job ends (`ftbundle logs -f`)
-#   resume-point DIR              the newest complete checkpoint-N (restarts)
+#   resume-point DIR [look]       the newest complete checkpoint-N (restarts; look: remove nothing)
 #   stage DIR MIN_FREE_MB [LEFTOVER...]
 #                                 unpack a tar archive from stdin into DIR (the run dir)
 #
@@ -465,21 +465,29 @@ mode_tail_ranks() {  # LINES FOLLOW MARKER LOG RANKS_DIR STORAGE LOCAL...: for e
   exit $?
 }
 
-mode_resume_point() {  # DIR: drop an incomplete newest checkpoint, print the newest complete one
+mode_resume_point() {  # DIR [look]: drop an incomplete newest checkpoint, print the newest complete
+  # one; with `look` (the check) nothing is removed: what a run would remove is said
   local last
   last=$(ftb_newest_checkpoint "$1")
   if [ -n "$last" ] && [ ! -e "$1/$last/trainer_state.json" ]; then
+    if [ "${2:-}" = look ]; then
+      echo "incomplete checkpoint $last: the run removes it" >&2
+      ftb_newest_checkpoint "$1" complete
+      exit 0
+    fi
     rm -rf -- "${1:?}/$last"; echo "removed incomplete checkpoint $last" >&2
   fi
   ftb_newest_checkpoint "$1"
   exit 0
 }
 
-ftb_newest_checkpoint() {  # DIR: the name of its checkpoint-N with the highest N (nothing when none)
+ftb_newest_checkpoint() {  # DIR [complete]: the name of its checkpoint-N with the highest N (nothing
+  # when none); with `complete`, of those holding a trainer_state.json
   local f n best=-1 name=""
   for f in "$1"/checkpoint-*; do
     n=${f##*/checkpoint-}
     [[ $n =~ ^[0-9]+$ ]] || continue
+    [ "${2:-}" != complete ] || [ -e "$f/trainer_state.json" ] || continue
     if [ "$((10#$n))" -gt "$best" ]; then best=$((10#$n)); name=${f##*/}; fi
   done
   [ -z "$name" ] || echo "$name"

@@ -38,10 +38,26 @@ def test_a_finished_training_is_refused_and_a_checkpoint_is_resumed_and_counted_
     assert "a fresh output_dir" in again.stderr and "overwrite_output_dir: true" in again.stderr
     assert [p.name for p in (shared / "runs").iterdir()] == [first_run]  # nothing started, nothing staged
     assert job_processes(cluster) == {}
+    # `check` refuses what `run` would (issue 45 item 6: it passed, then run refused)
+    checked = ftbundle("check", str(job), timeout=120)
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert (f"output_dir {output} holds a finished training (step 20 of 20), written by run {first_run}: "
+            "`run` would refuse it" in checked.stdout), checked.stdout
+    assert "overwrite_output_dir: true" in checked.stdout
+    assert [p.name for p in (shared / "runs").iterdir()] == [first_run]
 
     # back to step 10: the final state and the newest checkpoint gone, as if the run had died there
     (output / "trainer_state.json").unlink()
     shutil.rmtree(output / "checkpoint-20")
+    # the check says where the run will start, and removes nothing (a half-written checkpoint is the run's to remove)
+    (output / "checkpoint-30").mkdir()
+    checked = ftbundle("check", str(job), timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"resuming from checkpoint-10 of 20 in {output} (written by run {first_run}): step 10 onwards" \
+        in checked.stdout, checked.stdout
+    assert "incomplete checkpoint checkpoint-30: the run removes it" in checked.stdout, checked.stdout
+    assert (output / "checkpoint-30").is_dir()
+    (output / "checkpoint-30").rmdir()
     resumed = ftbundle("run", str(job), "--no-check", timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     err = resumed.stderr
