@@ -9,6 +9,7 @@ of the answers (:func:`render`), so what is written is what the tests read back.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,7 @@ def render_inventory(a: Answers) -> str:
         "# `ftbundle run job.yaml` launches on them. Fill in each line marked FILL IN (uncomment it and",
         "# put your value); docs/quickstart-servers.md walks through it. Then:",
         "#   ansible-playbook site.yml -i inventory.yml && ftbundle check job.yaml && ftbundle run job.yaml",
+        "# (site.yml and ansible.cfg are in the ftbundle checkout: `ftbundle init` printed the command in full)",
         "all:",
         "  vars:",
         f"    ftb_shared_dir: {a.shared_dir}     # the shared storage, at this path on every host (job's shared_dir)",
@@ -277,5 +279,20 @@ def run_init(args) -> int:
     else:
         inventory = os.path.relpath(directory / "inventory.yml")
         print(f"next: fill in the lines marked FILL IN in {inventory} (docs/quickstart-servers.md), then\n"
-              f"  ansible-playbook site.yml -i {inventory}\n  ftbundle check {job}\n  ftbundle run {job}")
+              f"  {provision_command(inventory)}\n  ftbundle check {job}\n  ftbundle run {job}")
     return 0
+
+
+def provision_command(inventory: str, cwd: Path | None = None) -> str:
+    """The site.yml command for this inventory, as it runs from where the user is: the
+    checkout's site.yml and its ansible.cfg (Ansible reads ansible.cfg from the working
+    directory only: from elsewhere, every run warned of discovered interpreters and ran
+    5 forks); relative paths when the user stands in the checkout."""
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / "site.yml").is_file():  # not a checkout (a wheel): the docs' form
+        return f"ansible-playbook site.yml -i {inventory}"
+    here = (cwd or Path.cwd()).resolve()
+    if here == checkout:
+        return f"ansible-playbook site.yml -i {inventory}"
+    cfg, site = checkout / "ansible.cfg", checkout / "site.yml"
+    return f"ANSIBLE_CONFIG={shlex.quote(str(cfg))} ansible-playbook {shlex.quote(str(site))} -i {inventory}"

@@ -45,13 +45,15 @@ class Walk:
     def __init__(self, cwd: Path):
         self.cwd = cwd
         self.times: list[tuple[str, float]] = []
+        self.provision: tuple[str, Path] | None = None  # the site.yml command init printed, and where
 
-    def __call__(self, label: str, argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    def __call__(self, label: str, argv: list[str], timeout: float = 900,
+                 cwd: Path | None = None) -> subprocess.CompletedProcess:
         started = time.monotonic()
-        proc = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True, timeout=timeout,
+        # no ANSIBLE_CONFIG of the test's own: the project's ansible.cfg is read only as init's command says
+        proc = subprocess.run(argv, cwd=cwd or self.cwd, capture_output=True, text=True, timeout=timeout,
                               env={"PATH": f"{BIN}:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(self.cwd),
-                                   "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0",
-                                   "LANG": "C.UTF-8"})
+                                   "ANSIBLE_FORCE_COLOR": "0", "LANG": "C.UTF-8"})
         took = time.monotonic() - started
         self.times.append((label, took))
         print(f"day zero: {label}: {took:.1f} s (exit {proc.returncode})")
@@ -61,8 +63,10 @@ class Walk:
         return self(label, [str(BIN / "ftbundle"), *args], timeout=timeout)
 
     def site(self, label: str) -> subprocess.CompletedProcess:
-        return self(label, [str(BIN / "ansible-playbook"), str(REPO / "site.yml"), "-i", "inventory.yml"],
-                    timeout=1800)
+        """The site.yml command exactly as `init` printed it."""
+        assert self.provision is not None, "init printed no site.yml command"
+        command, where = self.provision
+        return self(label, ["bash", "-c", command], timeout=1800, cwd=where)
 
 
 def out(proc: subprocess.CompletedProcess, n: int = 6000) -> str:
@@ -115,7 +119,13 @@ def test_a_newcomer_gets_from_init_to_a_finished_run_on_two_fresh_servers(server
     assert proc.returncode == 0, out(proc)
     assert "fill in the lines marked FILL IN" in proc.stdout and "docs/quickstart-servers.md" in proc.stdout
     assert f"copy it to {shared}/data" in proc.stdout, out(proc)
-    walk.cwd = project
+    # the next step's command, as printed: from outside the checkout it names the checkout's
+    # site.yml and ansible.cfg (without it, Ansible's defaults: interpreter warnings, 5 forks)
+    (command,) = [line.strip() for line in proc.stdout.splitlines() if "ansible-playbook" in line]
+    assert command == (f"ANSIBLE_CONFIG={REPO / 'ansible.cfg'} ansible-playbook {REPO / 'site.yml'} "
+                       "-i project/inventory.yml"), proc.stdout
+    walk.provision = (command, work)
+    assert "ftbundle check project/job.yaml" in proc.stdout and "ftbundle run project/job.yaml" in proc.stdout
     inventory = project / "inventory.yml"
     # what only a test host needs (see the module's docstring)
     add_var(inventory, f"ansible_ssh_private_key_file: {cluster.key_file}")
@@ -169,28 +179,30 @@ def test_a_newcomer_gets_from_init_to_a_finished_run_on_two_fresh_servers(server
     proc = walk.site("site.yml")
     assert proc.returncode == 0, out(proc, 12000)
     assert "failed=0" in proc.stdout and "all 2 hosts alike" in proc.stdout, out(proc)
+    # the project's ansible.cfg was read (interpreter_python = auto_silent): no warning per host
+    assert "discovered Python interpreter" not in proc.stdout + proc.stderr, out(proc)
 
     # 7. the data and the model on the shared storage, as init said
     shutil.copytree(project / "data", shared / "data")
     place_tiny_model(shared / "tiny-llama")
 
     # 8. check: the image's LlamaFactory shown beside torch, everything passes
-    proc = walk.ftbundle("ftbundle check", "check", "job.yaml", timeout=600)
+    proc = walk.ftbundle("ftbundle check", "check", "project/job.yaml", timeout=600)
     assert proc.returncode == 0, out(proc)
     assert re.search(r"image\s+.*train-lf@sha256:[0-9a-f]{64} \(ID sha256:[0-9a-f]+\) python=3\.11\.\d+ "
                      r"torch=2\.13\.0\S* transformers=\S+ llamafactory=0\.9\.5", proc.stdout), out(proc)
 
     # 9. run: a real LoRA on the CPU, 2 servers x 1 rank, in the pinned image
-    proc = walk.ftbundle("ftbundle run", "run", "job.yaml", timeout=1200)
+    proc = walk.ftbundle("ftbundle run", "run", "project/job.yaml", timeout=1200)
     assert proc.returncode == 0, out(proc, 12000)
     assert "world size 2" in proc.stdout + proc.stderr or "2 host(s)" in proc.stderr, out(proc)
     adapter = list((shared / "output" / project.name).glob("adapter_model.safetensors"))
     assert adapter, out(proc)
 
     # 10. runs: the run listed, finished, with its final loss (the table, and --json for the values)
-    proc = walk.ftbundle("ftbundle runs", "runs", "job.yaml", timeout=300)
+    proc = walk.ftbundle("ftbundle runs", "runs", "project/job.yaml", timeout=300)
     assert proc.returncode == 0 and "FINAL LOSS" in proc.stdout, out(proc)
-    [run] = json.loads(walk.ftbundle("ftbundle runs --json", "runs", "job.yaml", "--json", timeout=300).stdout)
+    [run] = json.loads(walk.ftbundle("ftbundle runs --json", "runs", "project/job.yaml", "--json", timeout=300).stdout)
     assert run["state"] == "finished" and run["exit_code"] == 0, run
     assert isinstance(run["final_loss"], float), run  # never `-`: train_loss when no step was logged
     assert f"{run['final_loss']:.4f}" in proc.stdout, proc.stdout

@@ -428,3 +428,31 @@ def test_many_unreachable_hosts_are_folded_by_reason():
     few = Cluster(hosts[:2], connect_tries=1)
     few.open()
     assert few.errors_said().count(f"root@127.0.0.1:{port}") == 2, few.errors_said()
+
+
+def test_inits_site_command_reads_the_projects_ansible_cfg_from_wherever_it_is_run(tmp_path):
+    """README said `cd myjob; ansible-playbook ../site.yml`: Ansible reads ansible.cfg from the
+    working directory only, so every run warned of discovered interpreters and ran 5 forks. The
+    command init prints names the checkout's ansible.cfg when the user is elsewhere, and the
+    Ansible it starts does read it (forks 16)."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ftbundle.init import provision_command
+    from tests.support.helpers import REPO
+
+    assert provision_command("myjob/inventory.yml", cwd=REPO) == "ansible-playbook site.yml -i myjob/inventory.yml"
+    command = provision_command("myjob/inventory.yml", cwd=tmp_path)
+    assert command == (f"ANSIBLE_CONFIG={REPO / 'ansible.cfg'} ansible-playbook {REPO / 'site.yml'} "
+                       "-i myjob/inventory.yml")
+    assignment = shlex.split(command)[0]
+    bindir = Path(sys.executable).parent
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    dump = [str(bindir / "ansible-config"), "dump", "--only-changed"]
+    name, _, value = assignment.partition("=")
+    read = subprocess.run(dump, cwd=tmp_path, env={**env, name: value}, capture_output=True, text=True, timeout=60)
+    plain = subprocess.run(dump, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert f"DEFAULT_FORKS({REPO / 'ansible.cfg'}) = 16" in read.stdout, read.stdout + read.stderr
+    assert "DEFAULT_FORKS" not in plain.stdout  # the check can fail: from elsewhere, Ansible's default
