@@ -229,8 +229,10 @@ def _load_with_ansible(inventory: str, pattern: str) -> list[Host]:
     loader = DataLoader()
     _vault_secrets(loader, inventory)
     try:
-        with _parse_failures() as failures:
+        with _parse_failures() as failures, _address_conflicts() as conflicts:
             manager = InventoryManager(loader=loader, sources=[inventory])
+        if conflicts:
+            raise UserError(_conflict_words(conflicts), file=inventory, key=conflicts[0][1])
         if not manager.list_hosts("all"):
             raise UserError(_why_no_hosts(inventory, failures), file=inventory)
         variables = VariableManager(loader=loader, inventory=manager)
@@ -288,6 +290,47 @@ INVENTORY_MAX_BYTES = 16 << 20
 # How a YAML inventory starts, and a minimal INI one: what the message shows as valid
 INVENTORY_EXAMPLE = ("a YAML mapping (all: {children: {trainers: {hosts: {gpu-0: {ansible_host: 10.0.0.10}}}}}) "
                      "or INI ([trainers] then one host per line: gpu-0 ansible_host=10.0.0.10)")
+
+
+# A host's variables that say which machine it is and how it is reached: one host defined twice
+# (in two groups, or twice in one file) with two values of one of them is two machines under one
+# name, and Ansible keeps the last value in silence
+_ADDRESS_VARS = ("ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user",
+                 "ansible_ssh_user")
+
+
+@contextlib.contextmanager
+def _address_conflicts():
+    """The (host, variable, first value, later value) that Ansible's parsers set twice for
+    one host while the inventory is read: every parser (YAML, INI, script) sets a host's
+    variables through InventoryData.set_variable, which overwrites; seen there, one level
+    down, while the parse runs (restored after)."""
+    from ansible.inventory.data import InventoryData
+
+    original = InventoryData.set_variable
+    seen: dict[tuple[str, str], Any] = {}
+    conflicts: list[tuple[str, str, Any, Any]] = []
+
+    def set_variable(self, entity, varname, value):
+        if varname in _ADDRESS_VARS and entity in self.hosts and entity not in self.groups:
+            key = (entity, varname)
+            if key in seen and str(seen[key]) != str(value) and not any(c[:2] == key for c in conflicts):
+                conflicts.append((entity, varname, seen[key], value))
+            seen[key] = value
+        return original(self, entity, varname, value)
+
+    InventoryData.set_variable = set_variable
+    try:
+        yield conflicts
+    finally:
+        InventoryData.set_variable = original
+
+
+def _conflict_words(conflicts: list[tuple[str, str, Any, Any]]) -> str:
+    said = "; ".join(f"{host} is given {var} {first} and also {then}" for host, var, first, then in conflicts[:5])
+    return (f"a host defined twice with two different addresses: {said}. Ansible would keep the last one in silence "
+            "and train on one machine where two were meant: give each machine its own name (a host may be in "
+            "several groups with the same variables, or with its address set once)")
 
 
 @contextlib.contextmanager

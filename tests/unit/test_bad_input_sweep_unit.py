@@ -340,6 +340,15 @@ def case_ansible_host_empty(tmp):
     return ["run", "job.yaml", "--dry-run"], [f"{tmp}/hosts.yml", "key 'ansible_host'", "node0 is empty"]
 
 
+def case_inventory_host_twice_with_two_addresses(tmp):
+    (tmp / "hosts.yml").write_text("all:\n  children:\n    trainers:\n      hosts:\n        node0: {ansible_host: 10.0.0.1}\n"
+                                   "    spares:\n      hosts:\n        node0: {ansible_host: 10.0.0.2}\n")
+    job(tmp, hosts="trainers", inventory="hosts.yml")
+    return ["run", "job.yaml", "--dry-run"], [f"{tmp}/hosts.yml", "key 'ansible_host'",
+                                              "node0 is given ansible_host 10.0.0.1 and also 10.0.0.2",
+                                              "give each machine its own name"]
+
+
 def case_export_time_forever(tmp):
     job(tmp)
     return ["export", "job.yaml", "--to", "slurm", "--nodes", "1", "--time", "forever"], [

@@ -69,3 +69,29 @@ def test_a_vaulted_inventory_loads_with_its_password_and_is_never_cached(tmp_pat
         assert [h.name for h in hosts] == ["b", "a"] and hosts[0].vars["secret"] == secret
     cached = list(_cache_dir().glob("*.json")) if _cache_dir().exists() else []
     assert cached == [], [p.read_text()[:200] for p in cached]
+
+
+def test_a_host_in_two_groups_is_one_machine_unless_it_is_given_two_addresses(tmp_path, monkeypatch):
+    """A host in several groups is ordinary (trainers and a gpu group; its address set once, or the
+    same twice): loaded. The same name given two addresses (issue 45: Ansible kept the last in
+    silence) is refused naming both, in YAML and INI; the parser's set_variable is restored."""
+    import pytest
+    from ansible.inventory.data import InventoryData
+
+    from ftbundle.errors import UserError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    original = InventoryData.set_variable
+    same = tmp_path / "same.yml"
+    same.write_text("all:\n  children:\n    trainers:\n      hosts:\n        a: {ansible_host: 10.0.0.1}\n"
+                    "        b: {ansible_host: 10.0.0.2}\n    h100:\n      hosts:\n        a: {ansible_host: 10.0.0.1}\n"
+                    "        b:\n")
+    assert [(h.name, h.address) for h in load_hosts(same, "trainers")] == [("a", "10.0.0.1"), ("b", "10.0.0.2")]
+    ini = tmp_path / "two.ini"
+    ini.write_text("[trainers]\na ansible_host=10.0.0.1\n\n[spares]\na ansible_host=10.0.0.9 ansible_port=2222\n")
+    with pytest.raises(UserError) as caught:
+        load_hosts(ini, "trainers")
+    said = str(caught.value)
+    assert "a is given ansible_host 10.0.0.1 and also 10.0.0.9" in said and caught.value.key == "ansible_host", said
+    assert "ansible_port" not in said  # set once: no conflict
+    assert InventoryData.set_variable is original
