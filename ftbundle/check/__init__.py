@@ -151,8 +151,9 @@ def scale_s(hosts: int) -> float:
 
 def sentinel_token(layout: Layout) -> str | None:
     """The name of this check's sentinels; None where there is nothing to prove shared (one
-    host, or this machine alone)."""
-    return secrets.token_hex(4) if len(layout.hosts) > 1 and not layout.all_local else None
+    host, or this machine alone) and no output_dir to prove writable."""
+    shared = len(layout.hosts) > 1 and not layout.all_local
+    return secrets.token_hex(4) if shared or layout.checkpoint_dir else None
 
 
 def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: str | None = None,

@@ -9,66 +9,18 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .. import gpu_health as H
 from ..facts import ClusterFacts, HostFacts, bf16_capable, describe_gpus
+from ..facts import visible as visible_under
 from ..gpu_health import XID_WINDOW_S
 from ..hostlist import fold, fold_numbers
 from ..layout import Layout
 from ..remote.evidence import waits_in
+from .finding import Check, describe_groups, group_by_value, per_hosts
+from .storage_rules import check_output_dir, check_storage  # noqa: F401 (re-exported: the rules' names)
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-
-
-def group_by_value(values: dict[str, str]) -> list[tuple[str, list[str]]]:
-    """[(value, hosts)], the largest group first (ties: the group seen first), hosts in
-    the order given (rank order). The odd ones out come last."""
-    groups: dict[str, list[str]] = {}
-    for host, value in values.items():
-        groups.setdefault(value, []).append(host)
-    order = list(groups)
-    return sorted(groups.items(), key=lambda item: (-len(item[1]), order.index(item[0])))
-
-
-def describe_groups(groups: list[tuple[str, list[str]]]) -> str:
-    """`value on a, b; other on c`: a grouping on one line, for failure messages."""
-    return "; ".join(f"{value} on {fold(hosts)}" for value, hosts in groups)
-
-
-def per_hosts(items: list[tuple[str, object, Callable[[str], str]]]) -> list[str]:
-    """[(host, what, line(hosts))] -> one line per distinct ``what``, its hosts folded
-    (`node[3-5,9]`): 35 hosts with the same problem make one line, not 35."""
-    groups: dict[object, tuple[list[str], Callable[[str], str]]] = {}
-    for host, what, line in items:
-        groups.setdefault(what, ([], line))[0].append(host)
-    return [line(fold(hosts)) for hosts, line in groups.values()]
-
-
-@dataclass
-class Check:
-    """One line (or block) of the report: hosts grouped by value, and why it failed."""
-
-    name: str
-    groups: list[tuple[str, list[str]]]
-    failure: str | None = None  # e.g. "versions differ"
-    details: list[str] = field(default_factory=list)  # failure lines that name hosts
-    notes: list[str] = field(default_factory=list)  # worth saying, not a failure
-    warnings: list[str] = field(default_factory=list)  # worth acting on, not a failure
-    label: str = ""  # the name as shown, with its subject ("route to 10.0.0.1")
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-    def messages(self) -> list[str]:
-        """One self-contained line per failure, for CheckReport.failures."""
-        if self.ok:
-            return []
-        if self.details:
-            return [f"{self.name}: {d}" for d in self.details]
-        return [f"{self.failure}: {describe_groups(self.groups)}"]
 
 
 def _grouped(name: str, values: dict[str, str], failure: str | None = None) -> Check:
@@ -189,7 +141,8 @@ def check_training(facts: list[HostFacts], layout: Layout) -> Check | None:
 
 def job_paths(layout: Layout) -> dict[str, str]:
     """The files the job names that must be on every host before anything starts: the
-    script (script mode) and a base model given as a path (LlamaFactory), relative to the
+    script (script mode), a base model given as a path and a DeepSpeed JSON that is not
+    beside the config on this machine (LlamaFactory), relative to the
     workdir as the ranks will read them. With the docker runtime only what the container
     sees at the same path (the shared directory, the workdir) can be looked at from the host."""
     job = layout.job
@@ -199,14 +152,22 @@ def job_paths(layout: Layout) -> dict[str, str]:
     model = (layout.lf_config or {}).get("model_name_or_path")
     if isinstance(model, str) and model.startswith(("/", "./", "../")):
         named["model_name_or_path"] = model
+    ds = (layout.lf_config or {}).get("deepspeed")
+    if job.train.deepspeed_json is None and isinstance(ds, str) and ds.strip():
+        named["deepspeed"] = ds  # (not beside the config here: the ranks read it on the hosts)
     found = {}
     for key, path in named.items():
         path = posixpath.normpath(posixpath.join(layout.workdir, path))
-        if layout.docker and not any(path == d or path.startswith(d.rstrip("/") + "/")
-                                     for d in (layout.shared_dir, layout.workdir)):
-            continue  # in the image, perhaps: the container's own files are not the host's
-        found[key] = path
+        if host_sees(layout, path):  # (else in the image, perhaps: the container's own files are not the host's)
+            found[key] = path
     return found
+
+
+def host_sees(layout: Layout, path: str) -> bool:
+    """Whether the host's ``path`` is the one the ranks use: always with the host runtime; with
+    the docker runtime only under what is mounted at the same path (shared_dir, workdir)."""
+    return not layout.docker or any(path == d or path.startswith(d.rstrip("/") + "/")
+                                    for d in (layout.shared_dir, layout.workdir))
 
 
 def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | None) -> Check:
@@ -246,6 +207,15 @@ def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | Non
     else:
         fit += [f"nproc_per_node is auto but {h} has no GPU visible to the job; set ftb_nproc_per_node for it "
                 "in the inventory" for h in unknown]
+    for f in facts:  # an ftb_gpus entry that names no GPU of its host: CUDA ends the list there
+        wanted = layout.host_gpus.get(f.host)
+        if wanted and job.gpus_per_node != 0 and not f.gpu_error:
+            found = visible_under(f.gpus, ",".join(wanted))
+            if len(found) < len(wanted):
+                has = ("no GPU" if not f.gpus else "GPUs " + ",".join(g.index or str(i) for i, g in enumerate(f.gpus)))
+                fit.append(f"ftb_gpus of {f.host} is {','.join(wanted)} but {f.host} has {has}: "
+                           f"'{wanted[len(found)]}' names no GPU there (its ranks would see "
+                           f"{len(found)} of the {len(wanted)})")
     known = {h: r for h, r in ranks.items() if r is not None}
     if any(f.gpus for f in facts):
         for host, want in known.items():
@@ -274,10 +244,15 @@ def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | Non
 
         asks = {h: gpus_per_node(job, r if r is not None else nproc_per_node) for h, r in ranks.items()} \
             or {"": gpus_per_node(job, nproc_per_node)}
-        asked = (f"{next(iter(asks.values()))} GPU(s) per node" if len(set(asks.values())) == 1
-                 else "GPUs per node " + ", ".join(f"{n} on {h}" for h, n in asks.items()))
-        check.notes.append(f"an export requests {asked} (gpus_per_node: {job.gpus_per_node}); "
-                           "`ftbundle export --dry-run` shows cores and memory")
+        # said only where an export would differ from this run: GPUs requested for hosts where the
+        # run finds none and trains on CPUs (elsewhere it is the run's own count: nothing to say)
+        cpu_hosts = [h for h in counts if not counts[h] and asks.get(h, next(iter(asks.values()))) > 0]
+        if cpu_hosts:
+            asked = (f"{next(iter(asks.values()))} GPU(s) per node" if len(set(asks.values())) == 1
+                     else "GPUs per node " + ", ".join(f"{n} on {h}" for h, n in asks.items()))
+            check.notes.append(f"this run trains on CPUs on {fold(cpu_hosts)} (no GPUs there), while an export of "
+                               f"this job requests {asked} (gpus_per_node: {job.gpus_per_node}); set gpus_per_node: 0 "
+                               "to export a CPU job (`ftbundle export --dry-run` shows cores and memory)")
     if fit:
         if check.failure == "GPUs differ":
             check.details.append(f"GPUs differ: {describe_groups(check.groups)}")
@@ -416,42 +391,6 @@ def check_dirs(facts: list[HostFacts], layout: Layout) -> Check:
         seen = {host: value for value, hosts in check.groups for host in hosts}
         check.groups = group_by_value({f.host: "not answering" if f.shared.not_answering_s is not None
                                        else seen.get(f.host, "present") for f in facts})
-    return check
-
-
-def check_storage(facts: list[HostFacts], name: str, path: str, *, fail: bool) -> Check | None:
-    """Every host sees every other host's sentinel under ``path``: that, not a path, proves
-    the storage shared. ``fail``: a failure (shared_dir) or a warning (output_dir)."""
-    asked = [f for f in facts if name in f.storage and f.storage[name].written is not None]
-    if len(asked) < 2:
-        return None
-    writers = {f.rank: f.host for f in asked if f.storage[name].written}
-    values = {f.host: f"sees {fold(writers[r] for r in f.storage[name].seen if r in writers) or 'no sentinel'}"
-              for f in asked}
-    check = Check(name, group_by_value(values), label=f"{name} {path}")
-    found = []
-    for f in asked:
-        s = f.storage[name]
-        if not s.written:
-            found.append((f.host, ("write", s.where, s.error), lambda hosts, s=s: (
-                f"cannot write to {s.where or path} on {hosts}" + (f" ({s.error})" if s.error else ""))))
-            continue
-        missing = fold(host for rank, host in writers.items() if rank not in s.seen)
-        if missing:
-            found.append((f.host, ("unseen", missing, s.where), lambda hosts, missing=missing, s=s: (
-                f"{hosts} does not see the sentinel of {missing} in {s.where}")))
-    problems = per_hosts(found)
-    wheres = {f.storage[name].where for f in asked if f.storage[name].where}
-    if problems:
-        what = f"{name} {path} is not shared by all hosts"
-        if len(wheres) > 1:
-            problems.append(f"{path} (or its nearest existing parent) differs between hosts: {', '.join(sorted(wheres))}")
-        if fail:
-            check.failure = what
-            check.details = problems
-        else:
-            check.warnings += [what + ": checkpoints written there are lost with the node, and other nodes "
-                               "cannot resume from them"] + problems
     return check
 
 
@@ -596,5 +535,7 @@ def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) ->
         optional.append(check_storage(reached, "shared_dir", layout.shared_dir, fail=True))
         if layout.checkpoint_dir:
             optional.append(check_storage(reached, "output_dir", layout.checkpoint_dir, fail=False))
+    if layout.checkpoint_dir and host_sees(layout, layout.checkpoint_dir):
+        checks += [c for c in [check_output_dir(reached, layout.checkpoint_dir)] if c is not None]
     optional += [check_port(reached, layout), check_probe(reached)]
     return checks + [c for c in optional if c is not None]

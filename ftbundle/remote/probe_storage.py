@@ -164,6 +164,10 @@ def storage(spec, out, started):
         where = path if res["exists"] else nearest_existing(path) if item.get("nearest") else None
         if where is None or not token:
             continue
+        block = None if res["exists"] else file_in_the_way(path)
+        if block is not None:  # (a run's makedirs would fail there: nothing is written)
+            res.update(where=block, written=False, write_error="a file, not a directory")
+            continue
         sdir = os.path.join(where, f".ftb-check-{token}")
         res["where"] = where
         try:
@@ -194,6 +198,19 @@ def sees(path):
             return True
     except OSError:
         return False
+
+
+def file_in_the_way(path):
+    """The first thing on ``path`` (itself, or a parent) that exists and is not a directory:
+    what makes creating it fail; None when there is none."""
+    path = os.path.normpath(path)
+    while True:
+        if os.path.lexists(path):
+            return None if os.path.isdir(path) else path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
 
 
 def nearest_existing(path):

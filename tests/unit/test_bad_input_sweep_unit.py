@@ -340,6 +340,27 @@ def case_ansible_host_empty(tmp):
     return ["run", "job.yaml", "--dry-run"], [f"{tmp}/hosts.yml", "key 'ansible_host'", "node0 is empty"]
 
 
+def case_output_dir_under_proc(tmp):
+    (tmp / "shared").mkdir()  # (the check creates a missing shared_dir: here, only output_dir is wrong)
+    job(tmp, train=lf(tmp, output_dir="/proc/ftb/out"), runtime={"kind": "host", "python": sys.executable})
+    return ["run", "job.yaml"], ["LlamaFactory's output_dir /proc/ftb/out cannot be written",
+                                 "localhost: /proc is a kernel file system", "give output_dir (LlamaFactory config)"]
+
+
+def case_output_dir_is_a_file(tmp):
+    (tmp / "saves").write_text("")
+    (tmp / "shared").mkdir()
+    job(tmp, train=lf(tmp, output_dir=str(tmp / "saves" / "lora")), runtime={"kind": "host", "python": sys.executable})
+    return ["run", "job.yaml"], [f"LlamaFactory's output_dir {tmp}/saves/lora cannot be written",
+                                 f"localhost: {tmp}/saves: a file, not a directory"]
+
+
+def case_deepspeed_json_named_in_the_config_is_nowhere(tmp):
+    (tmp / "shared").mkdir()
+    job(tmp, train=lf(tmp, deepspeed="ds_z3.json"), runtime={"kind": "host", "python": sys.executable})
+    return ["run", "job.yaml"], [f"deepspeed {tmp}/ds_z3.json on localhost"]
+
+
 def case_inventory_host_twice_with_two_addresses(tmp):
     (tmp / "hosts.yml").write_text("all:\n  children:\n    trainers:\n      hosts:\n        node0: {ansible_host: 10.0.0.1}\n"
                                    "    spares:\n      hosts:\n        node0: {ansible_host: 10.0.0.2}\n")

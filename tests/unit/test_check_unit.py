@@ -425,11 +425,16 @@ def test_run_gives_the_ranks_the_gpus_per_node_the_job_asks_for(tmp_path):
     assert fits.failure is None, fits
     off = R.check_gpus(eight.reached, layout_of(tmp_path, nproc_per_node=2, gpus_per_node=0), 2)
     assert off.failure is None and any("a CPU job" in n for n in off.notes), off
-    # the check says what an export of this job would request (issue 21: "the check ... show")
-    assert "an export requests 0 GPU(s) per node (gpus_per_node: 0)" in " ".join(off.notes)
-    assert "an export requests 2 GPU(s) per node (gpus_per_node: 2)" in " ".join(fits.notes)
+    # what an export of this job would request (issue 21) is said only where it differs from the run
+    # (issue 45: on a run's check it was noise): not where the run uses the GPUs an export requests ...
     auto = R.check_gpus(eight.reached, layout_of(tmp_path, nproc_per_node="auto"), 8)
-    assert "an export requests 8 GPU(s) per node (gpus_per_node: auto)" in " ".join(auto.notes)
+    for same in (off, fits, auto):
+        assert not any("export" in n for n in same.notes), same.notes
+    # ... but where the run trains on CPUs (no GPUs there) and an export would ask a scheduler for GPUs
+    cpus = cluster_of(facts("node0", cpus=8), facts("node1", 1, cpus=8))
+    cpu = R.check_gpus(cpus.reached, layout_of(tmp_path, nproc_per_node=2), 2)
+    assert ("this run trains on CPUs on node[0-1] (no GPUs there), while an export of this job requests 2 GPU(s) "
+            "per node (gpus_per_node: auto); set gpus_per_node: 0 to export a CPU job") in " ".join(cpu.notes), cpu
 
 
 def test_docker_runtime_gets_the_gpus_and_infiniband_by_default(tmp_path):
@@ -468,7 +473,9 @@ def test_output_dir_warning_follows_the_storage_facts_not_the_path(tmp_path):
                        facts("node1", 1, storage={"output_dir": Storage("/shared/saves", written=True, seen=(1,))}))
     [warning] = [w for w in make_plan(layout, alone).warnings if "output_dir" in w]
     assert warning.startswith("output_dir /shared/saves is not on storage every host shares")
-    check = R.check_storage(alone.hosts, "output_dir", "/shared/saves", fail=False)
+    from ftbundle.check.storage_rules import check_storage
+
+    check = check_storage(alone.hosts, "output_dir", "/shared/saves", fail=False)
     assert check.ok and any("node0 does not see the sentinel of node1" in w for w in check.warnings)
 
 
@@ -613,11 +620,13 @@ def test_shared_dir_not_shared_names_the_host():
         return facts(name, rank, storage={"shared_dir": Storage("/s", exists=True, written=True, seen=seen, where="/s")})
 
     fs = [host("node0", 0, (0, 1)), host("node1", 1, (0, 1)), host("node2", 2, (2,))]
-    c = R.check_storage(fs, "shared_dir", "/s", fail=True)
+    from ftbundle.check.storage_rules import check_storage
+
+    c = check_storage(fs, "shared_dir", "/s", fail=True)
     assert c.failure == "shared_dir /s is not shared by all hosts"
     assert c.groups == [("sees node[0-1]", ["node0", "node1"]), ("sees node2", ["node2"])]
     assert "node2 does not see the sentinel of node[0-1] in /s" in c.details
-    assert R.check_storage([host(f"node{r}", r, (0, 1, 2)) for r in range(3)], "shared_dir", "/s", fail=True).ok
+    assert check_storage([host(f"node{r}", r, (0, 1, 2)) for r in range(3)], "shared_dir", "/s", fail=True).ok
 
 
 def test_master_port_busy_or_unreachable(tmp_path):
@@ -954,3 +963,22 @@ def test_what_the_job_asks_of_the_hosts_is_checked_before_anything_starts(tmp_pa
     docker = layout_of(tmp_path, runtime={"kind": "docker", "image": "r/t@sha256:" + "a" * 64},
                        train={"script": "/app/train.py"})
     assert R.job_paths(docker) == {}  # in the image, perhaps: not the host's to judge
+
+
+def test_ftb_gpus_naming_a_gpu_its_host_does_not_have_is_refused_naming_it(tmp_path):
+    """ftb_gpus "0,1" on a host without GPUs was kept as "0,1" (issue 45): CUDA ends the list at
+    the first entry that names no device, so the ranks saw fewer GPUs than the inventory says, or none."""
+    h100 = smi("h100-x8.csv")
+    job = job_of(tmp_path, nproc_per_node=2)
+    nodes = [Host("node0", "10.0.0.10", vars={"ftb_gpus": "6,7"}), Host("node1", "10.0.0.11", vars={"ftb_gpus": "0,1"}),
+             Host("node2", "10.0.0.12", vars={"ftb_gpus": "7,9"})]
+    layout = make_layout(job, nodes, "r1")
+    check = R.check_gpus([facts("node0", gpus=h100), facts("node1", 1, cpus=8), facts("node2", 2, gpus=h100)],
+                         layout, 2)
+    assert not check.ok
+    details = " | ".join(check.details)
+    assert "ftb_gpus of node1 is 0,1 but node1 has no GPU: '0' names no GPU there (its ranks would see 0 of the 2)" \
+        in details, details
+    assert "ftb_gpus of node2 is 7,9 but node2 has GPUs 0,1,2,3,4,5,6,7: '9' names no GPU there (its ranks would see " \
+           "1 of the 2)" in details, details
+    assert "ftb_gpus of node0" not in details
