@@ -380,7 +380,10 @@ mode_state() {  # MARKER EXITFILE LOG STOPPEDFILE: running | exited N | stopped[
   elif [ -s "$4" ]; then echo "stopped: $(cat -- "$4")"
   elif ftb_disk_full "$(dirname -- "$2")"; then echo "stopped: no space left on the device (ENOSPC)"
   else echo stopped; fi
-  tail -n 1 -- "$3" 2>/dev/null | tr '\r' '\n' | grep -v '^[[:space:]]*$' | tail -n 1
+  # (not the model card's words the trainer prints at its end: "Dropping the following result ...",
+  # then its dict {'task': {'name': 'Causal Language ...)
+  tail -n 4 -- "$3" 2>/dev/null | tr '\r' '\n' |
+    grep -v -e '^[[:space:]]*$' -e "^{'task': " -e '>> Dropping the following result as it' | tail -n 1
   exit 0
 }
 

@@ -26,6 +26,23 @@ _WARNING = re.compile(r"\bwarn(ing)?\b", re.I)
 _PY_WARNING = re.compile(r"^(?:\[[^\]]*\] )?(?:\[\w+\]:)?\S[^:]*:\d+: [A-Z]\w*Warning: ")
 _WARN_CALL = re.compile(r"^\s+(?:warnings\.)?warn(?:_explicit)?\(")  # a warning call's source line
 _VOLATILE = re.compile(r"\d+([.:,-]\d+)*")
+# Libraries' notices that reach every run and that nothing in the job can change, or that mean
+# something else here: said with what they mean (shown once, as every warning)
+NOTICES = (
+    ("We recommend enable mixed precision training.",
+     "LlamaFactory's advice when neither bf16 nor fp16 is set: on GPUs set bf16: true (the check says whether "
+     "they have it); a CPU job trains in float32 and has nothing to change"),
+    ("`torch_dtype` is deprecated! Use `dtype` instead!",
+     "said by transformers of LlamaFactory's own call, not of your config: nothing to change"),
+)
+
+
+def explained(line: str) -> str:
+    """A warning line with what it means here, when it is one of the known NOTICES."""
+    for said, meaning in NOTICES:
+        if said in line:
+            return f"{line}  [ftbundle: {meaning}]"
+    return line
 
 
 def _text(line: str) -> str:
@@ -267,7 +284,7 @@ class Phases:
                 self.warnings_hidden += 1
                 return True
             self._warnings.add(key)
-        self.print(line)
+        self.print(explained(line))
         return True
 
     def done(self, lines: list[str]) -> None:

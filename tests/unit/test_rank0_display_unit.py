@@ -162,6 +162,13 @@ def test_a_python_warning_is_shown_by_its_text_never_by_its_source_line():
     for said in ("We recommend enable mixed precision training.", "`torch_dtype` is deprecated! Use `dtype` instead!",
                  "Setting accelerator to CPU."):
         assert sum(said in line for line in lines) == 1, (said, text)
+    # the libraries' notices that nothing in the job changes are said with what they mean (issue 45)
+    assert any(line.endswith("We recommend enable mixed precision training.  [ftbundle: LlamaFactory's advice when "
+                             "neither bf16 nor fp16 is set: on GPUs set bf16: true (the check says whether they have "
+                             "it); a CPU job trains in float32 and has nothing to change]") for line in lines), text
+    assert any("`torch_dtype` is deprecated! Use `dtype` instead!  [ftbundle: said by transformers of LlamaFactory's "
+               "own call, not of your config: nothing to change]" in line for line in lines), text
+    assert not any("[ftbundle:" in line and "Setting accelerator" in line for line in lines)
     # torch 2.14's own (recorded): the source line after it holds "warn" too, and is not shown
     torch_warning = ["/v/torch/nn/modules/module.py:1874: FutureWarning: Using a non-full backward hook when the "
                      "forward contains multiple autograd Nodes is deprecated.",

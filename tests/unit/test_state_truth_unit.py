@@ -102,3 +102,18 @@ def test_plot_of_a_run_without_metrics_blames_no_flag_never_given(tmp_path):
     assert plot.returncode == 2 and "--run" not in plot.stderr and "has no training metrics" in plot.stderr, \
         plot.stderr
     assert "logging_steps" in plot.stderr
+
+
+def test_status_shows_rank_0s_last_words_not_the_model_cards_dict(tmp_path):
+    """`status` printed {'task': {'name': 'Causal Language Modeling', ...}} as rank 0's state (the
+    trainer's last line, recorded in tests/data/llamafactory/cpu-3steps.node-0.log): the node
+    program's `state` passes over it, and the model card's words before it, to the closing figures."""
+    recorded = (REPO / "tests/data/llamafactory/cpu-3steps.node-0.log").read_text().splitlines()
+    end = next(i for i, line in enumerate(recorded) if line.startswith("{'task': "))
+    log = tmp_path / "node-0.a1.log"
+    log.write_text("\n".join(recorded[:end + 1]) + "\n")
+    argv = ["bash", str(REPO / "ftbundle/remote/node.sh"), "state", "no-such-marker", str(tmp_path / "exit"), str(log),
+            str(tmp_path / "stopped")]
+    said = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
+    assert said == ["stopped", "  train_steps_per_second   =     28.745"], said
+    assert not said[1].startswith("{'task'")
