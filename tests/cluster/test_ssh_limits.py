@@ -75,7 +75,9 @@ def test_stock_maxstartups_refuses_a_burst_but_capped_opening_reaches_every_host
 
 def test_connecting_threads_are_capped_not_one_per_host(stock):
     """Opening n hosts uses at most max_handshakes connecting threads (each host's transport
-    keeps one thread of its own, paramiko's)."""
+    keeps one thread of its own, paramiko's, and each handshake in progress has paramiko's
+    handshake timer, a threading.Timer of packet.py's start_handshake, until it ends: counted
+    at the peak 35-37 of 30 hosts, which failed the bound without them one run in two)."""
     import threading
 
     before = threading.active_count()
@@ -87,7 +89,7 @@ def test_connecting_threads_are_capped_not_one_per_host(stock):
             time.sleep(0.005)
         cluster.wait_open()
         assert cluster.errors == {}
-    assert peak <= 1 + 4 + ALIASES, peak  # the opener, 4 connecting, a transport per host
+    assert peak <= 1 + 4 + 4 + ALIASES, peak  # the opener, 4 connecting (4 timers), a transport per host
 
 
 def test_through_a_stock_bastion_one_connection_to_it(stock):
