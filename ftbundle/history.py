@@ -224,7 +224,33 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
         row = run_row(run_id, files[run_id])
         if row is not None and (job_name is None or row.job == job_name):
             rows.append(row)
+    if any(r.state == "running?" for r in rows) and disk_full(runs_dir(shared_dir), cluster, host):
+        # no record and no exit written: on a full disk none could be (status says the same)
+        for row in rows:
+            if row.state == "running?":
+                row.state = ENOSPC_STATE
     return sorted(rows, key=lambda r: (r.start, r.run_id))
+
+
+ENOSPC_STATE = "stopped: no space left on the device (ENOSPC)"  # node.sh mode_state's words
+DISK_FULL_KIB = 64  # as node.sh ftb_disk_full
+
+
+def disk_full(path: str, cluster: Cluster | None, host: Host | None) -> bool:
+    """Whether the filesystem under ``path`` has less than DISK_FULL_KIB free: here, or asked
+    of ``host`` (2 s at most: a frozen network filesystem is not full)."""
+    if os.path.isdir(path) or cluster is None or host is None:
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize // 1024 < DISK_FULL_KIB
+    try:
+        result = cluster.run(host, ["timeout", "2", "stat", "-f", "-c", "%a %S", "--", path], timeout=5)
+        free, size = (int(x) for x in result.stdout.split())
+    except Exception:  # noqa: BLE001 - not known: not full
+        return False
+    return free * size // 1024 < DISK_FULL_KIB
 
 
 def format_runs(rows: list[RunRow]) -> str:

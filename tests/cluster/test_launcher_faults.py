@@ -294,6 +294,11 @@ def test_a_full_disk_is_refused_before_launch_and_named_when_it_fills(small_disk
         assert not path.exists() or path.stat().st_size > 0, f"{path.name} is empty"
     status = ftbundle("status", job)
     assert "ENOSPC" in status.stdout, status.stdout + status.stderr
+    # `runs` agrees (issue 45: it said `running?`: no record and no exit file could be written)
+    runs = ftbundle("runs", job, "--json")
+    assert runs.returncode == 0, runs.stderr
+    [row] = [r for r in json.loads(runs.stdout) if r["run_id"] == run_dir.name]
+    assert row["state"] == "stopped: no space left on the device (ENOSPC)", row
     fill.unlink()
 
 
