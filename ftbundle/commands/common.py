@@ -81,9 +81,24 @@ def job_or_default(path: str | None) -> str:
 
 
 def history_source(args):
-    """(job, layout, cluster or None): where the job's run directories are, and a connection
-    to rank 0's host when they are not on this machine."""
+    """(job, layout, cluster or None, host): where the job's run directories are, and a
+    connection to one host to read them through when they are not on this machine: rank 0's,
+    else the next that answers. Only that host is asked (every host was: one host down held
+    `runs` for the whole connect timeout, saying nothing); one that does not answer is said at
+    once, with why."""
+    from ..cluster import Cluster
+
     job, layout = load_layout(job_or_default(args.job), args.inventory)
     if os.path.isdir(layout.shared_dir) or layout.hosts[0].local:
-        return job, layout, None
-    return job, layout, open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys)
+        return job, layout, None, layout.hosts[0]
+    cluster = Cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys)
+    for i, host in enumerate(layout.hosts):
+        cluster.open([host])
+        if host.name not in cluster.errors:
+            return job, layout, cluster, host
+        following = layout.hosts[i + 1] if i + 1 < len(layout.hosts) else None
+        say(f"{cluster.errors[host.name]}; " + (f"reading the runs through {following.name}" if following
+                                                else "no host left to read the runs through"))
+    cluster.close()
+    raise UserError(f"cannot read {layout.shared_dir}/runs through any host: {cluster.errors_said()}",
+                    file=str(job.inventory or job.path))

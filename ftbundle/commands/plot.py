@@ -17,9 +17,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     if args.output is not None:
         writable_output(args.output)
-    job, layout, cluster = history_source(args)
+    job, layout, cluster, host = history_source(args)
     try:
-        rows = list_runs(job.name, layout.shared_dir, cluster, layout.hosts[0])
+        rows = list_runs(job.name, layout.shared_dir, cluster, host)
         runs = [row for row in rows if row.hosts]  # (a directory without a plan is no run to plot)
         wanted = args.run or ([runs[-1].run_id] if runs else [])
         if not wanted:
@@ -28,7 +28,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
         if unknown:
             raise UserError(f"no run {unknown[0]!r} of job {job.name!r} in {layout.shared_dir}/runs "
                             "(ftbundle runs lists them)", key="--run")
-        metrics = read_metrics(wanted, layout.shared_dir, cluster, layout.hosts[0])
+        metrics = read_metrics(wanted, layout.shared_dir, cluster, host)
     finally:
         if cluster is not None:
             cluster.close()

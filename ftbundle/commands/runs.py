@@ -11,9 +11,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     """Past runs of the job from its run directories: a table, or JSON with --json."""
     from ..history import format_runs, list_runs, runs_json
 
-    job, layout, cluster = history_source(args)
+    job, layout, cluster, host = history_source(args)
     try:
-        rows = list_runs(None if args.all else job.name, layout.shared_dir, cluster, layout.hosts[0])
+        rows = list_runs(None if args.all else job.name, layout.shared_dir, cluster, host)
     finally:
         if cluster is not None:
             cluster.close()
