@@ -282,7 +282,8 @@ def runs_json(rows: list[RunRow]) -> str:
 
 def read_metrics(run_ids: list[str], shared_dir: str, cluster: Cluster | None = None,
                  host: Host | None = None) -> dict[str, list[dict]]:
-    """{run id: trainer log records} for the runs asked for (those that have any)."""
+    """{run id: trainer log records} for the runs asked for (those that have any); a run of
+    several attempts (a restart, a lost host) gives one curve per attempt: {"RUN attempt N": ...}."""
     files = read_run_files(cluster, host, runs_dir(shared_dir), (METRICS,))
     out = {}
     for run_id in run_ids:
@@ -290,9 +291,15 @@ def read_metrics(run_ids: list[str], shared_dir: str, cluster: Cluster | None = 
         records = []
         for line in text.splitlines():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 continue
-        if records:
+            if isinstance(record, dict):
+                records.append(record)
+        attempts = sorted({r.get("attempt", 1) for r in records}, key=str)
+        if len(attempts) > 1:
+            for n in attempts:
+                out[f"{run_id} attempt {n}"] = [r for r in records if r.get("attempt", 1) == n]
+        elif records:
             out[run_id] = records
     return out

@@ -32,7 +32,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     finally:
         if cluster is not None:
             cluster.close()
-    missing = [r for r in wanted if r not in metrics]
+    missing = [r for r in wanted if not any(k == r or k.startswith(f"{r} attempt ") for k in metrics)]
     if len(missing) == len(wanted):
         # (the key only when the user named the run: a flag never given is not to blame)
         raise UserError(f"run {missing[0]} has no training metrics (metrics.jsonl) to plot: its trainer logged no "

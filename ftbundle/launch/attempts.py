@@ -95,7 +95,7 @@ def rescale(asked: Batch, world: int, keep: bool = True) -> tuple[Batch, str]:
     if not keep:
         new = Batch(asked.per_device, asked.accumulation, world)
         return new, (f"global batch {asked.size} -> {new.size} (keep_global_batch: false; "
-                     f"accumulation {asked.accumulation} kept)")
+                     f"accumulation {asked.accumulation} kept)" + (STEPS_CHANGE if new.size != asked.size else ""))
     per_step = asked.per_device * world
     low = max(1, asked.size // per_step)
     high = low + 1
@@ -105,7 +105,12 @@ def rescale(asked: Batch, world: int, keep: bool = True) -> tuple[Batch, str]:
     if new.size == asked.size:
         return new, f"global batch {asked.size} kept: {change}"
     return new, (f"global batch {asked.size} cannot be kept on {world} rank(s) x {asked.per_device} per device: "
-                 f"{change}, global batch {new.size}")
+                 f"{change}, global batch {new.size}{STEPS_CHANGE}")
+
+
+# what a changed global batch does to the step count the live line shows (the walk saw `step 21/114`,
+# then `step 22/96`, with nothing said): an epoch is the dataset over the global batch
+STEPS_CHANGE = "; an epoch is now a different number of steps, so the step total changes (max_steps: it does not)"
 
 
 def next_attempt(job: Job, previous: Layout, nprocs: dict[str, int], lost: dict[str, str], *, attempt: int,
@@ -365,10 +370,13 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         else:
             print(f"ftbundle: {message}", file=err, flush=True)
 
+    curve: list[dict] = []  # every attempt's trainer records, each with its attempt: one curve per run
+
     def finish(outcome: Outcome, attempt: int) -> int:
         if ui is not None:
             record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
-                       duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries)
+                       duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries,
+                       curve=curve)
         return outcome.exit_code
 
     attempts = restarts + 1
@@ -385,6 +393,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         supervisor = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
                                 start_step=start_step)
         outcome = supervisor.run(before if attempt == 1 else None)
+        curve += [{**r, "attempt": attempt} for r in (outcome.progress.records if outcome.progress else [])]
         if pending:  # (a restart: where the time from the failure to this attempt's first step went)
             parts = recovery({**pending, **outcome.marks}, wall_offset=wall_offset)
             recoveries.append({"attempt": attempt, **parts})
@@ -468,10 +477,12 @@ def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
 
 
 def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, started_wall: float,
-               duration_s: float, attempts: list[dict] = (), recoveries: list[dict] = ()) -> None:
+               duration_s: float, attempts: list[dict] = (), recoveries: list[dict] = (),
+               curve: list[dict] | None = None) -> None:
     """The run's record beside its logs: summary.json (state, exit, duration, final loss,
-    each attempt's hosts) and metrics.jsonl (the trainer's log records), for `ftbundle runs`
-    and `ftbundle plot`. Best effort: a run that could not be recorded has still run."""
+    each attempt's hosts) and metrics.jsonl (the trainer's log records of every attempt, each
+    with its attempt: ``curve``; else this outcome's), for `ftbundle runs` and `ftbundle plot`.
+    Best effort: a run that could not be recorded has still run."""
     import json
 
     from ..history import run_summary
@@ -490,8 +501,9 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
     files = {rundir.SUMMARY: json.dumps(summary, indent=2) + "\n"}
     if len(attempts) > 1:  # (`ftbundle status` reads it: each attempt's recovery, now known)
         files[rundir.ATTEMPTS] = json.dumps(list(attempts), indent=2) + "\n"
-    if progress.records:
-        files[rundir.METRICS] = "".join(json.dumps(r) + "\n" for r in progress.records)
+    records = curve if curve else progress.records
+    if records:
+        files[rundir.METRICS] = "".join(json.dumps(r) + "\n" for r in records)
     # through a node the run could still reach (rank 0's host may be the one that was lost, or
     # one whose SSH key exchange hangs: its transport is active, nothing sent to it goes out)
     for host in record_hosts(plan, cluster, outcome.lost):

@@ -95,7 +95,9 @@ def test_a_killed_host_is_left_out_and_the_run_resumes_on_the_others_with_the_gl
         make_cluster, tmp_path):
     cluster = make_cluster(3)
     job, output = lora_job(cluster, tmp_path, "lose-node2")
-    code, err = run_losing(cluster, job, (output / "checkpoint-5" / "trainer_state.json").exists, "node2")
+    # (not -v: the progress display, fed by trainer_log.jsonl, is what keeps the run's curve)
+    code, err = run_losing(cluster, job, (output / "checkpoint-5" / "trainer_state.json").exists, "node2",
+                           verbose=False)
     assert code == 0, err[-4000:]
     assert re.search(r"attempt 2 on node\[0-1\]: node2 lost \([^)]*host unreachable\); "
                      r"global batch 12 kept: accumulation 2 -> 3", err), err[-4000:]
@@ -121,6 +123,10 @@ def test_a_killed_host_is_left_out_and_the_run_resumes_on_the_others_with_the_gl
     assert re.search(r"^  attempt 2 trained again \d+ s after the failure: detection \d+ s, teardown", err, re.M), err
     assert "FTB_EXCLUDED_HOSTS=node2" in (run / "plan.json").read_text().replace('": "', "=")
     assert job_processes(cluster) == {}
+    # one curve per run: the lost host's attempt is kept beside attempt 2's (it held only the last attempt's)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["attempt"] for r in records} == {1, 2}, records
+    assert min(r["current_steps"] for r in records if r["attempt"] == 2) > step
     # `ftbundle status` (node2 still down) and `ftbundle runs` say it too
     status = ftbundle("status", str(job), timeout=120)
     assert "attempt 2)" in status.stdout and "state: finished" in status.stdout, status.stdout + status.stderr

@@ -117,3 +117,24 @@ def test_status_shows_rank_0s_last_words_not_the_model_cards_dict(tmp_path):
     said = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
     assert said == ["stopped", "  train_steps_per_second   =     28.745"], said
     assert not said[1].startswith("{'task'")
+
+
+def test_a_runs_curve_keeps_every_attempt_and_plot_draws_each(tmp_path):
+    """metrics.jsonl held only the last attempt's records: after a lost host the first attempt's
+    curve was gone (issue 45). Records carry their attempt; read_metrics gives one curve per
+    attempt of a run that had several, and the run's single curve otherwise."""
+    import json
+
+    from ftbundle.history import read_metrics
+
+    runs = tmp_path / "runs"
+    for run_id, records in {"j-20261128-100000-aaaa": [(1, 1, 2.0), (1, 2, 1.8), (2, 2, 1.9), (2, 3, 1.6)],
+                            "j-20261128-110000-bbbb": [(1, 1, 2.1), (1, 2, 1.7)]}.items():
+        (runs / run_id).mkdir(parents=True)
+        (runs / run_id / "metrics.jsonl").write_text("".join(
+            json.dumps({"current_steps": step, "loss": loss, "attempt": attempt}) + "\n"
+            for attempt, step, loss in records))
+    got = read_metrics(["j-20261128-100000-aaaa", "j-20261128-110000-bbbb"], str(tmp_path))
+    assert sorted(got) == ["j-20261128-100000-aaaa attempt 1", "j-20261128-100000-aaaa attempt 2",
+                           "j-20261128-110000-bbbb"]
+    assert [r["current_steps"] for r in got["j-20261128-100000-aaaa attempt 2"]] == [2, 3]
