@@ -57,7 +57,7 @@ def test_runs_reads_through_one_host_and_names_a_dead_rank_0_at_once(make_cluste
         assert listed.returncode == 0, listed.stderr
         assert [r["run_id"] for r in json.loads(listed.stdout)] == [run_id]
         said = listed.stderr.strip().splitlines()
-        assert len(said) == 1 and said[0].startswith(f"ftbundle: cannot SSH to") and "timed out" in said[0], said
+        assert len(said) == 1 and said[0].startswith("ftbundle: cannot SSH to") and "timed out" in said[0], said
         assert said[0].endswith("reading the runs through node1"), said
     finally:
         subprocess.run(["docker", "unpause", node0.container], check=True)
