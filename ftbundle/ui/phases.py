@@ -1,7 +1,7 @@
 """The run as a person watches it: checking, staging, launching, training, then a summary.
 
 On a terminal a rich live line shows the current phase (and while training: step/total,
-epoch, smoothed loss, learning rate, samples/s, elapsed, ETA, nodes alive) and finished
+epoch, the last loss logged, learning rate, samples/s, elapsed, ETA, nodes alive) and finished
 phases stay above it as one line each. Anywhere else (a pipe, a file, CI) the same appears
 as plain lines, with no carriage returns and at most one progress line per logging step
 and per ``PLAIN_EVERY_S``. Every method is safe to call from any thread.

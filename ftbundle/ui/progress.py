@@ -20,7 +20,6 @@ from ..protocol import parse_steps
 from . import stragglers
 
 STRAGGLERS_EVERY_S = 1.0  # the fleet's step times are judged again at most this often (feed_steps)
-SMOOTHING = 0.3  # weight of the newest loss in the smoothed loss (an EMA)
 # the Trainer's own bar has no description ("35%|###5   | 21/60 [00:03<...]"); a dataset's
 # ("Running tokenizer on dataset: 100%|...| 21/21") says nothing about training steps
 _BAR = re.compile(r"^\s*\d+%\|[^|]*\|\s*(\d+)/(\d+) \[")
@@ -164,7 +163,6 @@ class Progress:
     total: int | None = None
     epoch: float | None = None
     loss: float | None = None  # the latest
-    smooth_loss: float | None = None
     lr: float | None = None
     elapsed_s: float | None = None  # as the trainer counts it
     remaining_s: float | None = None
@@ -192,8 +190,6 @@ class Progress:
     def _loss(self, value) -> None:
         if isinstance(value, (int, float)):
             self.loss = float(value)
-            self.smooth_loss = (self.loss if self.smooth_loss is None
-                                else SMOOTHING * self.loss + (1 - SMOOTHING) * self.smooth_loss)
 
     def feed_record(self, record: dict) -> None:
         """A trainer_log.jsonl record."""
@@ -410,8 +406,8 @@ def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None =
         fields.append(("step", str(p.step)))
     if p.epoch is not None:
         fields.append(("epoch", f"{p.epoch:.2f}"))
-    if p.smooth_loss is not None:
-        fields.append(("loss", f"{p.smooth_loss:.4f}"))
+    if p.loss is not None:  # the last loss logged, as the trainer's log and the summary's final loss say it
+        fields.append(("loss", f"{p.loss:.4f}"))
     if p.lr is not None:
         fields.append(("lr", f"{p.lr:.2e}"))
     samples = p.throughput(now)
