@@ -163,7 +163,12 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
         lines.append(f"  before step  {startup_text(parts)}")
     rate = progress.throughput()
     if rate:
-        lines.append(f"  throughput   {rate:.1f} samples/s")
+        trainer = progress.samples_per_s
+        differs = trainer is not None and abs(trainer - rate) >= 0.05
+        lines.append(f"  throughput   {rate:.1f} samples/s" + (
+            f" (over the {progress.steps_done} step(s) this attempt made; the trainer's own "
+            f"train_samples_per_second {trainer:.2f}, in the logs, counts all {progress.total} of its schedule "
+            "over this attempt's time)" if differs and progress.total else ""))
     elif progress.steps_per_s():
         lines.append(f"  throughput   {progress.steps_per_s():.2f} steps/s")
     lines += stragglers.summary_lines(progress.node_steps.values(), progress.straggler_factor)

@@ -459,3 +459,25 @@ def test_inits_site_command_reads_the_projects_ansible_cfg_from_wherever_it_is_r
     plain = subprocess.run(dump, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert f"DEFAULT_FORKS({REPO / 'ansible.cfg'}) = 16" in read.stdout, read.stdout + read.stderr
     assert "DEFAULT_FORKS" not in plain.stdout  # the check can fail: from elsewhere, Ansible's default
+
+
+def test_the_summarys_samples_per_second_says_why_it_is_not_the_trainers_own():
+    """A resumed attempt's trainer counts its whole schedule in train_samples_per_second; ftbundle's
+    figure counts the steps this attempt made. Both were on screen (logs and runs), unexplained."""
+    from ftbundle.ui.summary import closing_summary
+
+    p = Progress(start_step=10)
+    p.feed_record({"current_steps": 20, "total_steps": 20, "loss": 1.5})
+    p.feed_line("  train_samples_per_second =     56.67")
+    lines = closing_summary(run_id="r", run_dir="/r", duration_s=30.0, progress=p, output_dir=None, adapter=None,
+                            nnodes=2)
+    [said] = [line for line in lines if line.startswith("  throughput")]
+    assert said == ("  throughput   28.3 samples/s (over the 10 step(s) this attempt made; the trainer's own "
+                    "train_samples_per_second 56.67, in the logs, counts all 20 of its schedule over this attempt's "
+                    "time)"), said
+    fresh = Progress()
+    fresh.feed_record({"current_steps": 20, "total_steps": 20, "loss": 1.5})
+    fresh.feed_line("  train_samples_per_second =     56.67")
+    [plain] = [line for line in closing_summary(run_id="r", run_dir="/r", duration_s=30.0, progress=fresh,
+                                                output_dir=None, adapter=None, nnodes=2) if "throughput" in line]
+    assert plain == "  throughput   56.7 samples/s"  # the same figure: nothing to explain
