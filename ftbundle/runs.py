@@ -239,12 +239,12 @@ def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[
     many = len(states) > STATUS_ROWS_MAX
     for node, state, last in states:
         if not many or state not in ("running", "exited 0"):
-            lines.append(f"  rank {node.rank:<3} {node.host.name:<20} {state:<12} {last[:100]}")
+            lines.append(f"  node rank {node.rank:<3} {node.host.name:<20} {state:<12} {last[:100]}")
     groups: dict[str, list[NodePlan]] = {}
     for node, state, _ in states:
         groups.setdefault(state.split(" (")[0], []).append(node)
     lines.append("nodes: " + "; ".join(
-        f"{state} {fold(n.host.name for n in nodes)} (rank{'s' if len(nodes) > 1 else ''} "
+        f"{state} {fold(n.host.name for n in nodes)} (node rank{'s' if len(nodes) > 1 else ''} "
         f"{fold_numbers(n.rank for n in nodes)})" for state, nodes in groups.items()))
     return lines
 

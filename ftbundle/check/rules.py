@@ -38,8 +38,8 @@ def check_ssh(facts: list[HostFacts]) -> Check:
         by_reason: dict[str, list[HostFacts]] = {}
         for f in bad:  # "cannot SSH to ADDRESS: REASON": hosts with the same reason make one line
             by_reason.setdefault(re.sub(r"^cannot SSH to \S+( through \S+)?: ", "", f.error), []).append(f)
-        check.details = [f"{fs[0].host} (rank {fs[0].rank}): {fs[0].error}" if len(fs) == 1 else
-                         f"{fold(f.host for f in fs)} (ranks {fold_numbers(f.rank for f in fs)}): cannot SSH: {reason}"
+        check.details = [f"{fs[0].host} (node rank {fs[0].rank}): {fs[0].error}" if len(fs) == 1 else
+                         f"{fold(f.host for f in fs)} (node ranks {fold_numbers(f.rank for f in fs)}): cannot SSH: {reason}"
                          for reason, fs in by_reason.items()]
     return check
 

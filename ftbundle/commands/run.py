@@ -106,7 +106,7 @@ def format_plan(plan: Plan) -> str:
         where = "local process" if node.host.local else (
             f"ssh {node.host.user + '@' if node.host.user else ''}{node.host.address}:{node.host.port}")
         lines.append("")
-        lines.append(f"rank {node.rank}  {node.host.name}  ({where})  {node.nproc} rank(s): global "
+        lines.append(f"node rank {node.rank}  {node.host.name}  ({where})  {node.nproc} rank(s): global "
                      + (f"{node.first_rank}-{node.first_rank + node.nproc - 1}" if node.nproc > 1 else f"{node.first_rank}"))
         lines.append(f"  cd {node.workdir}")
         if node.env_file:

@@ -41,7 +41,7 @@ def launch_detached(plan: Plan, cluster: Cluster, err: TextIO | None = None, bef
     failed += [(rank, "did not answer") for rank in sorted(pending)]
     for rank, why in failed:
         extra = " / ".join(runners[rank].messages[-2:])
-        print(f"ftbundle: rank {rank} {plan.nodes[rank].host.name} did not start: {why}"
+        print(f"ftbundle: node rank {rank} {plan.nodes[rank].host.name} did not start: {why}"
               + (f" ({extra})" if extra else ""), file=err)
     if failed:
         # the others wait in torch's rendezvous for a peer that will never come (600 s):

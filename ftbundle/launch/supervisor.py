@@ -363,9 +363,9 @@ class Supervisor:
             self.ui.stop()
         if self._lost_all_at_once():
             return self._lost_all(first, took)
-        self.say(f"node {first.host} (rank {first.rank}, {node.host.address}) failed first: {first.reason}")
+        self.say(f"node {first.host} (node rank {first.rank}, {node.host.address}) failed first: {first.reason}")
         for f in sorted((f for f in self.failures if f is not first), key=lambda f: f.at):
-            self.say(f"  then {f.host} (rank {f.rank}): {f.reason}")
+            self.say(f"  then {f.host} (node rank {f.rank}): {f.reason}")
         self.say(f"stopped the other nodes in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         if self.ui is not None:
             self._print_failure_summary(first)

@@ -145,7 +145,7 @@ def summary_lines(nodes: Iterable[NodeSteps], factor: float = STRAGGLER_FACTOR) 
     lines.append("  step compute per node (forward to last gradient; median / p90 / steps timed"
                  + (f"; fleet median {_ms(fleet)}" if fleet else "") + "):")
     for n in shown:
-        rank = f"  (local rank {n.local_rank})" if n.local_rank else ""
+        rank = f"  (slowest GPU: local rank {n.local_rank})" if n.local_rank else ""
         lines.append(f"    {n.host.ljust(width)}  {_ms(n.median_s):>10}  {_ms(n.p90_s):>10}  {n.steps:>6}{rank}")
     if rest:
         steps = _span([float(n.steps) for n in rest], lambda v: f"{v:.0f}")

@@ -206,7 +206,7 @@ def test_unreachable_host_is_named_and_the_others_still_checked(cluster3, tmp_pa
     took = time.monotonic() - started
     assert not report.ok
     rank = int(down[-1])
-    assert [f for f in report.failures if f.startswith(f"ssh: {down} (rank {rank}):")], report.failures
+    assert [f for f in report.failures if f.startswith(f"ssh: {down} (node rank {rank}):")], report.failures
     up = {"node2": "node[0-1]", "node0": "node[1-2]"}[down]
     assert any(line.startswith("versions") and line.endswith(f": {up}") for line in text.splitlines()), text
     if down == "node0":  # no rank 0: no port to test, but the others' sentinels still go

@@ -43,7 +43,7 @@ def test_detach_then_status_logs_and_stop_from_another_invocation(make_cluster, 
     status = ftbundle("status", str(job), timeout=30)
     assert status.returncode == 0, status.stderr
     assert run_id in status.stdout
-    assert re.search(r"rank 0 +node0 +running", status.stdout) and re.search(r"rank 1 +node1 +running", status.stdout)
+    assert re.search(r"node rank 0 +node0 +running", status.stdout) and re.search(r"node rank 1 +node1 +running", status.stdout)
     assert "state: running" in status.stdout
 
     rank1 = ftbundle("logs", str(job), "--run", run_id, "--rank", "1", timeout=30)
@@ -91,7 +91,7 @@ def test_restart_resumes_from_the_latest_checkpoint(make_cluster, tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    assert "restarting all nodes" in err and "node node1 (rank 1" in err
+    assert "restarting all nodes" in err and "node node1 (node rank 1" in err
     resumed = re.search(rf"resuming from checkpoint-(\d+) of 100 in {re.escape(str(output))}", err)
     assert resumed, err
     step = int(resumed.group(1))

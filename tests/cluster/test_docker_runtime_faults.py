@@ -130,7 +130,7 @@ def test_a_killed_rank_in_a_container_stops_every_container(dcluster, tmp_path):
     finally:
         proc.kill()
     err = proc.stderr.read()
-    assert proc.returncode != 0 and "node node1 (rank 1" in err, err
+    assert proc.returncode != 0 and "node node1 (node rank 1" in err, err
     assert wait_clean(cluster, 5) is not None, leftovers(cluster)
 
 
@@ -162,7 +162,7 @@ def test_a_partitioned_node_removes_its_own_container(dcluster, tmp_path):
         proc.kill()
         cluster.heal("node1")
     err = proc.stderr.read()
-    assert "node node1 (rank 1" in err and "heartbeat" in err, err
+    assert "node node1 (node rank 1" in err and "heartbeat" in err, err
     assert took is not None, leftovers(cluster)
     print(f"partition -> every container gone {took:.1f}s after the cut")
 

@@ -49,7 +49,7 @@ def test_killed_node_tears_everything_down_within_10s(cluster3, tmp_path):
     err = proc.stderr.read()
     assert proc.returncode != 0
     assert took < 10, f"teardown took {took:.1f}s\n{err}"
-    assert "node node2 (rank 2" in err and "failed first" in err, err
+    assert "node node2 (node rank 2" in err and "failed first" in err, err
     assert job_processes(cluster3) == {}
     print(f"node killed -> ftbundle exited, all stopped: {took:.1f}s")
 
@@ -67,7 +67,7 @@ def test_killed_process_tears_everything_down(cluster3, tmp_path):
     err = proc.stderr.read()
     assert proc.returncode != 0
     assert took < 10, f"teardown took {took:.1f}s\n{err}"
-    assert "node node1 (rank 1" in err, err
+    assert "node node1 (node rank 1" in err, err
     assert job_processes(cluster3) == {}
 
 
@@ -84,7 +84,7 @@ def test_cut_network_is_detected_by_heartbeat_within_15s(cluster3, tmp_path):
     err = proc.stderr.read()
     assert proc.returncode != 0
     assert took < 15, f"teardown took {took:.1f}s\n{err}"
-    assert "node node1 (rank 1" in err and "heartbeat" in err, err
+    assert "node node1 (node rank 1" in err and "heartbeat" in err, err
     # the reachable nodes are clean at once; the cut-off node's own watchdog stops its job
     left = job_processes(cluster3)
     assert "node0" not in left and "node2" not in left, left
@@ -139,7 +139,7 @@ case "$NODE_RANK" in
 *) sleep 300 ;;
 esac
 """, timeout=60)
-    assert "node node2 (rank 2" in err and "failed first: exited with code 7" in err, err
+    assert "node node2 (node rank 2" in err and "failed first: exited with code 7" in err, err
     assert code == 7, err
     assert "could not reach" not in err and "did not confirm" not in err, err
     assert job_processes(cluster3) == {}
@@ -159,7 +159,7 @@ case "$NODE_RANK" in
 esac
 """, timeout=90)
     first = next((line for line in err.splitlines() if "failed first" in line), "")
-    assert "node node2 (rank 2" in first and "although its host answers" in first, err
+    assert "node node2 (node rank 2" in first and "although its host answers" in first, err
     silent = int(first.split("no heartbeat for ")[1].split("s")[0])
     assert 15 <= silent <= 18, first
     assert code == 255, err

@@ -47,7 +47,7 @@ def test_one_ssh_handshake_per_host_for_check_stage_launch_and_teardown(cluster3
     before = logins_per_host(cluster3)
     result = ftbundle("run", "-v", str(job), timeout=120)
     assert result.returncode == 3, result.stderr
-    assert "check passed" in result.stderr and "node node2 (rank 2" in result.stderr
+    assert "check passed" in result.stderr and "node node2 (node rank 2" in result.stderr
     after = logins_per_host(cluster3)
     assert {h: after[h] - before[h] for h in after} == {"node0": 1, "node1": 1, "node2": 1}
     assert job_processes(cluster3) == {}
@@ -397,7 +397,7 @@ def test_no_restart_on_a_host_that_cannot_be_fenced(cluster2, tmp_path):
         proc.kill()
         cluster2.heal("node1")
     assert proc.returncode == 255, err
-    assert "node node1 (rank 1" in err and "no heartbeat" in err
+    assert "node node1 (node rank 1" in err and "no heartbeat" in err
     assert "not restarting: the old processes could not be confirmed gone" in err and "node1 is unreachable" in err
     assert "restarting all nodes" not in err
     assert took < 30, f"{took:.1f}s"

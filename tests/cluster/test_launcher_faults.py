@@ -392,7 +392,7 @@ def test_a_host_whose_key_exchange_hangs_is_named_and_holds_nobody_else_back(clu
     err = capfd.readouterr().err
     assert "at" in held_at, "the job never started on both nodes:\n" + err
     ended = time.monotonic() - held_at["at"]
-    assert code != 0 and f"node {name} (rank {held}" in err and "failed first" in err, err
+    assert code != 0 and f"node {name} (node rank {held}" in err and "failed first" in err, err
     stopped = re.search(r"stopped the other nodes in ([0-9.]+)s", err)
     assert stopped and float(stopped.group(1)) < 3, err
     run = this_run()

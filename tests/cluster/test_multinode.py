@@ -74,7 +74,7 @@ def test_failing_node_sets_exit_code_and_is_named(cluster3, tmp_path):
     proc = ftbundle("run", "-v", str(job), timeout=120)
     took = time.monotonic() - started
     assert proc.returncode == 3, proc.stderr
-    assert "node node1 (rank 1" in proc.stderr and "exited with code 3" in proc.stderr
+    assert "node node1 (node rank 1" in proc.stderr and "exited with code 3" in proc.stderr
     assert "node1: bad things" in proc.stderr  # the end of the failed node's log
     assert took < 30, took
     assert job_processes(cluster3) == {}

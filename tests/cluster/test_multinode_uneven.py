@@ -130,7 +130,7 @@ def test_auto_plans_each_host_by_its_own_gpus(make_cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "world size 9 = 2 node(s) with 8+1 rank(s)" in out
-    assert "rank 0  node0" in out and "8 rank(s): global 0-7" in out
-    assert "rank 1  node1" in out and "1 rank(s): global 8" in out
+    assert "node rank 0  node0" in out and "8 rank(s): global 0-7" in out
+    assert "node rank 1  node1" in out and "1 rank(s): global 8" in out
     assert "--nproc_per_node 8" in out and "--nproc_per_node 1" in out
     assert "NPROC_PER_NODE=8" in out and "NPROC_PER_NODE=1" in out

@@ -666,7 +666,7 @@ def test_report_format_groups_hosts_and_fails_once():
         ("versions differ: python=3.11.7 torch=2.14.1 transformers=5.6.0 llamafactory=0.9.5 on node[0-1]; "
          "python=3.11.7 torch=2.13.0 on node2")]
     down = R.check_ssh([facts("node0"), HostFacts("node1", 1, error="No route to host")])
-    assert down.messages() == ["ssh: node1 (rank 1): No route to host"]
+    assert down.messages() == ["ssh: node1 (node rank 1): No route to host"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 16, 256])
@@ -693,7 +693,7 @@ def test_reports_fold_host_lists_at_every_size(tmp_path, n):
                             "(firewall? wrong ftb_master_addr?)"]
     down = R.check_ssh([HostFacts(name, rank, error=f"cannot SSH to root@10.0.0.{rank}:22: timed out after 10 s")
                         if rank in (7, 8) else facts(name, rank) for rank, name in enumerate(names)])
-    assert down.details == ["gpu-[008-009] (ranks 7-8): cannot SSH: timed out after 10 s"]
+    assert down.details == ["gpu-[008-009] (node ranks 7-8): cannot SSH: timed out after 10 s"]
     assert "unreachable: gpu-[008-009]" in format_report(CheckReport([down]))[2]
 
 
@@ -905,12 +905,12 @@ def test_status_folds_nodes_by_state(n):
     ref = RunRef("r1", "/s/runs/r1", {"nnodes": n, "nproc_per_node": 1}, nodes, 1)
     states = [(node, "exited 4" if node.rank == 1 else "running", "last line") for node in nodes]
     lines = format_status(ref, states)
-    rows = [line for line in lines if line.startswith("  rank")]
+    rows = [line for line in lines if line.startswith("  node rank")]
     if n == 2:
-        assert len(rows) == 2 and lines[-1] == "nodes: running gpu00 (rank 0); exited 4 gpu01 (rank 1)"
+        assert len(rows) == 2 and lines[-1] == "nodes: running gpu00 (node rank 0); exited 4 gpu01 (node rank 1)"
     else:
-        assert rows == ["  rank 1   gpu01                exited 4     last line"]
-        assert lines[-1] == f"nodes: running gpu[00,02-{n - 1}] (ranks 0,2-{n - 1}); exited 4 gpu01 (rank 1)"
+        assert rows == ["  node rank 1   gpu01                exited 4     last line"]
+        assert lines[-1] == f"nodes: running gpu[00,02-{n - 1}] (node ranks 0,2-{n - 1}); exited 4 gpu01 (node rank 1)"
 
 
 def test_probe_waits_grow_with_the_hosts_and_a_timeout_is_named(tmp_path):

@@ -217,8 +217,8 @@ def test_dry_run_shows_each_hosts_ranks_and_the_world_size(tmp_path, capsys):
     assert main(["run", str(tmp_path / "job.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "world size 3 = 2 node(s) with 2+1 rank(s)" in out
-    assert "rank 0  big  (ssh 10.9.0.11:22)  2 rank(s): global 0-1" in out
-    assert "rank 1  small  (ssh 10.9.0.12:22)  1 rank(s): global 2" in out
+    assert "node rank 0  big  (ssh 10.9.0.11:22)  2 rank(s): global 0-1" in out
+    assert "node rank 1  small  (ssh 10.9.0.12:22)  1 rank(s): global 2" in out
     assert "NPROC_PER_NODE=1" in out and "--nproc_per_node 1" in out
 
 
