@@ -398,19 +398,26 @@ def test_ftbundles_own_fstab_line_follows_a_moved_nfs_server_and_a_share_mounted
             assert docker_exec(host, "cat /etc/ftbundle/nfs_client.fstab").stdout.split()[0] == f"{moved}:/srv/ftbundle"
 
         # node2 still has the share of the former server mounted (a tmpfs named like it: no NFS
-        # client in this kernel): the run with mounting on stops there and says why
+        # client in this kernel): the run with mounting on stops there and says why. The new server
+        # answers on TCP 2049 (node1 stands in for it: preflight refuses a server site.yml does not
+        # start that does not answer, before any role runs)
         docker_exec(HOSTS[2], f"mount -t tmpfs {old_source} /shared")
+        docker_exec(HOSTS[1], "setsid nohup python3 -c 'import socket, time; s = socket.socket(); "
+                              "s.bind((\"0.0.0.0\", 2049)); s.listen(8); time.sleep(600)' ftb-fake-nfsd "
+                              ">/dev/null 2>&1 </dev/null &")
         mounted = molecule("converge", "--", "--tags", "nfs", "--limit", HOSTS[2],
-                           "-e", json.dumps({"nfs_client_server": moved, "nfs_client_mount": True,
+                           "-e", json.dumps({"nfs_client_server": ADDRESSES[1], "nfs_client_mount": True,
                                              "nfs_client_wait_timeout": 5}))
+        moved_source = f"{ADDRESSES[1]}:/srv/ftbundle"
         assert mounted.returncode != 0, tail(mounted)
-        assert (f"{HOSTS[2]}: /shared is mounted from {old_source}; ftbundle's fstab line says {moved}:/srv/ftbundle. "
+        assert (f"{HOSTS[2]}: /shared is mounted from {old_source}; ftbundle's fstab line says {moved_source}. "
                 "When no job uses the share, run `umount /shared`") in mounted.stdout, tail(mounted, 12000)
         assert "Wait for the server's NFS port" not in mounted.stdout.split("Refuse to switch")[-1], tail(mounted, 12000)
         # still mounted (on top of the scenario's own bind mount of the shared directory)
         assert docker_exec(HOSTS[2], "findmnt -n -o SOURCE --mountpoint /shared").stdout.split()[-1] == old_source
     finally:
         docker_exec(HOSTS[2], "umount /shared", check=False)
+        docker_exec(HOSTS[1], "pkill -f [f]tb-fake-nfsd", check=False)  # ([f]: not this shell itself)
         back = molecule("converge", "--", "--tags", "nfs")  # moved back: the recorded line is ours again
         assert back.returncode == 0, tail(back, 12000)
     for host in HOSTS:

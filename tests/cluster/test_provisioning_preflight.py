@@ -72,16 +72,29 @@ def test_no_nfs_server_group_and_no_external_server_is_refused_naming_both(hosts
     assert "Put one host in group 'nfs_server'" in out and "set nfs_client_server" in out, tail(proc)
 
 
+LISTEN_2049 = ("setsid nohup python3 -c 'import socket, time; s = socket.socket(); "
+               "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"0.0.0.0\", 2049)); s.listen(8); "
+               "time.sleep(600)' ftb-fake-nfsd >/dev/null 2>&1 </dev/null &")
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_an_external_nfs_server_passes_preflight(hosts):
+    """An external server that answers on TCP 2049 (a listener on node0 stands in for the filer's
+    nfsd: the preflight asks only that its port answers)."""
     cluster, work = hosts
+    filer = cluster.hosts[0]
+    cluster.exec(filer, LISTEN_2049)
     inv = inventory(cluster, work / "external.yml", nfs_server=False,
-                    extra={"nfs_client_server": "filer.example.com", "nfs_client_export": "/vol/ml"})
+                    extra={"nfs_client_server": filer.ip, "nfs_client_export": "/vol/ml"})
     # (these hosts run no Docker engine: the checks of what the docker and image roles need are
     # skipped with them; tests/cluster/test_day_zero.py walks into each)
-    proc = preflight(inv, "--skip-tags", "docker,image")
+    try:
+        proc = preflight(inv, "--skip-tags", "docker,image")
+    finally:
+        cluster.exec(filer, "pkill -f [f]tb-fake-nfsd || true")  # ([f]: not this shell itself)
     assert proc.returncode == 0, tail(proc)
+    assert "Preflight | The NFS server site.yml does not start answers" in proc.stdout
     hosts_recap = recap(proc.stdout)
     assert sorted(hosts_recap) == sorted(h.name for h in cluster.hosts), proc.stdout[-3000:]
     assert all(h["failed"] == 0 and h["changed"] == 0 for h in hosts_recap.values()), proc.stdout[-3000:]
@@ -111,3 +124,32 @@ def test_another_distribution_is_refused_with_a_clear_message(hosts):
         assert all(h.get("changed", 0) == 0 for h in recap(out).values()), out[-3000:]
     finally:
         cluster.exec(node1, "cat > /etc/os-release", input=original)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_an_nfs_server_that_does_not_answer_is_named_before_any_role_waits_on_it(hosts):
+    """The walk's dead end (issue 45): with nfs_server_manage_service: false, as the systemd
+    refusal advises, site.yml starts no nfsd; the clients then waited 300 s for port 2049 and
+    said only "Timeout when waiting for <host>:2049". Preflight asks the port first (5 s) and
+    names the server, why site.yml starts none, and the two ways forward; with
+    nfs_client_mount: false (the hosts mount the storage themselves) nothing is asked."""
+    import time
+
+    cluster, work = hosts
+    server = cluster.hosts[0]
+    inv = inventory(cluster, work / "unmanaged.yml", nfs_server=True, extra={"nfs_server_manage_service": False})
+    started = time.monotonic()
+    proc = preflight(inv, "--skip-tags", "docker,image")
+    took = time.monotonic() - started
+    assert proc.returncode != 0, tail(proc)
+    out = proc.stdout
+    assert f"no NFS server answers on {server.ip}:2049" in out, tail(proc)
+    assert "site.yml starts none there (nfs_server_manage_service: false)" in out, tail(proc)
+    assert "Start the NFS server there" in out and "set nfs_client_mount: false" in out and "Nothing was changed" in out
+    assert took < 120, f"{took:.0f} s"
+    assert all(h.get("changed", 0) == 0 for h in recap(out).values()), out[-3000:]
+    mounted = inventory(cluster, work / "self-mounted.yml", nfs_server=True,
+                        extra={"nfs_server_manage_service": False, "nfs_client_mount": False})
+    proc = preflight(mounted, "--skip-tags", "docker,image")
+    assert proc.returncode == 0, tail(proc)
