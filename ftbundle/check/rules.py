@@ -94,7 +94,25 @@ def check_runtime(facts: list[HostFacts], docker: bool, mode: str = "script", py
     if missing:
         check.failure = "packages missing"
         check.details = per_hosts(missing) + [f"(a {mode} job needs {' and '.join(needed)}: {how})"]
+    if mode == "llamafactory":
+        check.warnings += judged_by_other_version(facts)
     return check
+
+
+def judged_by_other_version(facts: list[HostFacts]) -> list[str]:
+    """A warning where the hosts' LlamaFactory is not the one whose declarations judged the
+    config before anything started (ftbundle/lfargs/declared.py): a key it added, removed or
+    changed since may have been judged wrongly (the hosts' own is what the ranks use)."""
+    from ..lfargs import schema
+
+    judged = schema()["llamafactory"]
+    other = {f.host: v for f in facts if (v := (f.versions or {}).get("llamafactory")) not in (None, "absent", judged)}
+    if not other:
+        return []
+    groups = "; ".join(f"{v} on {fold(hosts)}" for v, hosts in group_by_value(other))
+    return [f"LlamaFactory {groups}: the config was judged by LlamaFactory {judged}'s declarations before the start "
+            f"(a key added or changed since may be judged wrongly); `python -m ftbundle.lfargs --write` with the "
+            "hosts' LlamaFactory installed here judges by theirs"]
 
 
 def check_training(facts: list[HostFacts], layout: Layout) -> Check | None:

@@ -982,3 +982,23 @@ def test_ftb_gpus_naming_a_gpu_its_host_does_not_have_is_refused_naming_it(tmp_p
     assert "ftb_gpus of node2 is 7,9 but node2 has GPUs 0,1,2,3,4,5,6,7: '9' names no GPU there (its ranks would see " \
            "1 of the 2)" in details, details
     assert "ftb_gpus of node0" not in details
+
+
+def test_hosts_with_another_llamafactory_than_the_judge_are_warned_not_refused():
+    """The config is judged by the bundled LlamaFactory declarations (ftbundle/lfargs) before the
+    hosts are asked; hosts running another LlamaFactory are said (issue 45: warn, not refuse)."""
+    from ftbundle.lfargs import schema
+
+    judged = schema()["llamafactory"]
+    same = R.check_runtime([facts("node0"), facts("node1", 1)], docker=False, mode="llamafactory")
+    assert same.ok and same.warnings == [] and judged == "0.9.5"
+    newer = {"python": "3.11.7", "torch": "2.14.1", "transformers": "5.6.0", "llamafactory": "0.9.6"}
+    both = R.check_runtime([facts("node0", versions=newer), facts("node1", 1, versions=newer)], docker=False,
+                           mode="llamafactory")
+    assert both.ok, both
+    assert both.warnings == [f"LlamaFactory 0.9.6 on node[0-1]: the config was judged by LlamaFactory {judged}'s "
+                             "declarations before the start (a key added or changed since may be judged wrongly); "
+                             "`python -m ftbundle.lfargs --write` with the hosts' LlamaFactory installed here judges "
+                             "by theirs"], both.warnings
+    script = R.check_runtime([facts("node0", versions=newer)], docker=False, mode="script")
+    assert script.warnings == []
