@@ -391,7 +391,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
                 files.update(plan.files)  # (the config with its rescaled accumulation)
             stage_files(cluster, plan.nodes[0].host, plan.run_dir, files)
         supervisor = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
-                                start_step=start_step)
+                                start_step=start_step, more_attempts=attempt < attempts)
         outcome = supervisor.run(before if attempt == 1 else None)
         curve += [{**r, "attempt": attempt} for r in (outcome.progress.records if outcome.progress else [])]
         if pending:  # (a restart: where the time from the failure to this attempt's first step went)

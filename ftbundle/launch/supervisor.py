@@ -68,10 +68,11 @@ class Supervisor:
 
     def __init__(self, plan: Plan, cluster: Cluster, *, attempt: int = 1, out: TextIO | None = None,
                  err: TextIO | None = None, lost_after: float = LOST_AFTER_S, ui=None, verbose: bool = True,
-                 start_step: int = 0):
+                 start_step: int = 0, more_attempts: bool = False):
         self.plan = plan
         self.cluster = cluster
         self.attempt = attempt
+        self.more_attempts = more_attempts  # a failure may be followed by another attempt: said as the attempt's
         self.out = out or sys.stdout  # looked up now, not at import: callers may swap sys.stdout
         self.err = err or sys.stderr
         self.lost_after = lost_after
@@ -456,6 +457,8 @@ class Supervisor:
             code=found.code if found.code is not None else first.code, rank_error=found.error,
             rank_traceback=found.traceback, tail=tail, log_path=runner.files.log, local_rank=found.local_rank,
             global_rank=found.global_rank, rank_last_words=found.last_words, wrapper_said=tuple(runner.messages))
+        if self.more_attempts and lines:  # (the attempt's end, not the run's: what follows says what comes next)
+            lines[0] = f"attempt {self.attempt} {lines[0]}"
         for line in lines:
             self.ui.print(self.redact(line))
         if runner.messages:

@@ -123,6 +123,9 @@ def test_a_killed_host_is_left_out_and_the_run_resumes_on_the_others_with_the_gl
     assert re.search(r"^  attempt 2 trained again \d+ s after the failure: detection \d+ s, teardown", err, re.M), err
     assert "FTB_EXCLUDED_HOSTS=node2" in (run / "plan.json").read_text().replace('": "', "=")
     assert job_processes(cluster) == {}
+    # the first attempt's failure is said as the attempt's, not the run's (it read as if the run failed)
+    assert re.search(r"^attempt 1 failed: host node\d", err, re.M), err[-4000:]
+    assert not re.search(r"^failed: host", err, re.M), err[-4000:]
     # one curve per run: the lost host's attempt is kept beside attempt 2's (it held only the last attempt's)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert {r["attempt"] for r in records} == {1, 2}, records
