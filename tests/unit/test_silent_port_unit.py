@@ -32,15 +32,16 @@ def silent_server() -> tuple[socket.socket, int]:
     return server, server.getsockname()[1]
 
 
-def test_a_port_that_never_answers_is_named_in_one_line_without_paramikos_traceback():
-    server, port = silent_server()
+def open_against(server: socket.socket, port: int, name: str, tries: int) -> tuple[dict, str]:
+    """A fresh interpreter's Cluster opened to 127.0.0.1:port (connect timeout 2 s): (its
+    errors, its stderr); the server closed after."""
     code = f"""
 import json
 from ftbundle.cluster import Cluster
 from ftbundle.inventory import Host
-host = Host(name="silent", address="127.0.0.1", port={port}, user=None, key_file=None, local=False,
+host = Host(name={name!r}, address="127.0.0.1", port={port}, user=None, key_file=None, local=False,
             known_hosts=None, proxy_jump=None, vars={{}})
-cluster = Cluster([host], connect_timeout=2, connect_tries=1).open()
+cluster = Cluster([host], connect_timeout=2, connect_tries={tries}).open()
 print(json.dumps(cluster.errors))
 """
     try:
@@ -48,10 +49,15 @@ print(json.dumps(cluster.errors))
     finally:
         server.close()
     assert proc.returncode == 0, proc.stderr
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_a_port_that_never_answers_is_named_in_one_line_without_paramikos_traceback():
+    server, port = silent_server()
+    errors, stderr = open_against(server, port, "silent", tries=1)
     assert errors == {"silent": f"cannot SSH to 127.0.0.1:{port}: timed out after 2 s waiting for the SSH banner: the "
                                 f"port accepts connections but nothing there speaks SSH (is {port} its sshd's port?)"}
-    assert "Exception (client)" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "Exception (client)" not in stderr and "Traceback" not in stderr, stderr
 
 
 def resetting_server() -> tuple[socket.socket, int]:
@@ -78,22 +84,7 @@ def resetting_server() -> tuple[socket.socket, int]:
 
 def test_a_connection_reset_before_the_banner_is_refused_and_tried_again_not_called_silent():
     server, port = resetting_server()
-    code = f"""
-import json
-from ftbundle.cluster import Cluster
-from ftbundle.cluster.errors import refused
-from ftbundle.inventory import Host
-host = Host(name="reset", address="127.0.0.1", port={port}, user=None, key_file=None, local=False,
-            known_hosts=None, proxy_jump=None, vars={{}})
-cluster = Cluster([host], connect_timeout=2, connect_tries=2).open()
-print(json.dumps(cluster.errors))
-"""
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    finally:
-        server.close()
-    assert proc.returncode == 0, proc.stderr
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors, _ = open_against(server, port, "reset", tries=2)
     assert list(errors) == ["reset"]
     assert "speaks SSH" not in errors["reset"], errors
     assert "closed the connection before its SSH banner" in errors["reset"] and "(2 tries)" in errors["reset"], errors
