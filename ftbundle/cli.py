@@ -133,12 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     chk.add_argument("job", help="the job file (job.yaml)")
     chk.add_argument("--net", action="store_true",
                      help="also measure the network: iperf3 to rank 0 from every host, and an all-reduce")
-    chk.add_argument("--min-gbps", type=float, default=10.0,
+    chk.add_argument("--min-gbps", type=float, default=None,
                      help="warn about links slower than this, in Gbit/s (default 10)")
     chk.add_argument("--burn-in", type=_seconds, nargs="?", const=10.0, default=None, metavar="SECONDS",
                      help="also load every host at once for SECONDS (default 10): per GPU a bf16 GEMM and an "
                           "HBM copy, on a CPU host a CPU GEMM; hosts slower than the fleet's median are named")
-    chk.add_argument("--slow-below", type=_fraction, default=0.9, metavar="FRACTION",
+    chk.add_argument("--slow-below", type=_fraction, default=None, metavar="FRACTION",
                      help="with --burn-in: name a host slow below this fraction of the fleet's median (default 0.9)")
     chk.set_defaults(func=cmd_check)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import EXIT_USAGE
+from ..errors import EXIT_USAGE, UserError
 from ..plan import make_plan
 from .common import load_layout, open_cluster, refuse_contradictions
 
@@ -16,6 +16,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     warnings; a measurement that could not be made is a failure)."""
     from ..check import print_report, run_checks
 
+    for flag, value, needs, given in (("--slow-below", args.slow_below, "--burn-in", args.burn_in),
+                                      ("--min-gbps", args.min_gbps, "--net", args.net or None)):
+        if value is not None and given is None:  # (it judges figures only that measurement makes)
+            raise UserError(f"{flag} only applies with {needs}: add {needs}, or drop {flag}", key=flag)
     job, layout = load_layout(args.job, args.inventory)
     refuse_contradictions(job, layout, args.inventory)
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
@@ -33,14 +37,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         if args.net:
             from ..check.net import run_net_check
 
-            net = run_net_check(plan, cluster, min_gbps=args.min_gbps)
+            net = run_net_check(plan, cluster, min_gbps=10.0 if args.min_gbps is None else args.min_gbps)
             failed = not net.ok
             net_figures = {"throughput_gbps": net.throughput_gbps, "rank0": net.rank0, "busbw_gbps": net.busbw_gbps,
                            "algbw_gbps": net.algbw_gbps, "allreduce": net.bench, "warnings": net.warnings}
         if args.burn_in is not None:
-            from ..check.burnin import run_burnin
+            from ..check.burnin import DEFAULT_SLOW_BELOW, run_burnin
 
-            burnin = run_burnin(plan, cluster, seconds=args.burn_in, slow_below=args.slow_below, net=net_figures)
+            slow_below = DEFAULT_SLOW_BELOW if args.slow_below is None else args.slow_below
+            burnin = run_burnin(plan, cluster, seconds=args.burn_in, slow_below=slow_below, net=net_figures)
             failed = failed or not burnin.ok
     return EXIT_USAGE if failed else 0
 

@@ -361,6 +361,16 @@ def case_deepspeed_json_named_in_the_config_is_nowhere(tmp):
     return ["run", "job.yaml"], [f"deepspeed {tmp}/ds_z3.json on localhost"]
 
 
+def case_slow_below_without_burn_in(tmp):
+    job(tmp)
+    return ["check", "job.yaml", "--slow-below", "0.8"], ["key '--slow-below'", "only applies with --burn-in"]
+
+
+def case_min_gbps_without_net(tmp):
+    job(tmp)
+    return ["check", "job.yaml", "--min-gbps", "25"], ["key '--min-gbps'", "only applies with --net"]
+
+
 def case_inventory_host_twice_with_two_addresses(tmp):
     (tmp / "hosts.yml").write_text("all:\n  children:\n    trainers:\n      hosts:\n        node0: {ansible_host: 10.0.0.1}\n"
                                    "    spares:\n      hosts:\n        node0: {ansible_host: 10.0.0.2}\n")
