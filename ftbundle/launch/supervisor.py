@@ -122,7 +122,10 @@ class Supervisor:
         if self.ui is None:
             return
         alive = self._alive()
-        if self.ui.phase in ("", "launching", "staging", "checking") and alive < len(self.status):
+        # (an attempt on fewer or other hosts launches anew: its count is its own, not the first's:
+        # the live line said "nodes 2/3 finished" of a 2-node attempt 2)
+        starting = self.ui.phase in ("", "launching", "staging", "checking") or self.ui.nnodes != len(self.status)
+        if starting and alive < len(self.status):
             self.ui.launching(alive, len(self.status))
         else:
             if self.ui.phase in ("", "launching", "staging", "checking"):

@@ -123,6 +123,9 @@ def test_a_killed_host_is_left_out_and_the_run_resumes_on_the_others_with_the_gl
     assert re.search(r"^  attempt 2 trained again \d+ s after the failure: detection \d+ s, teardown", err, re.M), err
     assert "FTB_EXCLUDED_HOSTS=node2" in (run / "plan.json").read_text().replace('": "', "=")
     assert job_processes(cluster) == {}
+    # attempt 2's nodes are counted as its own: 2, not the first attempt's 3 ("nodes 2/3 finished")
+    after = err[err.index("attempt 2 on node[0-1]"):]
+    assert "launching on 2 node(s)" in after and "nodes 2/3" not in after, after[-3000:]
     # the first attempt's failure is said as the attempt's, not the run's (it read as if the run failed)
     assert re.search(r"^attempt 1 failed: host node\d", err, re.M), err[-4000:]
     assert not re.search(r"^failed: host", err, re.M), err[-4000:]
