@@ -138,9 +138,11 @@ class Supervisor:
 
     def _follow_trainer_log(self, pid: str) -> None:
         """LlamaFactory's trainer_log.jsonl (in output_dir) on a channel of rank 0's host,
-        while rank 0's job runs: the progress display's best source."""
+        while rank 0's job runs: the progress display's best source, and the run's curve
+        (metrics.jsonl) and summary figures also when -v shows rank 0's raw lines instead."""
         path = posixpath.join(self.plan.checkpoint_dir, TRAINER_LOG)
         argv = ["tail", "-n", "0", "-F", "-s", "0.5", f"--pid={pid}", "--", path]
+        record = self.display.record if isinstance(self.display, ProgressFeed) else self._record_quietly
 
         def follow() -> None:
             pending = b""
@@ -150,12 +152,19 @@ class Supervisor:
                 while chunk := proc.read_out():
                     *lines, pending = (pending + chunk).split(b"\n")
                     for line in lines:
-                        self.display.record(line.decode(errors="replace"))
+                        record(line.decode(errors="replace"))
             except (HostUnreachable, OSError, EOFError):
                 pass
 
         self._log_follower = threading.Thread(target=follow, daemon=True, name="trainer-log")
         self._log_follower.start()
+
+    def _record_quietly(self, line: str) -> None:
+        """A trainer_log.jsonl line kept for the record only (-v: the terminal shows rank 0's own)."""
+        from ..ui.progress import parse_trainer_log
+
+        if (found := parse_trainer_log(line)) is not None:
+            self.progress.feed_record(found)  # (this thread alone feeds records: -v has no progress display)
 
     # -- the loop ---------------------------------------------------------------------
     def run(self, before=None) -> Outcome:
@@ -273,7 +282,7 @@ class Supervisor:
         elif event.kind == "pid":
             st.pid = event.text
             st.last_heartbeat = event.at  # the program runs: its heartbeat clock starts now
-            if (event.rank == 0 and isinstance(self.display, ProgressFeed) and self.plan.checkpoint_dir
+            if (event.rank == 0 and self.ui is not None and self.plan.checkpoint_dir
                     and event.text.isdigit() and self._log_follower is None):
                 self._follow_trainer_log(event.text)
             if st.state is State.STARTING:
