@@ -296,7 +296,7 @@ def read_metrics(run_ids: list[str], shared_dir: str, cluster: Cluster | None = 
                 continue
             if isinstance(record, dict):
                 records.append(record)
-        attempts = sorted({r.get("attempt", 1) for r in records}, key=str)
+        attempts = sorted({r.get("attempt", 1) for r in records}, key=lambda a: (str(type(a)), a))  # (2 before 10)
         if len(attempts) > 1:
             for n in attempts:
                 out[f"{run_id} attempt {n}"] = [r for r in records if r.get("attempt", 1) == n]
