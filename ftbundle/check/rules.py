@@ -554,6 +554,6 @@ def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) ->
         if layout.checkpoint_dir:
             optional.append(check_storage(reached, "output_dir", layout.checkpoint_dir, fail=False))
     if layout.checkpoint_dir and host_sees(layout, layout.checkpoint_dir):
-        checks += [c for c in [check_output_dir(reached, layout.checkpoint_dir)] if c is not None]
+        checks += [c for c in [check_output_dir(reached, layout.checkpoint_dir, docker=layout.docker)] if c is not None]
     optional += [check_port(reached, layout), check_probe(reached)]
     return checks + [c for c in optional if c is not None]

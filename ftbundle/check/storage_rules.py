@@ -46,16 +46,19 @@ def check_storage(facts: list[HostFacts], name: str, path: str, *, fail: bool) -
     return check
 
 
-def check_output_dir(facts: list[HostFacts], path: str) -> Check | None:
+def check_output_dir(facts: list[HostFacts], path: str, *, docker: bool = False) -> Check | None:
     """LlamaFactory's output_dir can be made and written on every host: the probe's sentinel
     went under it (or its nearest existing parent, where a run would create it). A regular
     file at that path, a kernel file system, a read-only or foreign directory fail here: the
     run would fail after its start-up (30-45 s on every host) on the first save, or at once.
-    None when no host was asked (a read-only probe)."""
+    None when no host was asked (a read-only probe). With the docker runtime the ranks write
+    as the container's user (root, unless the image says otherwise), not the SSH user that
+    asked: a permission the SSH user lacks is not judged there."""
     asked = [f for f in facts if "output_dir" in f.storage and f.storage["output_dir"].written is not None]
     if not asked:
         return None
-    failing = [f for f in asked if not f.storage["output_dir"].written]
+    failing = [f for f in asked if not f.storage["output_dir"].written
+               and not (docker and f.storage["output_dir"].error == "Permission denied")]
     if not failing:
         return None  # (written everywhere: check_storage says whether it is shared)
     found = []

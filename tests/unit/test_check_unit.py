@@ -1002,3 +1002,24 @@ def test_hosts_with_another_llamafactory_than_the_judge_are_warned_not_refused()
                              "by theirs"], both.warnings
     script = R.check_runtime([facts("node0", versions=newer)], docker=False, mode="script")
     assert script.warnings == []
+
+
+def test_output_dir_that_no_run_could_write_fails_the_check_but_a_containers_permission_is_not_judged():
+    """The probe's sentinel under output_dir (or its nearest parent) is written as the SSH user:
+    a file in the way or a kernel file system fails for anyone; a permission the SSH user lacks
+    fails the host runtime, not the docker runtime (its ranks write as the container's user)."""
+    from ftbundle.check.storage_rules import check_output_dir
+
+    def host(name, rank, written, where, error=None):
+        return facts(name, rank, storage={"output_dir": Storage("/s/out", written=written, where=where, error=error)})
+
+    fine = [host("node0", 0, True, "/s"), host("node1", 1, True, "/s")]
+    assert check_output_dir(fine, "/s/out") is None
+    denied = [host("node0", 0, True, "/s"), host("node1", 1, False, "/s", "Permission denied")]
+    check = check_output_dir(denied, "/s/out")
+    assert check is not None and not check.ok and check.details[0] == "node1: /s: Permission denied", check
+    assert check_output_dir(denied, "/s/out", docker=True) is None
+    filed = [host("node0", 0, False, "/s/out", "a file, not a directory")]
+    assert check_output_dir(filed, "/s/out", docker=True).details[0] == "node0: /s/out: a file, not a directory"
+    proc = [host("node0", 0, False, "/proc", "No such file or directory")]
+    assert "node0: /proc is a kernel file system" in check_output_dir(proc, "/proc/x/out").details[0]
