@@ -198,6 +198,7 @@ class HostFacts:
     datasets: list[dict] = field(default_factory=list)
     cpus: int | None = None  # the cores the probe's login may use
     paths: dict[str, str | None] = field(default_factory=dict)  # the job's files: None there, else why not
+    fingerprints: dict[str, dict] = field(default_factory=dict)  # the job's node-local files' bytes (remote/probe_files.py)
     problems: list[str] = field(default_factory=list)  # facts that could not be had
 
     def visible_gpus(self, job_env: dict[str, str]) -> list[Gpu]:
@@ -258,6 +259,7 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
     f.datasets = list(data.get("datasets") or [])
     f.cpus = data.get("cpus") if isinstance(data.get("cpus"), int) else None
     f.paths = dict(data.get("paths") or {})
+    f.fingerprints = {k: v for k, v in (data.get("fingerprints") or {}).items() if isinstance(v, dict)}
     f.problems = list(data.get("errors") or [])
     return f
 

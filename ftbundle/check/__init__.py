@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 
 from .. import shipped
 from ..cluster import Cluster, first_line, parallel
@@ -35,6 +35,8 @@ from ..layout import CLAIM_DIR, CLAIM_GRACE_S, Layout, claim_keys
 from ..plan import IMAGE_REF_FILE, shape_text
 from .claims import claim_check, claimed
 from .report import CheckReport, format_report, print_report
+from ..remote.probe_files import HASHING
+from .bytes_rules import FINGERPRINTED, on_shared_dir, size_text
 from .rules import Check, evaluate, job_paths
 
 __all__ = ["Check", "CheckReport", "ClusterFacts", "HostFacts", "claimed", "clean_up", "format_report", "print_report",
@@ -61,7 +63,7 @@ STORAGE_PATIENCE_S = 30
 
 # The probe is one program on stdin, written as files by concern (ftbundle/remote/): its parts in
 # this order, main (probe.py) last; the versions script (run by the job's interpreter) as a string.
-PROBE_PARTS = ("evidence.py", "probe_common.py", "probe_gpus.py", "probe_storage.py", "claims.py")
+PROBE_PARTS = ("evidence.py", "probe_common.py", "probe_gpus.py", "probe_storage.py", "probe_files.py", "claims.py")
 
 
 @cache
@@ -129,13 +131,18 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
                          "connect_s": CONNECT_S + extra})
     if create and job.health != "off":  # (not in a read-only probe: nothing is checked there)
         spec["health"] = {"fields": list(HEALTH_FIELDS), "aliases": FIELD_ALIASES, "window_s": XID_WINDOW_S}
-    if layout.dataset_dir:
+    # what lives on shared storage is read by rank 0 alone: the same bytes for every host
+    if layout.dataset_dir and (rank == 0 or not on_shared_dir(layout, layout.dataset_dir)):
         spec["datasets"] = {"dir": layout.dataset_dir, "names": list(layout.datasets)}
     if layout.docker:
         spec["image_python"] = job.runtime.python
     wanted = job_paths(layout)
     if wanted:
         spec["paths"] = wanted
+    compared = {key: path for key, path in wanted.items() if key in FINGERPRINTED}
+    compared = {key: path for key, path in compared.items() if rank == 0 or not on_shared_dir(layout, path)}
+    if compared and create:  # (not in a read-only probe)
+        spec["fingerprints"] = compared
     keys = claim_keys(layout, rank) if claim else []
     if keys:  # (a run's check: its port and GPUs, claimed on the host: remote/claims.py)
         spec["claim"] = {"dir": CLAIM_DIR, "run": layout.run_id, "keys": keys, "grace_s": CLAIM_GRACE_S,
@@ -157,10 +164,12 @@ def sentinel_token(layout: Layout) -> str | None:
 
 
 def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: str | None = None,
-                on_progress: Callable[[int, int], None] | None = None, claim: bool = False) -> ClusterFacts:
+                on_progress: Callable[[int, int], None] | None = None, claim: bool = False,
+                on_hashing: Callable[[str], None] | None = None) -> ClusterFacts:
     """Every host's facts, asked at once. ``full``: also the master port, and the storage
     sentinels named ``token`` (the check); otherwise only what the plan needs (``--no-check``
-    with ``auto``)."""
+    with ``auto``). ``on_hashing``: a line on the files being hashed, while they are."""
+    hashing = Hashing(on_hashing) if on_hashing is not None else None
     reachable = [rank for rank, h in enumerate(layout.hosts) if h.name not in cluster.errors]
     token = token if full else None
     sentinels = token is not None
@@ -178,14 +187,16 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
             spec = probe_spec(layout, rank, token=token, expect=reachable if sentinels else [rank],
                               port_peers=port_peers, create=full, claim=claim and full)
             try:
-                result = cluster.run(host, probe_argv(host, json.dumps(spec)), stdin=probe_source(),
-                                     timeout=PROBE_TIMEOUT_S)
+                proc = cluster.start(host, probe_argv(host, json.dumps(spec)), timeout=PROBE_TIMEOUT_S)
+                result = proc.communicate(probe_source(), timeout=PROBE_TIMEOUT_S,
+                                          on_err=None if hashing is None else partial(hashing.feed, host.name))
             except Exception as exc:  # connection dropped, timed out: this host's failure
                 return HostFacts(host.name, rank, error=f"probe failed: {first_line(exc)}")
             try:
                 data = json.loads(result.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
-                said = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [f"exit {result.code}"]
+                said = [line for line in (result.stderr.strip() or result.stdout.strip()).splitlines()
+                        if not line.startswith(HASHING)][-1:] or [f"exit {result.code}"]
                 return HostFacts(host.name, rank, error=f"probe did not finish: {said[0][:300]}")
             return parse_facts(host.name, rank, data)
         finally:
@@ -195,6 +206,45 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
                     on_progress(done[0], len(layout.hosts))
 
     return ClusterFacts(parallel(ask, range(len(layout.hosts))), token=token)
+
+
+class Hashing:
+    """The probes' ``ftb-hashing NAME DONE TOTAL`` lines (remote/probe_files.py) summed over
+    the hosts, said as one line at most every PROGRESS_S (and when all is hashed)."""
+
+    PROGRESS_S = 1.0
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
+        self.each: dict[tuple[str, str], tuple[int, int]] = {}
+        self.partial: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+        self.last = 0.0
+        self.started = time.monotonic()
+
+    def feed(self, host: str, chunk: bytes) -> None:
+        with self.lock:
+            *lines, self.partial[host] = (self.partial.get(host, b"") + chunk).split(b"\n")
+            for line in lines:
+                words = line.decode(errors="replace").split()
+                if len(words) == 4 and words[0] == HASHING and words[2].isdigit() and words[3].isdigit():
+                    self.each[(host, words[1])] = (int(words[2]), int(words[3]))
+            if not self.each:
+                return
+            done = sum(d for d, _ in self.each.values())
+            total = sum(t for _, t in self.each.values())
+            now = time.monotonic()
+            if now - self.last < self.PROGRESS_S and done < total:
+                return
+            self.last = now
+            names = ", ".join(sorted({name for _, name in self.each}))
+            rate = done / max(now - self.started, 1e-3)
+            line = (f"hashing {names}: {size_text(done)} of {size_text(total)} on "
+                    f"{len({h for h, _ in self.each})} host(s), {size_text(rate)}/s")
+        try:
+            self.say(line)
+        except Exception:  # (a display's trouble is not the probe's)
+            pass
 
 
 def remove_sentinels(layout: Layout, cluster: Cluster, token: str | None, hosts: list[Host],
@@ -237,14 +287,16 @@ def clean_up(cluster: Cluster, leftovers: list[tuple[Host, list[str]]], timeout:
 
 def run_checks(layout: Layout, cluster: Cluster, *, nproc_per_node: int | None = None,
                on_progress: Callable[[int, int], None] | None = None,
-               keep_sentinels: bool = False, claim: bool = False) -> tuple[CheckReport, ClusterFacts]:
+               keep_sentinels: bool = False, claim: bool = False,
+               on_hashing: Callable[[str], None] | None = None) -> tuple[CheckReport, ClusterFacts]:
     """Ask every host whether they are alike and ready: (the report, the facts). Starts
     nothing; leaves nothing behind but the shared directory it created (and, with
     ``keep_sentinels``, the sentinels for the caller to remove, e.g. as it stages)."""
     started = time.monotonic()
     token = sentinel_token(layout)
     try:
-        facts = probe_hosts(layout, cluster, full=True, token=token, on_progress=on_progress, claim=claim)
+        facts = probe_hosts(layout, cluster, full=True, token=token, on_progress=on_progress, claim=claim,
+                            on_hashing=on_hashing)
     except KeyboardInterrupt:  # a moment for the sentinels, not more: Ctrl-C must be quick
         remove_sentinels(layout, cluster, token, list(layout.hosts), timeout=1)
         raise

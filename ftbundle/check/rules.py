@@ -18,6 +18,7 @@ from ..hostlist import fold, fold_numbers
 from ..layout import Layout
 from ..remote.evidence import waits_in
 from .finding import Check, describe_groups, group_by_value, per_hosts
+from .bytes_rules import check_datasets, check_model_bytes  # noqa: F401 (re-exported: the rules' names)
 from .storage_rules import check_output_dir, check_storage  # noqa: F401 (re-exported: the rules' names)
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -412,39 +413,6 @@ def check_dirs(facts: list[HostFacts], layout: Layout) -> Check:
     return check
 
 
-def check_datasets(facts: list[HostFacts]) -> Check | None:
-    """The same bytes of every dataset file on every host; a missing dataset_info.json,
-    an unknown dataset or a missing file names the host, the file and the dataset."""
-    if not any(f.datasets for f in facts):
-        return None
-    check = Check("datasets", [])
-    per_file: dict[tuple[str, str], dict[str, str]] = {}
-    for f in facts:
-        for entry in f.datasets:
-            if "remote" in entry:
-                note = f"dataset {entry['dataset']!r} is not a local file ({entry['remote']}): not compared"
-                if note not in check.notes:
-                    check.notes.append(note)
-                continue
-            if "error" in entry:
-                what = f"dataset {entry['dataset']!r}" if "dataset" in entry else "the datasets"
-                check.details.append(f"{f.host}: {entry['file']} {entry['error']} (needed for {what})")
-                if "dataset" in entry:
-                    per_file.setdefault((entry["dataset"], entry["file"]), {})[f.host] = entry["error"]
-                continue
-            per_file.setdefault((entry["dataset"], entry["file"]), {})[f.host] = entry["sha256"][:16]
-    for (dataset, path), hashes in per_file.items():
-        groups = group_by_value(hashes)
-        present = group_by_value({h: v for h, v in hashes.items() if len(v) == 16})
-        if len(present) > 1:
-            check.details.append(f"dataset {dataset!r} file {path} differs: {describe_groups(present)}")
-        check.groups += [(f"{dataset} {path} " + (f"sha256 {value}" if len(value) == 16 else value), hosts)
-                         for value, hosts in groups]
-    if check.details:
-        check.failure = "dataset files differ or are missing"
-    return check
-
-
 def _ifname_matches(spec: str, dev: str) -> bool:
     """NCCL_SOCKET_IFNAME syntax: comma-separated prefixes, `=` exact, `^` excludes."""
     exclude = spec.startswith("^")
@@ -547,7 +515,7 @@ def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) ->
     checks += [c for c in [check_health(reached, layout.job.health)] if c is not None]
     checks += [c for c in [check_storage_answers(reached)] if c is not None]
     checks.append(check_dirs(reached, layout))
-    optional = [check_datasets(reached)]
+    optional = [check_datasets(reached), check_model_bytes(reached)]
     if remote:
         checks.append(check_route(reached, layout))
         optional.append(check_storage(reached, "shared_dir", layout.shared_dir, fail=True))

@@ -62,12 +62,20 @@ class Proc:
         yet: a backlog on our side, not silence on the host's."""
         return False
 
-    def communicate(self, data: bytes = b"", timeout: float | None = None) -> Result:
-        """Send ``data``, close stdin, collect all output and the exit code."""
+    def communicate(self, data: bytes = b"", timeout: float | None = None,
+                    on_err: Callable[[bytes], None] | None = None) -> Result:
+        """Send ``data``, close stdin, collect all output and the exit code; ``on_err``: each
+        chunk of stderr as it comes (a command's progress lines)."""
         out: list[bytes] = []
         err: list[bytes] = []
+
+        def err_sink(chunk: bytes) -> None:
+            err.append(chunk)
+            if on_err is not None:
+                on_err(chunk)
+
         readers = [threading.Thread(target=_drain, args=(self.read_out, out.append), daemon=True),
-                   threading.Thread(target=_drain, args=(self.read_err, err.append), daemon=True)]
+                   threading.Thread(target=_drain, args=(self.read_err, err_sink), daemon=True)]
         for t in readers:
             t.start()
         if data:

@@ -6,7 +6,7 @@ import argparse
 
 from ..errors import EXIT_USAGE, UserError
 from ..plan import make_plan
-from .common import load_layout, open_cluster, refuse_contradictions
+from .common import load_layout, open_cluster, refuse_contradictions, say
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -23,7 +23,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     job, layout = load_layout(args.job, args.inventory)
     refuse_contradictions(job, layout, args.inventory)
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
-        report, facts = run_checks(layout, cluster)
+        report, facts = run_checks(layout, cluster, on_hashing=say)
         plan = make_plan(layout, facts) if report.ok else None
         if plan is not None:
             said = output_dir_check(plan, cluster)

@@ -50,7 +50,8 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None):
         from ..check import claimed, clean_up, print_report, run_checks, sentinel_cleanup
 
         report, facts = run_checks(layout, cluster, keep_sentinels=True, claim=True,
-                                   on_progress=ui.checking if ui is not None else None)
+                                   on_progress=ui.checking if ui is not None else None,
+                                   on_hashing=ui.hashing if ui is not None else say)
         if ui is not None:
             ui.stop()
         sentinels = sentinel_cleanup(layout, facts)

@@ -33,7 +33,8 @@ question, not their sum:
   what lives under it (the workdir's files, the datasets) is not looked at;
 - the master port: rank 0 binds it (the "is it free" test) and accepts the others, who
   connect to it, all within this one round;
-- the dataset files' sha256 (LlamaFactory's dataset_info.json rules).
+- the dataset files' sha256 (LlamaFactory's dataset_info.json rules) and the fingerprint of a
+  node-local model (probe_files.py: each file's digest remembered while it is unchanged).
 """
 
 import json
@@ -47,6 +48,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .probe_common import guarded, have, last_line, pauses, run, which
     from .probe_gpus import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY, gpus, health  # noqa: F401 (tests)
     from .probe_storage import StorageReport, cleanup, storage_apart
+    from .probe_files import cache_read, cache_write, fingerprint, fingerprints
     from .claims import claim
 
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "versions.py")) as f:
@@ -294,112 +296,13 @@ def datasets(spec, out):
             found.append({"dataset": name, "file": path, "error": "missing"})
             continue
         try:
-            found.append({"dataset": name, "file": path, "sha256": digest(path)})
+            found.append({"dataset": name, "file": path, "sha256": fingerprint(path)["sha256"]})
         except OSError as exc:
             found.append({"dataset": name, "file": path, "error": f"unreadable: {exc.strerror}"})
     out["datasets"] = found
 
 
-def sha256(path):
-    import hashlib  # (only the datasets fact needs it)
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def digest(path):
-    if os.path.isfile(path):
-        return sha256(path)
-    import hashlib  # (only the datasets fact needs it)
-
-    h = hashlib.sha256()
-    for root, subdirs, files in os.walk(path):
-        subdirs.sort()
-        for name in sorted(files):
-            full = os.path.join(root, name)
-            h.update(f"{os.path.relpath(full, path)}\0{sha256(full)}\n".encode())
-    return h.hexdigest()
-
-
 # -- check --net: iperf3 between rank 0 and one other host ------------------------------
-
-# -- what a probe keeps on its host between checks ---------------------------------------
-
-CACHE_ROOT = "/tmp"
-
-
-def cache_dir():
-    """/tmp/ftbundle-UID, made by and readable only by this user; None (no cache) when it is
-    anything else: another user's, open to others, a symlink."""
-    import stat
-    path = os.path.join(CACHE_ROOT, f"ftbundle-{os.getuid()}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return None
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    return path
-
-
-def stamp(path):
-    """What changes when a file or directory is written, replaced, or gains or loses an entry."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-def cache_file(name, key):
-    import zlib
-    where = cache_dir()
-    text = json.dumps(key, sort_keys=True)
-    return where and os.path.join(where, f"{name}-{zlib.crc32(text.encode()):08x}.json"), text
-
-
-def cache_read(name, key):
-    """The value kept under ``key`` while every path it was based on has its stamp still."""
-    path, text = cache_file(name, key)
-    if not path:
-        return None
-    try:
-        with open(path) as f:
-            kept = json.load(f)
-        if kept["key"] != text or any(stamp(p) != s for p, s in kept["stamps"]):
-            return None
-        return kept["value"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def cache_write(name, key, value, basis, since):
-    """Keep ``value`` under ``key`` with the stamps of its ``basis``; not when any of them
-    changed after ``since`` (ns, taken before the value was read, less the 1 s some
-    filesystems' timestamps are coarse to): the value may predate that change."""
-    path, text = cache_file(name, key)
-    if not path:
-        return
-    stamps = [[p, stamp(p)] for p in dict.fromkeys(basis)]
-    if any(s is not None and s[4] >= since - 10**9 for _, s in stamps):
-        return
-    try:
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump({"key": text, "stamps": stamps, "value": value}, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
 
 def iperf_server(spec, out):
     """One client, then exit; the timeout ends it if the client never comes."""
@@ -438,6 +341,7 @@ def main():
         print(json.dumps(out))
         return
     report = StorageReport(spec, *storage_apart(spec, started)) if spec.get("storage") else None
+    spec["fingerprint_deadline"] = started + spec.get("deadline_s", 150) - 2  # (what it has by then)
     # the slowest first (it starts the job's interpreter): its head start is the round's
     tasks = (([versions] if spec.get("python") else []) + [system, env_view, port, gpus, health, image]
              + ([claim] if spec.get("claim") else []))
@@ -449,7 +353,7 @@ def main():
     stuck = report.answered(spec.get("storage_answer_s", 5), spec.get("storage_patience_s", 30)) if report else None
     if stuck is None:
         late = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
-                for t in (dirs, datasets, paths)]
+                for t in (dirs, datasets, paths, fingerprints)]
         for t in late:
             t.start()
         threads += late

@@ -198,6 +198,14 @@ class Phases:
         with self._lock:
             self._enter("checking", f"hosts {done}/{total}", plain=f"checking {total} host(s)")
 
+    def hashing(self, line: str) -> None:
+        """The check's files being hashed on the hosts (a node-local model: check/bytes_rules.py)."""
+        with self._lock:
+            if self._console is None:  # (a line each time, not the phase's one line)
+                self.say(line)
+            else:
+                self._enter("checking", line)
+
     def staging(self) -> None:
         self._enter("staging", "run directory and configs on shared storage",
                     plain="staging the run directory on shared storage")

@@ -79,7 +79,9 @@ def test_sane_cluster_passes_and_lists_every_host(cluster3, tmp_path):
     assert f"torch={torch.__version__}" in versions and f"transformers={transformers.__version__}" in versions
     assert versions.endswith(": node[0-2]")
     assert "ssh         reachable: node[0-2]" in lines
-    assert any("support.json sha256" in line and line.endswith("node[0-2]") for line in lines)
+    # the datasets are on shared storage (the workdir): read by rank 0 alone
+    assert any("support.json sha256" in line and line.endswith(": node0") for line in lines), text
+    assert any("the datasets are on shared storage: read once, by node0" in line for line in lines), text
     assert "            sees node[0-2]: node[0-2]" in lines
     assert "            free on node0 (rank 0), reachable from: node[1-2]" in lines
     assert "            eth0: node[1-2]" in lines  # the interface that routes to rank 0
@@ -158,6 +160,56 @@ def test_dataset_different_or_missing_on_one_host_fails_naming_it(cluster3, tmp_
     cluster3.exec("node1", "rm /srv/work/data/dataset_info.json")
     report, _ = check(cluster3, tmp_path, lf_train(), workdir="/srv/work")
     assert "datasets: node1: /srv/work/data/dataset_info.json missing (needed for the datasets)" in report.failures
+
+
+MODEL_FILES = ("mkdir -p {d}/.cache/huggingface && echo '{{}}' > {d}/config.json && "
+               "head -c 3145728 /dev/zero > {d}/model.safetensors && date +%N > {d}/.cache/huggingface/meta")
+
+
+def same_bytes(report):
+    [c] = [c for c in report.checks if c.name == "same bytes"]
+    return c
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_model_copies_that_differ_by_one_byte_are_refused_naming_the_odd_host_and_file(cluster3, tmp_path):
+    """Seed trap "Nodes Out of Sync": each host's own copy of the model, node2's one byte
+    off. The check names node2 and the file; each copy is read once while unchanged."""
+    for host in cluster3.hosts:  # (each host's downloader metadata differs: not the model's bytes)
+        cluster3.exec(host, MODEL_FILES.format(d="/srv/models/tiny"))
+    flip = "printf '\\x01' | dd of=/srv/models/tiny/model.safetensors bs=1 seek=1000 conv=notrunc status=none"
+    cluster3.exec("node2", flip)
+    time.sleep(1.2)  # (a file changed in the last second is hashed, not remembered: coarse timestamps)
+    train = lf_train(model_name_or_path="/srv/models/tiny")
+
+    report, text = check(cluster3, tmp_path, train, workdir="/srv/work")
+    c = same_bytes(report)
+    assert c.failure == "the job's files differ between hosts" and "FAIL the job's files differ between hosts" in text
+    [line] = c.details
+    # (the digests counted by hand: sha256 over "NAME\0SHA256(FILE)\n" of config.json and model.safetensors)
+    assert line == ("model_name_or_path /srv/models/tiny differs between hosts: sha256 2f86742e7c0fc56e on node[0-1]; "
+                    "sha256 baf71fac0fee162d on node2; the odd host(s): node2 (files not as on node0: node2: "
+                    "model.safetensors)"), line
+    assert c.notes == ["model_name_or_path: 9.4 MB read and hashed on 3 host(s); an unchanged copy is not read again"]
+
+    cluster3.exec("node2", flip.replace("x01", "x00"))  # node2's copy mended
+    time.sleep(1.2)
+    report, _ = check(cluster3, tmp_path, train, workdir="/srv/work")
+    c = same_bytes(report)  # only node2's changed file was read again
+    assert c.ok and c.notes == ["model_name_or_path: 3.1 MB read and hashed on 1 host(s); an unchanged copy is "
+                                "not read again"], c.notes
+    assert len(c.groups) == 1 and c.groups[0][1] == ["node0", "node1", "node2"]
+    report, _ = check(cluster3, tmp_path, train, workdir="/srv/work")
+    assert same_bytes(report).ok and same_bytes(report).notes == []  # nothing read at all
+
+    # on shared storage: the same bytes for everyone by construction, read by rank 0 alone
+    cluster3.exec("node0", MODEL_FILES.format(d=f"{cluster3.shared_dir}/models/tiny"))
+    report, _ = check(cluster3, tmp_path, lf_train(model_name_or_path=f"{cluster3.shared_dir}/models/tiny"),
+                      workdir="/srv/work")
+    assert [f.host for f in report.facts.hosts if f.fingerprints] == ["node0"]
+    assert same_bytes(report).ok and (f"model_name_or_path {cluster3.shared_dir}/models/tiny is on shared storage: "
+                                      "read once, by node0") in same_bytes(report).notes
 
 
 @pytest.mark.cluster

@@ -800,7 +800,7 @@ def test_versions_without_site_agree_with_the_full_interpreter(tmp_path):
     a directory only a .pth file adds (the fallback to the plain run)."""
     import subprocess
 
-    from ftbundle.remote import probe
+    from ftbundle.remote import probe, probe_files
 
     def ask(python, packages):
         out = {}
@@ -846,11 +846,11 @@ def test_versions_are_kept_on_the_host_until_a_package_changes(tmp_path, monkeyp
     import subprocess
     import time
 
-    from ftbundle.remote import probe
+    from ftbundle.remote import probe, probe_files
 
     root = tmp_path / "root"
     root.mkdir()
-    monkeypatch.setattr(probe, "CACHE_ROOT", str(root))
+    monkeypatch.setattr(probe_files, "CACHE_ROOT", str(root))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site_packages = next(venv.glob("lib/python3*/site-packages"))
@@ -918,7 +918,7 @@ def test_probe_waits_grow_with_the_hosts_and_a_timeout_is_named(tmp_path):
     was one, and for how long, not 'no route' or a bare error."""
     from ftbundle import check as C
     from ftbundle.check import scale_s
-    from ftbundle.remote import probe
+    from ftbundle.remote import probe, probe_files
 
     assert scale_s(2) == 0 and scale_s(16) == 2.0 and scale_s(256) == 32.0
     layout = layout_of(tmp_path, 16)

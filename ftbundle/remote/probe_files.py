@@ -1,0 +1,210 @@
+"""What the probe keeps on its host between checks, and the fingerprints of the job's files.
+
+A part of the probe (shipped before ftbundle/remote/probe.py as one program: ``probe_source``
+in ftbundle/check/__init__.py). Standard library only.
+
+- The cache: a private directory (/tmp/ftbundle-UID, this user's alone) holding what was
+  costly to learn (the job interpreter's versions, the files' digests) with the stamps of
+  what it was based on; a value is used again only while every stamp holds.
+- Fingerprints: the sha256 of a file, or of a directory tree (each file's relative name and
+  digest, in order; names starting with a dot left out: a downloader's own metadata, such as
+  .cache/huggingface, differs from host to host while the model does not). Each file's
+  digest is remembered with its stamp (device, inode, size, mtime, ctime), so an unchanged
+  copy is read once however many checks follow. While files are hashed the probe says so on
+  stderr, a line at most every PROGRESS_EVERY_S::
+
+      ftb-hashing NAME DONE TOTAL       bytes hashed so far of those this check must read
+
+  and it stops at the probe's deadline with what it has ("unfinished": the digests of the
+  files it finished are kept, the next check goes on from there).
+"""
+
+import json
+import os
+import sys
+import time
+
+CACHE_ROOT = "/tmp"
+HASH_CHUNK = 1 << 20
+HASHING = "ftb-hashing"
+PROGRESS_EVERY_S = 0.5
+EACH_MAX = 256  # a directory's files named one by one (the odd file named) up to this many
+
+
+def cache_dir():
+    """/tmp/ftbundle-UID, made by and readable only by this user; None (no cache) when it is
+    anything else: another user's, open to others, a symlink."""
+    import stat
+    path = os.path.join(CACHE_ROOT, f"ftbundle-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def stamp(path):
+    """What changes when a file or directory is written, replaced, or gains or loses an entry."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def cache_file(name, key):
+    import zlib
+    where = cache_dir()
+    text = json.dumps(key, sort_keys=True)
+    return where and os.path.join(where, f"{name}-{zlib.crc32(text.encode()):08x}.json"), text
+
+
+def cache_read(name, key):
+    """The value kept under ``key`` while every path it was based on has its stamp still."""
+    path, text = cache_file(name, key)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+        if kept["key"] != text or any(stamp(p) != s for p, s in kept["stamps"]):
+            return None
+        return kept["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def cache_write(name, key, value, basis, since):
+    """Keep ``value`` under ``key`` with the stamps of its ``basis``; not when any of them
+    changed after ``since`` (ns, taken before the value was read, less the 1 s some
+    filesystems' timestamps are coarse to): the value may predate that change."""
+    path, text = cache_file(name, key)
+    if not path:
+        return
+    stamps = [[p, stamp(p)] for p in dict.fromkeys(basis)]
+    if any(s is not None and s[4] >= since - 10**9 for _, s in stamps):
+        return
+    _write_json(path, {"key": text, "stamps": stamps, "value": value})
+
+
+def _write_json(path, value):
+    try:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+# -- fingerprints ------------------------------------------------------------------------
+
+def listing(path):
+    """(relative name, path) of the file at ``path`` (name ""), or of every file under the
+    directory, in order; names starting with a dot are left out."""
+    if not os.path.isdir(path):
+        return [("", path)]
+    found = []
+    for root, subdirs, files in os.walk(path):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith("."):
+                full = os.path.join(root, name)
+                found.append((os.path.relpath(full, path), full))
+    return found
+
+
+def fingerprint(path, progress=None, deadline=None):
+    """{"sha256", "files", "bytes", "hashed" (bytes read now: 0 when every digest was
+    remembered), "each" ({relative name: its digest's first 16 hex digits}, a directory of
+    at most EACH_MAX files)}. ``progress(done, total)``: after each chunk read. Past
+    ``deadline`` (time.monotonic()) it stops between chunks and answers
+    {"unfinished": [done, total], "files", "bytes"}."""
+    import hashlib
+
+    files = listing(path)
+    kept_at, key = cache_file("digests", {"path": os.path.abspath(path)})
+    kept = {}
+    if kept_at:
+        try:
+            with open(kept_at) as f:
+                data = json.load(f)
+            kept = data["files"] if data.get("key") == key and isinstance(data.get("files"), dict) else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            kept = {}
+    names = {full for _, full in files}
+    kept = {full: v for full, v in kept.items() if full in names}  # (what is gone is forgotten)
+    digests, todo, size = {}, [], 0
+    for rel, full in files:
+        st = stamp(full)
+        if st is None:
+            raise OSError(2, f"{full} vanished while it was listed")
+        size += st[2]
+        entry = kept.get(full)
+        if entry and entry[0] == st:
+            digests[rel] = entry[1]
+        else:
+            todo.append((rel, full, st))
+    total = sum(st[2] for _, _, st in todo)
+    done = 0
+    for rel, full, st in todo:
+        began = time.time_ns()
+        h = hashlib.sha256()
+        with open(full, "rb") as f:
+            while chunk := f.read(HASH_CHUNK):
+                h.update(chunk)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, total)
+                if deadline is not None and time.monotonic() > deadline:
+                    return {"unfinished": [done, total], "files": len(files), "bytes": size}
+        digests[rel] = h.hexdigest()
+        if stamp(full) == st and st[4] < began - 10**9:  # (not changed while read, nor just before)
+            kept[full] = [st, digests[rel]]
+            if kept_at:
+                _write_json(kept_at, {"key": key, "files": kept})
+    if len(files) == 1 and files[0][0] == "":
+        top = digests[""]
+    else:
+        h = hashlib.sha256()
+        for rel, _ in files:
+            h.update(f"{rel}\0{digests[rel]}\n".encode())
+        top = h.hexdigest()
+    found = {"sha256": top, "files": len(files), "bytes": size, "hashed": done}
+    if files and len(files) <= EACH_MAX and files[0][0] != "":
+        found["each"] = {rel: d[:16] for rel, d in digests.items()}
+    return found
+
+
+def fingerprints(spec, out):
+    """The fingerprint of each path the spec names ({name: path}): the job's node-local model
+    (ftbundle/check/rules.py asks only rank 0 for what lives on shared storage)."""
+    wanted = spec.get("fingerprints") or {}
+    deadline = spec.get("fingerprint_deadline")
+    found = {}
+    for name, path in wanted.items():
+        last = [0.0]
+
+        def progress(done, total, name=name):
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY_S or done == total:
+                last[0] = now
+                sys.stderr.write(f"{HASHING} {name} {done} {total}\n")
+                sys.stderr.flush()
+
+        if not os.path.exists(path):
+            found[name] = {"path": path, "error": "missing"}
+            continue
+        try:
+            found[name] = {"path": path, **fingerprint(path, progress, deadline)}
+        except OSError as exc:
+            found[name] = {"path": path, "error": f"unreadable: {exc.strerror or exc}"}
+    out["fingerprints"] = found
