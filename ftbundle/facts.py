@@ -162,6 +162,7 @@ class Storage:
     error: str | None = None
     not_answering_s: float | None = None  # a stat under it did not answer this long (hung network filesystem)
     slow: SlowReading | None = None  # that stat, slow: how it was seen (answered later, or not at all)
+    free: int | None = None  # bytes free to the user where the sentinel went (statvfs f_bavail)
 
 
 @dataclass
@@ -199,6 +200,7 @@ class HostFacts:
     cpus: int | None = None  # the cores the probe's login may use
     paths: dict[str, str | None] = field(default_factory=dict)  # the job's files: None there, else why not
     fingerprints: dict[str, dict] = field(default_factory=dict)  # the job's node-local files' bytes (remote/probe_files.py)
+    model: dict | None = None  # the model's parameters, files and config (rank 0: remote/probe_files.py)
     problems: list[str] = field(default_factory=list)  # facts that could not be had
 
     def visible_gpus(self, job_env: dict[str, str]) -> list[Gpu]:
@@ -253,13 +255,15 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
             path=s.get("path", ""), exists=bool(s.get("exists")), created=bool(s.get("created")),
             parent_exists=bool(s.get("parent_exists")), where=s.get("where"), written=s.get("written"),
             seen=tuple(s.get("seen") or ()), error=s.get("write_error") or s.get("create_error"),
-            not_answering_s=s.get("not_answering_s"), slow=slow_reading(s.get("slow")))
+            not_answering_s=s.get("not_answering_s"), slow=slow_reading(s.get("slow")),
+            free=s.get("free") if isinstance(s.get("free"), int) else None)
     f.port = data.get("port")
     f.claim = data.get("claim") if isinstance(data.get("claim"), dict) else None
     f.datasets = list(data.get("datasets") or [])
     f.cpus = data.get("cpus") if isinstance(data.get("cpus"), int) else None
     f.paths = dict(data.get("paths") or {})
     f.fingerprints = {k: v for k, v in (data.get("fingerprints") or {}).items() if isinstance(v, dict)}
+    f.model = data.get("model") if isinstance(data.get("model"), dict) else None
     f.problems = list(data.get("errors") or [])
     return f
 

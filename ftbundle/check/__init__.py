@@ -143,6 +143,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
     compared = {key: path for key, path in compared.items() if rank == 0 or not on_shared_dir(layout, path)}
     if compared and create:  # (not in a read-only probe)
         spec["fingerprints"] = compared
+    if rank == 0 and create and layout.checkpoint_dir and "model_name_or_path" in wanted:
+        spec["model"] = wanted["model_name_or_path"]  # (its size: what a checkpoint holds)
     keys = claim_keys(layout, rank) if claim else []
     if keys:  # (a run's check: its port and GPUs, claimed on the host: remote/claims.py)
         spec["claim"] = {"dir": CLAIM_DIR, "run": layout.run_id, "keys": keys, "grace_s": CLAIM_GRACE_S,

@@ -26,11 +26,12 @@ def on_shared_dir(layout: Layout, path: str) -> bool:
 
 
 def size_text(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+    """Bytes in decimal units, as disks are sold and `df -H` says them: 9.4 MB, 126.0 TB."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n:.1f} TB"
+    raise AssertionError("unreachable")
 
 
 def files_apart(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:

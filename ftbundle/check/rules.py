@@ -19,6 +19,7 @@ from ..layout import Layout
 from ..remote.evidence import waits_in
 from .finding import Check, describe_groups, group_by_value, per_hosts
 from .bytes_rules import check_datasets, check_model_bytes  # noqa: F401 (re-exported: the rules' names)
+from .checkpoint_rules import check_checkpoint_space  # noqa: F401 (re-exported: the rules' names)
 from .storage_rules import check_output_dir, check_storage  # noqa: F401 (re-exported: the rules' names)
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -523,5 +524,5 @@ def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) ->
             optional.append(check_storage(reached, "output_dir", layout.checkpoint_dir, fail=False))
     if layout.checkpoint_dir and host_sees(layout, layout.checkpoint_dir):
         checks += [c for c in [check_output_dir(reached, layout.checkpoint_dir, docker=layout.docker)] if c is not None]
-    optional += [check_port(reached, layout), check_probe(reached)]
+    optional += [check_checkpoint_space(reached, layout), check_port(reached, layout), check_probe(reached)]
     return checks + [c for c in optional if c is not None]

@@ -48,7 +48,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .probe_common import guarded, have, last_line, pauses, run, which
     from .probe_gpus import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY, gpus, health  # noqa: F401 (tests)
     from .probe_storage import StorageReport, cleanup, storage_apart
-    from .probe_files import cache_read, cache_write, fingerprint, fingerprints
+    from .probe_files import cache_read, cache_write, fingerprint, fingerprints, model_size
     from .claims import claim
 
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "versions.py")) as f:
@@ -353,7 +353,7 @@ def main():
     stuck = report.answered(spec.get("storage_answer_s", 5), spec.get("storage_patience_s", 30)) if report else None
     if stuck is None:
         late = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
-                for t in (dirs, datasets, paths, fingerprints)]
+                for t in (dirs, datasets, paths, fingerprints, model_size)]
         for t in late:
             t.start()
         threads += late

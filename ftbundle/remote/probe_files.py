@@ -208,3 +208,50 @@ def fingerprints(spec, out):
         except OSError as exc:
             found[name] = {"path": path, "error": f"unreadable: {exc.strerror or exc}"}
     out["fingerprints"] = found
+
+
+# -- the model's size: what a checkpoint of it holds (ftbundle/check/checkpoint_rules.py) ---
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "vocab_size", "torch_dtype", "tie_word_embeddings")
+TOKENIZER_NAMES = ("tokenizer", "special_tokens_map", "vocab", "merges", "added_tokens", "chat_template")
+HEADER_MAX = 100 << 20  # (a safetensors header larger than this is not one)
+
+
+def model_size(spec, out):
+    """The model directory the spec names (``model``): its parameters counted from the
+    safetensors headers (each tensor's shape: exact, without reading the weights), the
+    weights' bytes, pickled weights' bytes (not counted), the tokenizer files' bytes (every
+    checkpoint holds a copy), and config.json's shape keys."""
+    path = spec.get("model")
+    if not path or not os.path.isdir(path):
+        return
+    found = {"path": path, "params": 0, "weights_bytes": 0, "pickled_bytes": 0, "tokenizer_bytes": 0}
+    for rel, full in listing(path):
+        name = os.path.basename(rel)
+        size = os.path.getsize(full)
+        if name.endswith(".safetensors"):
+            with open(full, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n)) if 0 < n < HEADER_MAX else {}
+            for key, tensor in header.items():
+                if key != "__metadata__" and isinstance(tensor, dict):
+                    count = 1
+                    for d in tensor.get("shape") or []:
+                        count *= d
+                    found["params"] += count
+            found["weights_bytes"] += size
+        elif name.endswith((".bin", ".pt", ".pth")) and not name.startswith("training_args"):
+            found["pickled_bytes"] += size
+        elif name.startswith(TOKENIZER_NAMES) or name.endswith((".model", ".tiktoken")):
+            found["tokenizer_bytes"] += size
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        config = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+        found["config"] = {k: config[k] for k in CONFIG_KEYS if k in config}
+    except (OSError, ValueError, AttributeError):
+        pass
+    out["model"] = found

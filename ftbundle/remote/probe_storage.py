@@ -176,6 +176,8 @@ def storage(spec, out, started):
                 f.write(socket.gethostname() + "\n")
             res["written"] = True
             pending.append((res, sdir))
+            fs = os.statvfs(sdir)  # (what a checkpoint written there may use: check/checkpoint_rules.py)
+            res["free"], res["size"] = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
         except OSError as exc:
             res["written"] = False
             res["write_error"] = exc.strerror

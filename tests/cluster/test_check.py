@@ -212,6 +212,40 @@ def test_model_copies_that_differ_by_one_byte_are_refused_naming_the_odd_host_an
                                       "read once, by node0") in same_bytes(report).notes
 
 
+HUGE_MODEL = ("mkdir -p /srv/models/huge && cd /srv/models/huge && python3 -c '"
+              "import json, struct; h = json.dumps({\"w\": {\"dtype\": \"BF16\", \"shape\": [10000000, 1000000], "
+              "\"data_offsets\": [0, 0]}}).encode(); open(\"model.safetensors\", \"wb\").write(struct.pack(\"<Q\", len(h)) + h)'"
+              " && echo '{\"hidden_size\": 1000000, \"intermediate_size\": 2000000, \"num_hidden_layers\": 10, "
+              "\"num_attention_heads\": 8}' > config.json && echo '{}' > tokenizer.json")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_a_checkpoint_that_cannot_fit_where_output_dir_lives_is_refused_before_anything_starts(cluster3, tmp_path):
+    """A model whose safetensors header says 10 T parameters (the header alone is on disk):
+    full fine-tuning's checkpoint of it fits no host's disk, and the check says so, with the
+    estimate and its basis, reading the real free space on each host; a LoRA of it fits."""
+    for host in cluster3.hosts:
+        cluster3.exec(host, HUGE_MODEL)
+    train = lf_train(model_name_or_path="/srv/models/huge", finetuning_type="full", output_dir="/srv/out")
+    report, text = check(cluster3, tmp_path, train, workdir="/srv/work")
+    [c] = [c for c in report.checks if c.name == "checkpoint space"]
+    assert c.failure == "a checkpoint cannot fit where output_dir lives", text
+    free = {h.name: int(cluster3.exec(h, "df -B1 --output=avail /srv | tail -1").stdout) for h in cluster3.hosts}
+    lines = c.details[:-1]  # (then the advice)
+    assert lines and all(re.fullmatch(r"node[0-9\[\]\-,]+: [0-9.]+ GB free where output_dir /srv/out lives, one "
+                                      r"checkpoint needs about 126\.0 TB", line) for line in lines), c.details
+    assert c.notes == ["a checkpoint is about 126.0 TB: full fine-tuning: 10000.00B parameters x 4 B (fp32 "
+                       "weights) + 100% of them trainable x 8 B (AdamW's 2 states), + the tokenizer's 3 B"]
+    said = {f.host: f.storage["output_dir"].free for f in report.facts.hosts}
+    assert all(abs(said[h] - free[h]) < 256 << 20 for h in free), (said, free)  # statvfs as df reads it
+
+    report, text = check(cluster3, tmp_path, lf_train(model_name_or_path="/srv/models/huge", output_dir="/srv/out",
+                                                      lora_rank=1, lora_target="q_proj"), workdir="/srv/work")
+    [c] = [c for c in report.checks if c.name == "checkpoint space"]
+    assert c.ok and c.notes[0].startswith("a checkpoint is about 252.0 MB: LoRA r=1 on 1 module(s) x 10 layers"), c.notes
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(120)
 def test_master_port_in_use_on_rank0_fails(cluster3, tmp_path):
