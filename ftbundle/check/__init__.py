@@ -139,7 +139,9 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
     wanted = job_paths(layout)
     if wanted:
         spec["paths"] = wanted
-    compared = {key: path for key, path in wanted.items() if key in FINGERPRINTED}
+    # (one host, or ranks on this machine alone: nothing to compare)
+    compared = {key: path for key, path in wanted.items()
+                if key in FINGERPRINTED and len(layout.hosts) > 1 and not layout.all_local}
     compared = {key: path for key, path in compared.items() if rank == 0 or not on_shared_dir(layout, path)}
     if compared and create:  # (not in a read-only probe)
         spec["fingerprints"] = compared
@@ -212,7 +214,8 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
 
 class Hashing:
     """The probes' ``ftb-hashing NAME DONE TOTAL`` lines (remote/probe_files.py) summed over
-    the hosts, said as one line at most every PROGRESS_S (and when all is hashed)."""
+    the hosts, said as one line at most every PROGRESS_S, the first after PROGRESS_S (a quick
+    hash is not said), and once more when all is hashed."""
 
     PROGRESS_S = 1.0
 
@@ -221,8 +224,8 @@ class Hashing:
         self.each: dict[tuple[str, str], tuple[int, int]] = {}
         self.partial: dict[str, bytes] = {}
         self.lock = threading.Lock()
-        self.last = 0.0
-        self.started = time.monotonic()
+        self.started = self.last = time.monotonic()  # (a hash done within PROGRESS_S is not said at all)
+        self.said = False
 
     def feed(self, host: str, chunk: bytes) -> None:
         with self.lock:
@@ -236,9 +239,9 @@ class Hashing:
             done = sum(d for d, _ in self.each.values())
             total = sum(t for _, t in self.each.values())
             now = time.monotonic()
-            if now - self.last < self.PROGRESS_S and done < total:
+            if now - self.last < self.PROGRESS_S and (done < total or not self.said):
                 return
-            self.last = now
+            self.last, self.said = now, True
             names = ", ".join(sorted({name for _, name in self.each}))
             rate = done / max(now - self.started, 1e-3)
             line = (f"hashing {names}: {size_text(done)} of {size_text(total)} on "

@@ -98,7 +98,11 @@ def test_the_probe_fingerprints_what_the_spec_names_and_says_its_progress_on_std
 def test_the_launcher_sums_the_hosts_hashing_lines_into_one(monkeypatch):
     said = []
     h = Hashing(said.append)
+    h.feed("node0", b"ftb-hashing model_name_or_path 1000 1000\n")
+    assert said == []  # (a hash done within a second is not said at all)
+    h = Hashing(said.append)
     h.feed("node0", b"ftb-hashing model_name_or_path 1000000 4000")  # (a line arrives in pieces)
+    h.started = h.last = h.started - 1.5  # (a second and a half later)
     assert said == []
     h.feed("node0", b"000\nftb-hashing model_name_or_path 2000000 4000000\n")
     assert len(said) == 1 and said[0].startswith("hashing model_name_or_path: 2.0 MB of 4.0 MB on 1 host(s), ")
