@@ -201,6 +201,7 @@ class HostFacts:
     paths: dict[str, str | None] = field(default_factory=dict)  # the job's files: None there, else why not
     fingerprints: dict[str, dict] = field(default_factory=dict)  # the job's node-local files' bytes (remote/probe_files.py)
     model: dict | None = None  # the model's parameters, files and config (rank 0: remote/probe_files.py)
+    tokenized: dict | None = None  # the kept tokenized dataset's key and state (rank 0: remote/probe_tokenized.py)
     problems: list[str] = field(default_factory=list)  # facts that could not be had
 
     def visible_gpus(self, job_env: dict[str, str]) -> list[Gpu]:
@@ -264,6 +265,7 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
     f.paths = dict(data.get("paths") or {})
     f.fingerprints = {k: v for k, v in (data.get("fingerprints") or {}).items() if isinstance(v, dict)}
     f.model = data.get("model") if isinstance(data.get("model"), dict) else None
+    f.tokenized = data.get("tokenized") if isinstance(data.get("tokenized"), dict) else None
     f.problems = list(data.get("errors") or [])
     return f
 

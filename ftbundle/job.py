@@ -94,6 +94,7 @@ class Job:
     spares: str = "spares"  # the inventory group spares come from
     min_nodes: int = 1  # fewer hosts left than this: the run stops (exit 255)
     keep_global_batch: bool = True  # LlamaFactory: gradient_accumulation_steps rescaled to the new world
+    tokenize_once: bool = True  # LlamaFactory: the tokenized dataset kept on shared storage (ftbundle/tokenized.py)
 
     @property
     def base_dir(self) -> Path:
@@ -106,7 +107,7 @@ class Job:
 _TOP_KEYS = {
     "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
     "env", "runtime", "train", "restarts", "check", "stall_timeout", "health", "straggler_factor",
-    "on_node_loss", "spares", "min_nodes", "keep_global_batch",
+    "on_node_loss", "spares", "min_nodes", "keep_global_batch", "tokenize_once",
 }
 HEALTH_MODES = ("refuse", "warn", "off")
 NODE_LOSS_POLICIES = ("stop", "exclude", "spare")
@@ -221,6 +222,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
     master_port = r.integer(data, "master_port", "master_port", 29500, 1, 65535)
     restarts = r.integer(data, "restarts", "restarts", 0, 0, 100)
     check = r.boolean(data, "check", "check", True)
+    tokenize_once = r.boolean(data, "tokenize_once", "tokenize_once", True)
     stall_timeout = r.integer(data, "stall_timeout", "stall_timeout", 600, 0, 7 * 24 * 3600)
     if 0 < stall_timeout < MIN_STALL_TIMEOUT_S:
         raise r.error("stall_timeout", f"must be 0 (off) or at least {MIN_STALL_TIMEOUT_S} seconds, got {stall_timeout}")
@@ -313,6 +315,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         spares=spares,
         min_nodes=min_nodes,
         keep_global_batch=keep_global_batch,
+        tokenize_once=tokenize_once,
     )
 
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 
-from . import deepspeed, llamafactory, runtimes
+from . import deepspeed, llamafactory, runtimes, tokenized
 from .errors import UserError
 from .layout import Layout
-from .rundir import NCCL_TRACE_PREFIX, NodeFiles, RunDir, node_log_name
+from .rundir import LLAMAFACTORY_CONFIG, NCCL_TRACE_PREFIX, NodeFiles, RunDir, node_log_name
 from .inventory import Host
 from .job import MIN_SECRET_LEN, Job, check_pinned_image, is_secret
 
@@ -236,6 +236,16 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         resumes = (layout.checkpoint_dir is not None and not prepared.config.get("overwrite_output_dir")
                    and not prepared.config.get("resume_from_checkpoint"))
         notes.append(llamafactory.effective_batch_line(prepared.config, counts, prepared.effective_batch))
+    files = dict(layout.files)
+    answer = facts.hosts[0].tokenized if facts is not None and facts.hosts and layout.lf_config is not None else None
+    chosen = tokenized.path_for(answer, layout.run_id)
+    if chosen is not None:  # (the ranks' config names the kept tokenized dataset)
+        import yaml
+
+        files[LLAMAFACTORY_CONFIG] = yaml.safe_dump({**layout.lf_config, "tokenized_path": chosen[0]}, sort_keys=False)
+        notes.append(tokenized.note(*chosen))
+    elif answer and answer.get("error"):
+        notes.append(f"tokenized dataset: tokenized by this run, not kept ({answer['error']})")
 
     lf_env = llamafactory.credential_env(layout.lf_secrets)
     nccl = _uses_nccl(job, facts, any(gpus.values()))
@@ -290,7 +300,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
     return Plan(
         job_name=job.name, run_id=layout.run_id, run_dir=layout.run_dir, shared_dir=layout.shared_dir,
         master_addr=layout.master_addr, master_port=job.master_port, nnodes=len(layout.hosts),
-        nodes=tuple(nodes), files=dict(layout.files), warnings=tuple(warnings),
+        nodes=tuple(nodes), files=files, warnings=tuple(warnings),
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
         finetuning_type=finetuning_type, resumes=resumes,
         stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor,

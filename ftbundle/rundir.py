@@ -74,6 +74,14 @@ def runs_dir(shared_dir: str) -> str:
     return posixpath.join(shared_dir, RUNS)
 
 
+TOKENIZED = "cache/tokenized"  # under shared_dir: LlamaFactory's tokenized datasets, one folder per key
+
+
+def tokenized_dir(shared_dir: str) -> str:
+    """``<shared_dir>/cache/tokenized``: tokenized datasets kept for every later run (ftbundle/tokenized.py)."""
+    return posixpath.join(shared_dir, TOKENIZED)
+
+
 def check_dir(shared_dir: str, run_id: str) -> str:
     """``<shared_dir>/checks/<run id>``: a check's own job (the burn-in) and what it keeps."""
     return posixpath.join(shared_dir, CHECKS, run_id)

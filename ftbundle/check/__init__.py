@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from functools import cache, partial
 
-from .. import shipped
+from .. import shipped, tokenized
 from ..cluster import Cluster, first_line, parallel
 from ..facts import ClusterFacts, HostFacts, parse_facts
 from ..gpu_health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
@@ -63,7 +63,8 @@ STORAGE_PATIENCE_S = 30
 
 # The probe is one program on stdin, written as files by concern (ftbundle/remote/): its parts in
 # this order, main (probe.py) last; the versions script (run by the job's interpreter) as a string.
-PROBE_PARTS = ("evidence.py", "probe_common.py", "probe_gpus.py", "probe_storage.py", "probe_files.py", "claims.py")
+PROBE_PARTS = ("evidence.py", "probe_common.py", "probe_gpus.py", "probe_storage.py", "probe_files.py",
+               "probe_tokenized.py", "claims.py")
 
 
 @cache
@@ -147,6 +148,10 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         spec["fingerprints"] = compared
     if rank == 0 and create and layout.checkpoint_dir and "model_name_or_path" in wanted:
         spec["model"] = wanted["model_name_or_path"]  # (its size: what a checkpoint holds)
+    if rank == 0 and create and layout.dataset_dir and job.tokenize_once:  # (ftbundle/tokenized.py)
+        asked = tokenized.request(layout.lf_config, layout.shared_dir, wanted.get("model_name_or_path"))
+        if asked is not None:
+            spec["tokenized"] = asked
     keys = claim_keys(layout, rank) if claim else []
     if keys:  # (a run's check: its port and GPUs, claimed on the host: remote/claims.py)
         spec["claim"] = {"dir": CLAIM_DIR, "run": layout.run_id, "keys": keys, "grace_s": CLAIM_GRACE_S,

@@ -49,6 +49,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .probe_gpus import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY, gpus, health  # noqa: F401 (tests)
     from .probe_storage import StorageReport, cleanup, storage_apart
     from .probe_files import cache_read, cache_write, fingerprint, fingerprints, model_size
+    from .probe_tokenized import tokenized
     from .claims import claim
 
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "versions.py")) as f:
@@ -300,6 +301,7 @@ def datasets(spec, out):
         except OSError as exc:
             found.append({"dataset": name, "file": path, "error": f"unreadable: {exc.strerror}"})
     out["datasets"] = found
+    tokenized(spec, out)  # (its key holds the digests just taken)
 
 
 # -- check --net: iperf3 between rank 0 and one other host ------------------------------

@@ -42,6 +42,9 @@ _STAGES = (
      re.compile(r"loading weights file|Loading weights|Loading checkpoint shards|Instantiating \w+ model"),
      "loading model"),
     (("Running tokenizer on dataset",), re.compile(r"Running tokenizer on dataset"), "tokenizing dataset"),
+    # LlamaFactory given a kept tokenized_path (ftbundle/tokenized.py): "Loading dataset from disk will ..."
+    (("Loading dataset from disk", "Loaded tokenized dataset"),
+     re.compile(r"Loading dataset from disk|Loaded tokenized dataset"), "tokenizing dataset: reused"),
     (("Loading dataset ", "Generating train split", "Converting format of dataset"),
      re.compile(r"Loading dataset |Generating train split|Converting format of dataset"), "loading dataset"),
     (("Process rank: ",), re.compile(r"Process rank: \d+, world size: (\d+)"), "loading tokenizer ({0} ranks connected)"),
