@@ -110,7 +110,13 @@ def test_a_killed_host_is_left_out_and_the_run_resumes_on_the_others_with_the_gl
     assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 30 > step
     plan = json.loads((run / "plan.json").read_text())
     assert [n["host"] for n in plan["nodes"]] == ["node0", "node1"] and plan["world_size"] == 2
-    assert yaml.safe_load((run / "llamafactory.yaml").read_text())["gradient_accumulation_steps"] == 3
+    staged = yaml.safe_load((run / "llamafactory.yaml").read_text())
+    assert staged["gradient_accumulation_steps"] == 3
+    # tokenized once: attempt 1 saved the tokenized dataset on shared storage, attempt 2 loaded it
+    assert staged["tokenized_path"].startswith(f"{cluster.shared_dir}/cache/tokenized/")
+    assert f"Tokenized dataset is saved at {staged['tokenized_path']}" in first
+    assert f"Loaded tokenized dataset from {staged['tokenized_path']}" in second
+    assert "Running tokenizer on dataset" not in second
     summary = json.loads((run / "summary.json").read_text())
     assert summary["state"] == "finished" and summary["attempt"] == 2
     assert [a["hosts"] for a in summary["attempts"]] == [["node0", "node1", "node2"], ["node0", "node1"]]
