@@ -78,11 +78,22 @@ def probe_source() -> bytes:
                        shipped.read_bytes("remote", "probe.py")])
 
 
+@cache
+def probe_loader() -> tuple[str, str]:
+    """(remote/probe_loader.py's text, the probe source's digest): the loader runs the probe's
+    code object kept on the host while the source is the same, else compiles the source."""
+    import hashlib
+
+    return shipped.read_text("remote", "probe_loader.py"), hashlib.sha256(probe_source()).hexdigest()[:16]
+
+
 def probe_argv(host: Host, spec: str) -> list[str]:
     """The probe's command line: its interpreter with -S (the probe is standard library only;
     the host's site.py, .pth files and sitecustomize are not its business and cost a few ms),
-    the program on stdin, the JSON spec as its argument."""
-    return [probe_python(host), "-S", "-", spec]
+    the loader (its compiled code kept on the host), the JSON spec and the source's digest as its
+    arguments; the program on stdin."""
+    loader, digest = probe_loader()
+    return [probe_python(host), "-S", "-c", loader, spec, digest]
 
 
 def probe_python(host: Host) -> str:

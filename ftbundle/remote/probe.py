@@ -1,6 +1,7 @@
 """ftbundle's probe: what `ftbundle check` (and `run`, before launching) asks every host.
 
-Shipped as this file's text on stdin to the host's own interpreter: `python3 -S - SPEC_JSON`,
+Shipped as this file's text on stdin to the host's own interpreter, run by remote/probe_loader.py
+(`python3 -S -c LOADER SPEC_JSON DIGEST`: the compiled code kept on the host while the source is the same),
 after its parts' (ftbundle/check/__init__.py, ``probe_source``: evidence.py, probe_common.py,
 probe_gpus.py, probe_storage.py, and versions.py as the string VERSIONS_PY): one program.
 Standard library only (it runs under whatever python3 the host has, Ansible's managed-node

@@ -177,3 +177,25 @@ def test_the_same_bytes_pass_and_a_copy_not_yet_hashed_is_a_warning_not_a_verdic
     c = R.check_model_bytes([facts("node0", fingerprints={"model_name_or_path": good}), facts("node1", 1)])
     assert c.ok and c.notes == ["model_name_or_path /models/m is on shared storage: read once, by node0"]
     assert R.check_model_bytes([facts("node0"), facts("node1", 1)]) is None
+
+
+def test_the_probes_compiled_code_is_kept_on_the_host_while_its_source_is_the_same(tmp_path):
+    """Compiling the probe is ~10 ms of CPU per host per check: the loader keeps its code object
+    in the private cache directory, named by the source's digest, and runs it from there."""
+    import glob
+
+    from ftbundle.check import probe_argv, probe_loader
+    from ftbundle.inventory import Host
+
+    argv = probe_argv(Host("localhost", "127.0.0.1", local=True), json.dumps(local_spec(tmp_path)))
+    digest = probe_loader()[1]
+    kept = f"/tmp/ftbundle-{os.getuid()}/probe-{digest}-{sys.implementation.cache_tag}.code"
+    for old in glob.glob(kept):
+        os.remove(old)
+    first = subprocess.run(argv, input=probe_source(), capture_output=True, timeout=60, check=True)
+    assert os.path.isfile(kept) and json.loads(first.stdout.decode().splitlines()[-1])["hostname"]
+    again = subprocess.run(argv, input=b"", capture_output=True, timeout=60, check=True)  # (no source: the kept code)
+    assert json.loads(again.stdout.decode().splitlines()[-1])["hostname"] == json.loads(first.stdout)["hostname"]
+    other = [*argv[:-1], "0" * 16]  # another source (another ftbundle): compiled from stdin, not the kept one
+    assert subprocess.run(other, input=b"raise SystemExit(7)", capture_output=True, timeout=60).returncode == 7
+    os.remove(kept.replace(digest, "0" * 16))
