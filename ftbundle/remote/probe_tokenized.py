@@ -14,7 +14,6 @@ one is never used). Complete: datasets' own layout, ``dataset_dict.json`` naming
 each with the ``state.json`` and ``dataset_info.json`` that save_to_disk writes last.
 """
 
-import hashlib
 import json
 import os
 
@@ -45,6 +44,7 @@ def tokenized(spec, out):
     want = spec.get("tokenized")
     if not want:
         return
+    import hashlib  # (rank 0 alone, with a LlamaFactory job: not every probe's import)
     entries = out.get("datasets") or []
     if not entries or any("sha256" not in e for e in entries):
         out["tokenized"] = {"error": "not every dataset is a local file the check hashed"}
