@@ -42,10 +42,23 @@ def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, starte
         "steps": progress.shown_step, "total_steps": progress.total, "final_loss": progress.final_loss,
         "train_loss": progress.train_loss, "resumed_at": progress.start_step or None,
         "samples_per_s": progress.throughput(),  # (the live line's and the summary's figure)
+        **speed_record(progress),
         "output_dir": plan.checkpoint_dir, "failed_host": failed_host,
         # every node's median and p90 step compute time, and the stragglers named (ui.stragglers)
         "step_times": stragglers.as_record(progress.node_steps.values(), progress.straggler_factor),
     }
+
+
+def speed_record(progress) -> dict:
+    """summary.json's tokens and MFU (ftbundle.speed): None where they are not known."""
+    tokens = progress.tokens_per_s()
+    basis = progress.speed
+    per = tokens / basis.ranks if tokens is not None and basis is not None and basis.ranks else None
+    return {"tokens": progress.tokens, "tokens_per_s": None if tokens is None else round(tokens, 1),
+            "tokens_per_s_per_rank": None if per is None else round(per, 1),
+            "tokens_padding": None if basis is None else basis.padding,
+            "mfu": None if progress.mfu() is None else round(progress.mfu(), 4),
+            "mfu_basis": None if basis is None or not basis.gpus else basis.mfu_basis()}
 
 
 @dataclass
@@ -60,6 +73,9 @@ class RunRow:
     final_loss: float | None
     output_dir: str | None
     samples_per_s: float | None = None  # over the steps trained (ui.progress.Progress.throughput)
+    tokens_per_s: float | None = None  # the trainer's token count over its clock (ftbundle.speed)
+    tokens_per_s_per_rank: float | None = None  # per GPU on GPUs
+    mfu: float | None = None  # model FLOPs utilization, 0-1 (GPU runs whose GPU and model are known)
     attempts: list[str] = field(default_factory=list)  # where each attempt after a lost host ran, and why
     step_times: dict | None = None  # every node's median and p90 step time, the stragglers (ui.stragglers)
     gpu_faults: list[str] = field(default_factory=list)  # the Xids logged during the run (gpu_health)
@@ -122,7 +138,8 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
     return RunRow(run_id=run_id, job=plan.get("job", ""), hosts=hosts, start=_start_of(run_id, summary),
                   duration_s=summary.get("duration_s"), state=state, exit_code=code,
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
-                  samples_per_s=summary.get("samples_per_s"),
+                  samples_per_s=summary.get("samples_per_s"), tokens_per_s=summary.get("tokens_per_s"),
+                  tokens_per_s_per_rank=summary.get("tokens_per_s_per_rank"), mfu=summary.get("mfu"),
                   step_times=summary.get("step_times") or steps_of(files, plan, attempt),
                   gpu_faults=summary.get("gpu_faults") or fold_findings(faults_of(files, plan, attempt)),
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []))
@@ -262,12 +279,16 @@ def format_runs(rows: list[RunRow]) -> str:
         h, m = divmod(m, 60)
         return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
-    header = ("RUN", "HOSTS", "START", "DURATION", "STATE", "EXIT", "FINAL LOSS", "SAMPLES/S", "OUTPUT DIR")
+    header = ("RUN", "HOSTS", "START", "DURATION", "STATE", "EXIT", "FINAL LOSS", "SAMPLES/S", "TOKENS/S",
+              "PER RANK", "MFU", "OUTPUT DIR")
     table = [header] + [(
         r.run_id, ",".join(r.hosts) if len(r.hosts) <= 3 else f"{r.hosts[0]},+{len(r.hosts) - 1}",
         r.start.replace("T", " "), dur(r.duration_s), r.state, "-" if r.exit_code is None else str(r.exit_code),
         "-" if r.final_loss is None else f"{r.final_loss:.4f}",
-        "-" if r.samples_per_s is None else f"{r.samples_per_s:.1f}", r.output_dir or "-") for r in rows]
+        "-" if r.samples_per_s is None else f"{r.samples_per_s:.1f}",
+        "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+        "-" if r.tokens_per_s_per_rank is None else f"{r.tokens_per_s_per_rank:,.0f}",
+        "-" if r.mfu is None else f"{r.mfu:.1%}", r.output_dir or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = []
     for i, row in enumerate(table):

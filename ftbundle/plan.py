@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from . import deepspeed, llamafactory, runtimes, tokenized
 from .errors import UserError
 from .layout import Layout
+from .speed import SpeedBasis, basis_of, token_setting
 from .rundir import LLAMAFACTORY_CONFIG, NCCL_TRACE_PREFIX, NodeFiles, RunDir, node_log_name
 from .inventory import Host
 from .job import MIN_SECRET_LEN, Job, check_pinned_image, is_secret
@@ -90,6 +91,7 @@ class Plan:
     resumes: bool = False
     stall_timeout: int = 0  # seconds without progress before the run is diagnosed and stopped; 0: never
     straggler_factor: float = 1.15  # a node's median step time above this x the fleet's: named (ui.stragglers)
+    speed: SpeedBasis | None = None  # what tokens/s per rank and MFU are counted against (ftbundle.speed)
 
     @property
     def rundir(self) -> RunDir:
@@ -237,15 +239,25 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
                    and not prepared.config.get("resume_from_checkpoint"))
         notes.append(llamafactory.effective_batch_line(prepared.config, counts, prepared.effective_batch))
     files = dict(layout.files)
-    answer = facts.hosts[0].tokenized if facts is not None and facts.hosts and layout.lf_config is not None else None
-    chosen = tokenized.path_for(answer, layout.run_id)
-    if chosen is not None:  # (the ranks' config names the kept tokenized dataset)
+    speed = None
+    if layout.lf_config is not None:
+        staged = dict(layout.lf_config)
+        answer = facts.hosts[0].tokenized if facts is not None and facts.hosts else None
+        chosen = tokenized.path_for(answer, layout.run_id)
+        if chosen is not None:  # (the ranks' config names the kept tokenized dataset)
+            staged["tokenized_path"] = chosen[0]
+            notes.append(tokenized.note(*chosen))
+        elif answer and answer.get("error"):
+            notes.append(f"tokenized dataset: tokenized by this run, not kept ({answer['error']})")
+        # the trainer counts its tokens (tokens/s, MFU: ftbundle.speed), without padding where it can
+        counting, padding = token_setting(layout.lf_config.get("include_num_input_tokens_seen"),
+                                          _package_version(facts, "transformers"))
+        staged["include_num_input_tokens_seen"] = counting
         import yaml
 
-        files[LLAMAFACTORY_CONFIG] = yaml.safe_dump({**layout.lf_config, "tokenized_path": chosen[0]}, sort_keys=False)
-        notes.append(tokenized.note(*chosen))
-    elif answer and answer.get("error"):
-        notes.append(f"tokenized dataset: tokenized by this run, not kept ({answer['error']})")
+        files[LLAMAFACTORY_CONFIG] = yaml.safe_dump(staged, sort_keys=False)
+        speed = basis_of(facts, sum(counts), padding, uses_gpus=job.gpus_per_node != 0 and bool(
+            facts is not None and any(f.gpus for f in facts.reached)))
 
     lf_env = llamafactory.credential_env(layout.lf_secrets)
     nccl = _uses_nccl(job, facts, any(gpus.values()))
@@ -303,7 +315,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         nodes=tuple(nodes), files=files, warnings=tuple(warnings),
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
         finetuning_type=finetuning_type, resumes=resumes,
-        stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor,
+        stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor, speed=speed,
     )
 
 
@@ -335,7 +347,12 @@ def nccl_debug_env(run_dir: str, torch_version: str | None = None) -> dict[str, 
 
 def _torch_version(facts: ClusterFacts | None) -> str | None:
     """The torch every reached host's ranks run (one version: the check refuses a mix)."""
-    found = {(f.versions or {}).get("torch") for f in facts.reached} if facts is not None else set()
+    return _package_version(facts, "torch")
+
+
+def _package_version(facts: ClusterFacts | None, package: str) -> str | None:
+    """The version of ``package`` every reached host's ranks run (one: the check refuses a mix)."""
+    found = {(f.versions or {}).get(package) for f in facts.reached} if facts is not None else set()
     found.discard(None)
     found.discard("absent")
     return found.pop() if len(found) == 1 else None

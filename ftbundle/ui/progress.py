@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..protocol import parse_steps
+from ..speed import SpeedBasis
 from . import stragglers
 
 STRAGGLERS_EVERY_S = 1.0  # the fleet's step times are judged again at most this often (feed_steps)
@@ -187,6 +188,12 @@ class Progress:
     # every node's step times, as its node program forwards them (ui.stragglers), by host
     node_steps: dict[str, stragglers.NodeSteps] = field(default_factory=dict)
     straggler_factor: float = stragglers.STRAGGLER_FACTOR
+    # tokens (the trainer's count: ftbundle.speed): the latest total, and (trainer's elapsed s, total)
+    # at this attempt's first record: a resumed trainer's total counts the steps before it too
+    tokens: int | None = None
+    tokens_first: tuple[float, int] | None = None
+    tokens_rate: float | None = None  # the trainer log's own tokens/s (LlamaFactory's "throughput")
+    speed: SpeedBasis | None = None  # ranks, GPUs' peak, parameters: per rank and MFU (ftbundle.speed)
     _slowest: str | None = None  # the live line's straggler, as last judged (feed_steps)
     _judged_at: float | None = None
 
@@ -211,6 +218,12 @@ class Progress:
             self.epoch = float(record["epoch"])
         self.elapsed_s = _seconds(record.get("elapsed_time")) or self.elapsed_s
         self.remaining_s = _seconds(record.get("remaining_time"))
+        if isinstance(record.get("total_tokens"), int):
+            self.tokens = record["total_tokens"]
+            if self.tokens_first is None and self.elapsed_s is not None:
+                self.tokens_first = (self.elapsed_s, self.tokens)
+            rate = record.get("throughput")  # (LlamaFactory's: the count over its own clock, to the ms)
+            self.tokens_rate = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
         if "loss" in record:  # the last record (the trainer's end) has none: nothing to plot
             self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
 
@@ -363,6 +376,24 @@ class Progress:
         rate = self.steps_per_s(now)
         return rate * self.effective_batch if rate and self.effective_batch else None
 
+    def tokens_per_s(self) -> float | None:
+        """Tokens a second by the trainer's clock: its count over its elapsed time on a fresh
+        start (as LlamaFactory's own throughput), and from this attempt's first record on a
+        resumed one (whose count and clock hold the steps before it differently)."""
+        if not self.start_step and self.tokens_rate:
+            return self.tokens_rate  # (its elapsed_time is in whole seconds: this is to the ms)
+        if self.tokens is None or not self.elapsed_s:
+            return None
+        if not self.start_step:
+            return self.tokens / self.elapsed_s
+        if self.tokens_first is None:
+            return None
+        seconds = self.elapsed_s - self.tokens_first[0]
+        return (self.tokens - self.tokens_first[1]) / seconds if seconds > 0 else None
+
+    def mfu(self) -> float | None:
+        return self.speed.mfu(self.tokens_per_s()) if self.speed is not None else None
+
     @property
     def final_loss(self) -> float | None:
         """The last loss logged; in a run shorter than one logging step (none logged), the
@@ -418,6 +449,10 @@ def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None =
         fields.append(("samples/s", f"{samples:.1f}"))
     elif (rate := p.steps_per_s(now)) is not None:
         fields.append(("it/s", f"{rate:.2f}"))
+    if (tokens := p.tokens_per_s()) is not None:
+        fields.append(("tok/s", f"{tokens:,.0f}"))
+        if (mfu := p.mfu()) is not None:
+            fields.append(("mfu", f"{mfu:.1%}"))
     fields.append(("elapsed", clock(p.elapsed(now))))
     fields.append(("eta", clock(p.eta(now))))
     fields.append(("nodes", nodes_field(alive, total_nodes, finished)))

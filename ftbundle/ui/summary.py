@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from . import stragglers
+from ..speed import tokens_text
 from .progress import Progress, clock, startup_text
 
 
@@ -171,6 +172,12 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
             "over this attempt's time)" if differs and progress.total else ""))
     elif progress.steps_per_s():
         lines.append(f"  throughput   {progress.steps_per_s():.2f} steps/s")
+    if (tokens := progress.tokens_per_s()) is not None and progress.speed is not None:
+        lines.append(f"  tokens       {tokens_text(tokens, progress.speed)}")
+        mfu = progress.mfu()
+        if progress.speed.gpus:
+            lines.append(f"  MFU          " + (f"{mfu:.1%}: {progress.speed.mfu_basis()}" if mfu is not None
+                                               else progress.speed.mfu_basis()))
     lines += stragglers.summary_lines(progress.node_steps.values(), progress.straggler_factor)
     if output_dir:
         lines.append(f"  output dir   {output_dir}")

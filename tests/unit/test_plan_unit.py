@@ -133,7 +133,9 @@ def test_llamafactory_mode_runs_torchrun_with_staged_config(tmp_path, inventory)
     ]
     assert "llamafactory.launcher" in plan.files["ftb_llamafactory.py"]
     assert node1.path_prepend == "/opt/venv/bin"
-    assert yaml.safe_load(plan.files["llamafactory.yaml"]) == {"model_name_or_path": "org/model", "stage": "sft", "output_dir": "/shared/out"}
+    assert yaml.safe_load(plan.files["llamafactory.yaml"]) == {"model_name_or_path": "org/model", "stage": "sft",
+                                                               "output_dir": "/shared/out",
+                                                               "include_num_input_tokens_seen": True}
     assert node1.workdir == "/shared"  # remote hosts default to the shared directory
 
 

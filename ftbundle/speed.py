@@ -1,0 +1,116 @@
+"""Is it fast? Tokens per second, per GPU (per rank on CPUs), and MFU, in the units users
+compare (issue 47 item 1). Pure.
+
+- **Tokens**: the trainer's own count (transformers' ``include_num_input_tokens_seen``, which
+  ftbundle turns on in the staged LlamaFactory config unless the job set it: ``non_padding``
+  where the hosts' transformers has it, 4.57 and later, else every token, padding included,
+  and said so). LlamaFactory's trainer_log.jsonl carries it as ``total_tokens``.
+- **MFU**: model FLOPs per token x tokens/s / the GPUs' dense bf16 peak. Model FLOPs per
+  token: 6 x the parameters (forward 2, backward 4: the PaLM paper's count, which torchtitan
+  and LLM Foundry print), the parameters counted from the model's safetensors headers by the
+  check (rank 0's probe); attention's own FLOPs (12 x layers x hidden x sequence) are left
+  out, and with LoRA the frozen weights' gradients are not computed, so the count is the
+  usual convention, not the work done: said in the basis. The peak of the GPU the job uses,
+  from :data:`PEAK_BF16_TFLOPS`; an unknown GPU: MFU unknown, said.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Dense bf16 tensor-core peak, TFLOP/s per GPU (the vendors' data sheets; "with sparsity"
+# figures are twice these). Matched against nvidia-smi's name, first match wins.
+PEAK_BF16_TFLOPS: tuple[tuple[str, str, float], ...] = (
+    (r"GB200|B200", "B200", 2250.0),
+    (r"H100.*PCIe", "H100 PCIe", 756.0),
+    (r"H100.*NVL", "H100 NVL", 835.0),
+    (r"H100|H800|GH200", "H100 SXM", 989.0),
+    (r"H200", "H200", 989.0),
+    (r"A100|A800", "A100", 312.0),
+    (r"L40S", "L40S", 362.0),
+    (r"L40\b", "L40", 181.0),
+    (r"\bL4\b", "L4", 121.0),
+    (r"\bA10\b", "A10", 125.0),
+    (r"RTX 4090", "RTX 4090", 165.0),
+)
+NON_PADDING_SINCE = (4, 57)  # transformers: include_num_input_tokens_seen "non_padding" (PR 40416)
+
+
+def gpu_peak(name: str) -> tuple[str, float] | None:
+    """(the GPU as the table names it, its dense bf16 TFLOP/s), or None when not in the table."""
+    for pattern, label, tflops in PEAK_BF16_TFLOPS:
+        if re.search(pattern, name):
+            return label, tflops
+    return None
+
+
+def token_setting(asked: object, transformers: str | None) -> tuple[object, bool | None]:
+    """(the value of include_num_input_tokens_seen to stage, whether the count includes padding;
+    None: no count). ``asked``: the job's own value (None: not set), kept as it is."""
+    if asked is not None:
+        value = str(asked).lower()
+        if value in ("no", "false", "0"):
+            return asked, None
+        return asked, value != "non_padding"
+    parts = re.findall(r"\d+", transformers or "")
+    if len(parts) >= 2 and (int(parts[0]), int(parts[1])) >= NON_PADDING_SINCE:
+        return "non_padding", False
+    return True, True
+
+
+@dataclass(frozen=True)
+class SpeedBasis:
+    """What the run's figures are counted against: its ranks, its GPUs' peak, the model."""
+
+    ranks: int
+    gpus: int = 0  # GPUs the job's ranks use (0: a CPU job)
+    gpu: str | None = None  # the table's name for them
+    peak_tflops: float | None = None  # per GPU
+    params: int | None = None  # the model's parameters
+    padding: bool | None = None  # whether the token count includes padding (None: no count)
+
+    @property
+    def flops_per_token(self) -> float | None:
+        return 6.0 * self.params if self.params else None
+
+    def mfu(self, tokens_per_s: float | None) -> float | None:
+        if not tokens_per_s or not self.gpus or not self.peak_tflops or not self.flops_per_token:
+            return None
+        return self.flops_per_token * tokens_per_s / (self.gpus * self.peak_tflops * 1e12)
+
+    def per_unit(self) -> str:
+        return "per GPU" if self.gpus else "per rank"
+
+    def mfu_basis(self) -> str:
+        if not self.gpus:
+            return "no GPUs: no MFU"
+        if not self.params:
+            return "MFU unknown: the model's parameters were not counted (a hub id, or not safetensors)"
+        if not self.peak_tflops:
+            return f"MFU unknown: no dense bf16 peak known for {self.gpu or 'these GPUs'}"
+        return (f"6 x {self.params / 1e9:.2f}B parameters per token (attention's own FLOPs not counted; with "
+                f"LoRA the frozen weights' gradients are not computed either) over {self.gpus} x {self.gpu} at "
+                f"{self.peak_tflops:g} TFLOP/s dense bf16")
+
+
+def basis_of(facts, ranks: int, padding: bool | None, uses_gpus: bool) -> SpeedBasis:
+    """The run's SpeedBasis from the hosts' facts (ftbundle.facts.ClusterFacts, or None)."""
+    params = gpu = peak = None
+    if facts is not None:
+        model = next((f.model for f in facts.hosts if getattr(f, "model", None)), None)
+        params = int(model["params"]) if model and model.get("params") else None
+        names = [g.name for f in facts.hosts for g in f.gpus]
+        if names and uses_gpus:
+            found = gpu_peak(names[0])
+            gpu, peak = (found[0], found[1]) if found else (names[0], None)
+    return SpeedBasis(ranks=ranks, gpus=ranks if uses_gpus and gpu else 0, gpu=gpu, peak_tflops=peak,
+                      params=params, padding=padding)
+
+
+def tokens_text(tokens_per_s: float, basis: SpeedBasis) -> str:
+    """`1,234 tokens/s (617 per rank, padding not counted)`."""
+    per = tokens_per_s / basis.ranks if basis.ranks else None
+    pad = ("padding not counted" if basis.padding is False else "padding counted" if basis.padding else "")
+    inner = ", ".join(x for x in ((f"{per:,.0f} {basis.per_unit()}" if per is not None else ""), pad) if x)
+    return f"{tokens_per_s:,.0f} tokens/s" + (f" ({inner})" if inner else "")

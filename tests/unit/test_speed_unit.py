@@ -1,0 +1,102 @@
+"""Tokens per second, per GPU (per rank on CPUs) and MFU (issue 47 item 1): the GPU's peak from
+nvidia-smi's real names, the trainer's token count turned on in the staged config, MFU against
+a hand count, and the figures on the live line, in the summary, summary.json and `runs`."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftbundle import speed as S
+from ftbundle.facts import ClusterFacts
+from ftbundle.history import format_runs, run_row, speed_record
+from ftbundle.ui.progress import Progress, status_fields
+from ftbundle.ui.summary import closing_summary
+from tests.unit.test_check_unit import facts, smi
+
+
+def test_the_peak_of_the_gpus_users_run_from_nvidia_smis_own_names():
+    assert S.gpu_peak(smi("h100-health.csv")[0].name) == ("H100 SXM", 989.0)  # "NVIDIA H100 80GB HBM3"
+    assert S.gpu_peak(smi("a100-x4.csv")[0].name) == ("A100", 312.0)  # "NVIDIA A100-SXM4-80GB"
+    assert S.gpu_peak("NVIDIA H100 PCIe") == ("H100 PCIe", 756.0)
+    assert S.gpu_peak("NVIDIA H100 NVL") == ("H100 NVL", 835.0)
+    assert S.gpu_peak("NVIDIA H200") == ("H200", 989.0)
+    assert S.gpu_peak("NVIDIA L40S") == ("L40S", 362.0) and S.gpu_peak("NVIDIA L4") == ("L4", 121.0)
+    assert S.gpu_peak("NVIDIA GeForce RTX 4090") == ("RTX 4090", 165.0)
+    assert S.gpu_peak("Tesla V100-SXM2-32GB") is None  # (no bf16: MFU unknown, said)
+
+
+def test_the_trainer_counts_tokens_without_padding_where_its_transformers_can():
+    assert S.token_setting(None, "5.6.0") == ("non_padding", False)
+    assert S.token_setting(None, "4.57.1") == ("non_padding", False)
+    assert S.token_setting(None, "4.46.3") == (True, True)  # (every token, padding included: said)
+    assert S.token_setting(None, None) == (True, True)
+    assert S.token_setting("no", "5.6.0") == ("no", None)  # the job's own choice is kept
+    assert S.token_setting("non_padding", None) == ("non_padding", False)
+
+
+def test_mfu_against_a_hand_count():
+    # Llama 3.1 8B on 8 H100 SXM at 3,100 tokens/s per GPU: 6 x 8.03e9 x 24,800 / (8 x 989e12) = 15.1%
+    basis = S.SpeedBasis(ranks=8, gpus=8, gpu="H100 SXM", peak_tflops=989.0, params=8_030_261_248, padding=False)
+    assert basis.mfu(24_800) == pytest.approx(6 * 8_030_261_248 * 24_800 / (8 * 989e12))
+    assert f"{basis.mfu(24_800):.1%}" == "15.1%"
+    assert basis.mfu_basis().startswith("6 x 8.03B parameters per token (attention's own FLOPs not counted")
+    assert S.tokens_text(24_800, basis) == "24,800 tokens/s (3,100 per GPU, padding not counted)"
+    cpu = S.SpeedBasis(ranks=2, padding=True)
+    assert cpu.mfu(1000) is None and S.tokens_text(1000, cpu) == "1,000 tokens/s (500 per rank, padding counted)"
+    unknown = S.SpeedBasis(ranks=8, gpus=8, gpu="Tesla V100-SXM2-32GB", params=10**9)
+    assert unknown.mfu(1000) is None and unknown.mfu_basis() == ("MFU unknown: no dense bf16 peak known for "
+                                                                 "Tesla V100-SXM2-32GB")
+
+
+def test_the_basis_comes_from_the_checks_facts():
+    hosts = [facts("node0", gpus=smi("h100-health.csv"), model={"params": 10**9}),
+             facts("node1", 1, gpus=smi("h100-health.csv"))]
+    basis = S.basis_of(ClusterFacts(hosts), 2, False, uses_gpus=True)
+    assert (basis.gpus, basis.gpu, basis.peak_tflops, basis.params) == (2, "H100 SXM", 989.0, 10**9)
+    assert S.basis_of(ClusterFacts(hosts), 2, False, uses_gpus=False).gpus == 0
+    assert S.basis_of(None, 2, True, uses_gpus=True) == S.SpeedBasis(ranks=2, padding=True)
+
+
+def record(step: int, tokens: int, elapsed: str) -> dict:
+    return {"current_steps": step, "total_steps": 40, "loss": 1.0, "lr": 1e-4, "epoch": 0.1,
+            "elapsed_time": elapsed, "remaining_time": "0:00:10", "throughput": 0, "total_tokens": tokens}
+
+
+def test_tokens_per_second_on_the_live_line_the_summary_summary_json_and_runs():
+    basis = S.SpeedBasis(ranks=8, gpus=8, gpu="H100 SXM", peak_tflops=989.0, params=8_030_261_248, padding=False)
+    p = Progress(speed=basis)
+    p.feed_record(record(10, 248_000, "0:00:10"))
+    p.feed_record(record(20, 496_000, "0:00:20"))
+    assert p.tokens_per_s() == 24_800 and p.mfu() == pytest.approx(0.1510, abs=1e-4)
+    fields = dict(status_fields(p, 1, 1))
+    assert fields["tok/s"] == "24,800" and fields["mfu"] == "15.1%"
+    lines = closing_summary(run_id="r", run_dir="/d", duration_s=30, progress=p, output_dir=None, adapter=None,
+                            nnodes=1)
+    assert "  tokens       24,800 tokens/s (3,100 per GPU, padding not counted)" in lines
+    assert any(line.startswith("  MFU          15.1%: 6 x 8.03B parameters per token") for line in lines), lines
+    rec = speed_record(p)
+    assert rec["tokens"] == 496_000 and rec["tokens_per_s"] == 24_800 and rec["tokens_per_s_per_rank"] == 3100
+    assert rec["mfu"] == pytest.approx(0.1510, abs=1e-4) and rec["tokens_padding"] is False
+    files = {"plan.json": '{"nodes": [{"host": "node0"}], "job": "j"}',
+             "summary.json": '{"state": "finished", "exit_code": 0, "tokens_per_s": 24800.0, '
+                             '"tokens_per_s_per_rank": 3100.0, "mfu": 0.1509}'}
+    row = run_row("j-20261129-010203-abcd", files)
+    assert (row.tokens_per_s, row.tokens_per_s_per_rank, row.mfu) == (24800.0, 3100.0, 0.1509)
+    header, line = format_runs([row]).splitlines()
+    assert "TOKENS/S  PER RANK  MFU" in header and "24,800    3,100     15.1%" in line, (header, line)
+
+
+def test_a_resumed_attempt_counts_from_its_own_first_record():
+    """A resumed trainer's count holds the steps before the checkpoint (restored with its state)
+    while its clock starts again: this attempt's rate is the difference of its own records."""
+    p = Progress(start_step=20, speed=S.SpeedBasis(ranks=2))
+    p.feed_record(record(25, 600_000, "0:00:05"))  # (500,000 of them before the checkpoint)
+    assert p.tokens_per_s() is None  # (one record: no interval yet)
+    p.feed_record(record(30, 700_000, "0:00:10"))
+    assert p.tokens_per_s() == 20_000
+    fresh = Progress()
+    fresh.feed_record(record(10, 50_000, "0:00:10"))
+    assert fresh.tokens_per_s() == 5000 and fresh.mfu() is None
+    fresh.feed_record({**record(11, 55_000, "0:00:11"), "throughput": 5123.45})  # (LlamaFactory's, to the ms)
+    assert fresh.tokens_per_s() == 5123.45
+    assert "tok/s" not in dict(status_fields(Progress(), 1, 1))
