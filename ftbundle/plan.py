@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 
-from . import deepspeed, llamafactory, runtimes, tokenized
+from . import deepspeed, llamafactory, runtimes, tokenized, trackers
 from .errors import UserError
 from .layout import Layout
 from .speed import SpeedBasis, basis_of, token_setting
@@ -92,6 +92,7 @@ class Plan:
     stall_timeout: int = 0  # seconds without progress before the run is diagnosed and stopped; 0: never
     straggler_factor: float = 1.15  # a node's median step time above this x the fleet's: named (ui.stragglers)
     speed: SpeedBasis | None = None  # what tokens/s per rank and MFU are counted against (ftbundle.speed)
+    trackers: tuple[str, ...] = ()  # where the run's experiment trackers are (ftbundle.trackers)
 
     @property
     def rundir(self) -> RunDir:
@@ -171,6 +172,7 @@ class Plan:
             "image": self.image,
             "stall_timeout": self.stall_timeout,
             "straggler_factor": self.straggler_factor,  # (a detached run's stragglers: runs.py, history.py)
+            "trackers": list(self.trackers),  # (where `runs` says each run's tracker is)
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "nodes": [
@@ -240,6 +242,8 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         notes.append(llamafactory.effective_batch_line(prepared.config, counts, prepared.effective_batch))
     files = dict(layout.files)
     speed = None
+    tracker_env: dict[str, str] = {}
+    tracked: list[str] = []
     if layout.lf_config is not None:
         staged = dict(layout.lf_config)
         answer = facts.hosts[0].tokenized if facts is not None and facts.hosts else None
@@ -253,6 +257,10 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         counting, padding = token_setting(layout.lf_config.get("include_num_input_tokens_seen"),
                                           _package_version(facts, "transformers"))
         staged["include_num_input_tokens_seen"] = counting
+        # the trackers LlamaFactory reports to get the run's id and the job's name (ftbundle.trackers)
+        keys, tracker_env, tracked = trackers.staged(layout.lf_config, run_dir=layout.run_dir, run_id=layout.run_id,
+                                                     job=job.name, env=job.env)
+        staged.update(keys)
         import yaml
 
         files[LLAMAFACTORY_CONFIG] = yaml.safe_dump(staged, sort_keys=False)
@@ -279,6 +287,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             **({"FTB_EXCLUDED_HOSTS": ",".join(layout.excluded)} if layout.excluded else {}),
             **lf_env,
             **({"CUDA_VISIBLE_DEVICES": devices[host.name]} if host.name in devices else {}),
+            **tracker_env,
             **job.env,
         }
         torchrun = tuple(runtimes.torchrun_argv(
@@ -316,6 +325,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
         finetuning_type=finetuning_type, resumes=resumes,
         stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor, speed=speed,
+        trackers=tuple(tracked),
     )
 
 

@@ -40,6 +40,7 @@ NOT_DATA = frozenset({
     "use_unsloth", "ddp_find_unused_parameters", "load_best_model_at_end", "metric_for_best_model",
     "neftune_noise_alpha", "include_num_input_tokens_seen", "push_to_hub", "hub_model_id", "hub_token",
     "ms_hub_token", "om_hub_token", "tokenized_path", "upcast_layernorm", "upcast_lmhead_output",
+    "include_tokens_per_second", "run_name",
 })
 
 
