@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import yaml
 
 from . import userfiles
 from .errors import UserError, did_you_mean, show
+from .notify import Notify, shown
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -95,6 +97,7 @@ class Job:
     min_nodes: int = 1  # fewer hosts left than this: the run stops (exit 255)
     keep_global_batch: bool = True  # LlamaFactory: gradient_accumulation_steps rescaled to the new world
     tokenize_once: bool = True  # LlamaFactory: the tokenized dataset kept on shared storage (ftbundle/tokenized.py)
+    notify: Notify | None = None  # a webhook and/or a command told when the run ends (ftbundle/notify.py)
 
     @property
     def base_dir(self) -> Path:
@@ -104,10 +107,28 @@ class Job:
 # ---------------------------------------------------------------------------------------
 # Loading
 
+
+def _notify(r, raw) -> Notify | None:
+    """``notify: {webhook: URL, command: CMD}``, either or both."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not raw:
+        raise r.error("notify", f"must be a mapping with webhook: URL and/or command: CMD, got {show(raw)}")
+    r.check_keys(raw, {"webhook", "command"}, "notify.")
+    webhook = r.string(raw, "webhook", "notify.webhook")
+    command = r.string(raw, "command", "notify.command")
+    if webhook is not None:
+        parts = urlsplit(webhook)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise r.error("notify.webhook", f"must be an http:// or https:// URL, got {shown(webhook)!r}")
+    if command is not None and not command.strip():
+        raise r.error("notify.command", "is empty: a shell command, run with summary.json on its stdin")
+    return Notify(webhook=webhook, command=command)
+
 _TOP_KEYS = {
     "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
     "env", "runtime", "train", "restarts", "check", "stall_timeout", "health", "straggler_factor",
-    "on_node_loss", "spares", "min_nodes", "keep_global_batch", "tokenize_once",
+    "on_node_loss", "spares", "min_nodes", "keep_global_batch", "tokenize_once", "notify",
 }
 HEALTH_MODES = ("refuse", "warn", "off")
 NODE_LOSS_POLICIES = ("stop", "exclude", "spare")
@@ -223,6 +244,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
     restarts = r.integer(data, "restarts", "restarts", 0, 0, 100)
     check = r.boolean(data, "check", "check", True)
     tokenize_once = r.boolean(data, "tokenize_once", "tokenize_once", True)
+    notify = _notify(r, data.get("notify"))
     stall_timeout = r.integer(data, "stall_timeout", "stall_timeout", 600, 0, 7 * 24 * 3600)
     if 0 < stall_timeout < MIN_STALL_TIMEOUT_S:
         raise r.error("stall_timeout", f"must be 0 (off) or at least {MIN_STALL_TIMEOUT_S} seconds, got {stall_timeout}")
@@ -316,6 +338,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         min_nodes=min_nodes,
         keep_global_batch=keep_global_batch,
         tokenize_once=tokenize_once,
+        notify=notify,
     )
 
 

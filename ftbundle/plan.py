@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from . import deepspeed, llamafactory, runtimes, tokenized, trackers
 from .errors import UserError
 from .layout import Layout
+from .notify import Notify
 from .speed import SpeedBasis, basis_of, token_setting
 from .rundir import LLAMAFACTORY_CONFIG, NCCL_TRACE_PREFIX, NodeFiles, RunDir, node_log_name
 from .inventory import Host
@@ -93,6 +94,7 @@ class Plan:
     straggler_factor: float = 1.15  # a node's median step time above this x the fleet's: named (ui.stragglers)
     speed: SpeedBasis | None = None  # what tokens/s per rank and MFU are counted against (ftbundle.speed)
     trackers: tuple[str, ...] = ()  # where the run's experiment trackers are (ftbundle.trackers)
+    notify: Notify | None = field(default=None, repr=False)  # told when the run ends (ftbundle.notify)
 
     @property
     def rundir(self) -> RunDir:
@@ -325,7 +327,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
         finetuning_type=finetuning_type, resumes=resumes,
         stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor, speed=speed,
-        trackers=tuple(tracked),
+        trackers=tuple(tracked), notify=job.notify,
     )
 
 

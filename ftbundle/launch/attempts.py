@@ -374,9 +374,13 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
 
     def finish(outcome: Outcome, attempt: int) -> int:
         if ui is not None:
-            record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
-                       duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries,
-                       curve=curve)
+            summary = record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
+                                 duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries,
+                                 curve=curve)
+            if plan.notify is not None:  # (once, at the run's end: ftbundle/notify.py)
+                from ..notify import send
+
+                send(plan.notify, {**summary, "failure": failure_said(outcome)}, say)
         return outcome.exit_code
 
     attempts = restarts + 1
@@ -478,8 +482,8 @@ def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
 
 def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, started_wall: float,
                duration_s: float, attempts: list[dict] = (), recoveries: list[dict] = (),
-               curve: list[dict] | None = None) -> None:
-    """The run's record beside its logs: summary.json (state, exit, duration, final loss,
+               curve: list[dict] | None = None) -> dict:
+    """The run's record beside its logs (returned: summary.json's content): summary.json (state, exit, duration, final loss,
     each attempt's hosts) and metrics.jsonl (the trainer's log records of every attempt, each
     with its attempt: ``curve``; else this outcome's), for `ftbundle runs` and `ftbundle plot`.
     Best effort: a run that could not be recorded has still run."""
@@ -509,9 +513,16 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
     for host in record_hosts(plan, cluster, outcome.lost):
         try:  # (briefly: an interrupted ftbundle must not wait long on a record)
             stage_files(cluster, host, plan.run_dir, files, timeout=RECORD_TIMEOUT_S)
-            return
+            return summary
         except Exception:  # noqa: BLE001 - the next host, if any
             continue
+    return summary
+
+
+def failure_said(outcome: Outcome) -> dict | None:
+    """The failed node as a notifier gets it: host, node rank, exit code and the line why."""
+    f = outcome.failure
+    return None if f is None else {"host": f.host, "node_rank": f.rank, "code": f.code, "line": f.reason}
 
 
 def record_hosts(plan: Plan, cluster: Cluster, lost: Iterable[int], tries: int = RECORD_TRIES) -> list[Host]:

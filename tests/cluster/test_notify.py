@@ -1,0 +1,63 @@
+"""A word when a run ends (issue 47 item 3) on real hosts: a run that finishes and one that
+fails each POST their summary to a local webhook exactly once (the failed host and its line
+in it), and a webhook that hangs does not hold the run's end beyond its limit."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ftbundle import notify as N
+from tests.cluster.test_launcher_core import command_job
+from tests.support.helpers import ftbundle
+from tests.unit.test_notify_unit import Hook
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def hooks():
+    made: list[Hook] = []
+    yield lambda **kw: made.append(Hook(**kw)) or made[-1]
+    for h in made:
+        h.close()
+
+
+def test_each_end_is_told_once_with_the_summary(make_cluster, tmp_path, hooks):
+    cluster = make_cluster(2)
+    h = hooks()
+    job = command_job(cluster, tmp_path, "told", "true", notify={"webhook": h.url})
+    result = ftbundle("run", str(job), timeout=120)
+    assert result.returncode == 0, result.stderr
+    [(path, summary)] = h.posts
+    assert summary["state"] == "finished" and summary["hosts"] == ["node0", "node1"] and summary["failure"] is None
+    assert f"notify: webhook {N.shown(h.url)} told (finished)" in result.stderr
+    assert "SECRETTOKEN" not in result.stderr + result.stdout
+
+    h2 = hooks()
+    (tmp_path / "b").mkdir()
+    job = command_job(cluster, tmp_path / "b", "fails", '[ "$NODE_RANK" = 1 ] && { echo disk on fire >&2; exit 3; }; '
+                      "sleep 30", notify={"webhook": h2.url})
+    result = ftbundle("run", str(job), timeout=120)
+    assert result.returncode == 3, result.stderr
+    [(_, summary)] = h2.posts
+    assert summary["state"] == "failed" and summary["failed_host"] == "node1"
+    assert summary["failure"]["host"] == "node1" and summary["failure"]["code"] == 3, summary
+
+
+def test_a_hanging_webhook_does_not_hold_the_runs_end_beyond_its_limit(make_cluster, tmp_path, hooks):
+    cluster = make_cluster(2)
+    job = command_job(cluster, tmp_path, "quick", "true")
+    began = time.monotonic()
+    assert ftbundle("run", str(job), timeout=120).returncode == 0
+    plain = time.monotonic() - began
+    h = hooks(hang=True)
+    (tmp_path / "h").mkdir()
+    job = command_job(cluster, tmp_path / "h", "hung", "true", notify={"webhook": h.url})
+    began = time.monotonic()
+    result = ftbundle("run", str(job), timeout=120)
+    took = time.monotonic() - began
+    assert result.returncode == 0, result.stderr
+    assert len(h.posts) == 1 and took < plain + N.LIMIT_S + 3, (took, plain)
+    assert f"notify: webhook {N.shown(h.url)} " in result.stderr and "SECRETTOKEN" not in result.stderr
