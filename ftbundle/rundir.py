@@ -49,6 +49,7 @@ RANKS = "ranks"  # torchrun's --log-dir, one folder per node
 WATCHER_PROGRAM = "watch.py"  # the detached watcher, staged for detached nodes (remote/watch.py)
 # staged by the launcher before the nodes start (runtimes, check/burnin.py, check/net.py, export/shell.py)
 LLAMAFACTORY_CONFIG = "llamafactory.yaml"  # the job's LlamaFactory config, as the ranks read it
+TENSORBOARD = "tensorboard"  # TensorBoard's logging_dir, when the config reports to it (ftbundle/trackers.py)
 LLAMAFACTORY_ENTRY = "ftb_llamafactory.py"  # ftbundle/shims/llamafactory_entry.py, beside it
 STEPTIMES = "ftb_steptimes.py"  # ftbundle/shims/steptimes.py: the ranks' step times (stragglers)
 DEEPSPEED_CONFIG = "deepspeed.json"  # the config's `deepspeed:` file, when it is beside the config

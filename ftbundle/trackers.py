@@ -16,6 +16,8 @@ import json
 import posixpath
 from typing import Any
 
+from .rundir import TENSORBOARD
+
 KNOWN = ("tensorboard", "wandb", "mlflow", "comet_ml", "clearml", "swanlab", "trackio", "dvclive", "neptune")
 
 
@@ -44,7 +46,7 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str,
     if not config.get("run_name"):
         keys["run_name"] = run_id
     if every or "tensorboard" in names:
-        logdir = config.get("logging_dir") or posixpath.join(run_dir, "tensorboard")
+        logdir = config.get("logging_dir") or posixpath.join(run_dir, TENSORBOARD)
         if not config.get("logging_dir"):
             keys["logging_dir"] = logdir
         where.append(f"tensorboard {logdir}")
