@@ -88,6 +88,31 @@ class Cluster:
             parallel(self._connect, todo, workers)
         return self
 
+    def open_first(self, hosts: list[Host], hedge_s: float = 1.0) -> tuple[Host | None, list[Host]]:
+        """Connect to ``hosts`` in order, starting the next one each time the last has not
+        answered within ``hedge_s``: (the first in order that is connected, the hosts tried before
+        it that had not answered yet: their connections go on in the background). A dead host
+        costs ``hedge_s``, not the connect timeout; (None, []) when every host failed."""
+        started: list[tuple[Host, threading.Thread]] = []
+        pending = list(hosts)
+        next_at = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if pending and now >= next_at:
+                host = pending.pop(0)
+                t = threading.Thread(target=self._connect, args=(host,), daemon=True, name=f"connect {host.name}")
+                t.start()
+                started.append((host, t))
+                next_at = now + hedge_s
+            for i, (host, t) in enumerate(started):
+                if host.name in self._conns and not t.is_alive():
+                    return host, [h for h, t2 in started[:i] if h.name not in self.errors]
+            if not pending and all(not t.is_alive() for _, t in started):
+                return None, []
+            if all(not t.is_alive() for _, t in started):  # (all tried so far failed: the next at once)
+                next_at = now
+            time.sleep(0.01)
+
     def errors_said(self, each_up_to: int = 3) -> str:
         """The connection errors in one line: each host's own for a few; past that, the hosts
         folded by reason ("412 hosts: node[5-17]-p[2201-2232]: Authentication timeout."), so

@@ -80,6 +80,9 @@ def job_or_default(path: str | None) -> str:
     raise UserError("no job file given and no job.yaml here: name one (ftbundle runs path/to/job.yaml)", key="JOB")
 
 
+HEDGE_S = 1.0  # a host that has not answered its connection this long: the next is asked beside it
+
+
 def history_source(args):
     """(job, layout, cluster or None, host): where the job's run directories are, and a
     connection to one host to read them through when they are not on this machine: rank 0's,
@@ -92,13 +95,14 @@ def history_source(args):
     if os.path.isdir(layout.shared_dir) or layout.hosts[0].local:
         return job, layout, None, layout.hosts[0]
     cluster = Cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys)
-    for i, host in enumerate(layout.hosts):
-        cluster.open([host])
-        if host.name not in cluster.errors:
-            return job, layout, cluster, host
-        following = layout.hosts[i + 1] if i + 1 < len(layout.hosts) else None
-        say(f"{cluster.errors[host.name]}; " + (f"reading the runs through {following.name}" if following
-                                                else "no host left to read the runs through"))
+    # (hedged: a host that has not answered in HEDGE_S has the next one asked beside it; a dead
+    # rank 0 costs that, not the 10 s connect timeout)
+    host, _ = cluster.open_first(list(layout.hosts), hedge_s=HEDGE_S)
+    if host is not None:
+        for h in layout.hosts[:layout.hosts.index(host)]:
+            why = cluster.errors.get(h.name) or f"{h.name} has not answered its SSH connection in {HEDGE_S:g}s"
+            say(f"{why}; reading the runs through {host.name}")
+        return job, layout, cluster, host
     cluster.close()
     raise UserError(f"cannot read {layout.shared_dir}/runs through any host: {cluster.errors_said()}",
                     file=str(job.inventory or job.path))
