@@ -243,15 +243,20 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
         row = run_row(run_id, files[run_id])
         if row is not None and (job_name is None or row.job == job_name):
             rows.append(row)
-    if any(r.state == "running?" for r in rows) and disk_full(runs_dir(shared_dir), cluster, host):
+    where = runs_dir(shared_dir)
+    if any(r.state == "running?" for r in rows) and disk_full(where, cluster, host):
         # no record and no exit written: on a full disk none could be (status says the same)
+        read_here = os.path.isdir(where) or cluster is None or host is None
         for row in rows:
             if row.state == "running?":
-                row.state = ENOSPC_STATE
+                row.state = enospc_state(where, None if read_here else host.name)
     return sorted(rows, key=lambda r: (r.start, r.run_id))
 
 
-ENOSPC_STATE = "stopped: no space left on the device (ENOSPC)"  # node.sh mode_state's words
+def enospc_state(path: str, host: str | None) -> str:
+    """A run stopped by a full disk, as node.sh's mode_state says it: where, and on which host
+    (None: read on this machine)."""
+    return f"stopped: no space left on {path}" + (f" on {host}" if host else "") + " (ENOSPC)"
 DISK_FULL_KIB = 64  # as node.sh ftb_disk_full
 
 

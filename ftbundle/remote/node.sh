@@ -378,7 +378,7 @@ mode_state() {  # MARKER EXITFILE LOG STOPPEDFILE: running | exited N | stopped[
   if [ -n "$(ftb_pids "$1")" ]; then echo running
   elif [ -s "$2" ]; then echo "exited $(cat -- "$2")"
   elif [ -s "$4" ]; then echo "stopped: $(cat -- "$4")"
-  elif ftb_disk_full "$(dirname -- "$2")"; then echo "stopped: no space left on the device (ENOSPC)"
+  elif ftb_disk_full "$(dirname -- "$2")"; then echo "stopped: no space left on $(dirname -- "$2") on $(hostname) (ENOSPC)"
   else echo stopped; fi
   # (not the model card's words the trainer prints at its end: "Dropping the following result ...",
   # then its dict {'task': {'name': 'Causal Language ...)

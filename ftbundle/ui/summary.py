@@ -105,10 +105,12 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+DISK_FULL = "the disk is full (ENOSPC) where the rank or ftbundle writes"
+NO_SPACE_AT = re.compile(r"No space left on device: '([^']+)'")  # Python's OSError names the file
 _HINTS = (
     (re.compile(r"No space left on device|ENOSPC|Errno 28\b", re.I),
-     "the disk is full (ENOSPC) where the rank or ftbundle writes: free space under the shared "
-     "directory (logs, checkpoints) or the output_dir; a rank's log may be cut"),
+     DISK_FULL + ": free space under the shared directory (logs, checkpoints) or the output_dir; a rank's log "
+     "may be cut"),
     (re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.I),
      "out of memory: lower per_device_train_batch_size or cutoff_len, or use gradient checkpointing / ZeRO"),
     # (whole words: an environment line such as "GLOO_SOCKET_IFNAME=eth0 NCCL_TIMEOUT=" is no timeout)
@@ -233,6 +235,8 @@ def failure_summary(*, host: str, address: str, node_rank: int, reason: str, cod
         lines += ["  | " + line for line in tail]
     text += "\n" + "\n".join(tail or []) + "\n" + "\n".join(wrapper_said)
     why = hint(code, text)
+    if why and why.startswith(DISK_FULL) and (where := NO_SPACE_AT.search(text)):
+        why = f"no space left on the disk of {where.group(1)} on {host} (ENOSPC): " + why[len(DISK_FULL):].lstrip(": ")
     if why:
         lines.append(f"hint: {why}")
     lines.append(f"full log: {log_path}")

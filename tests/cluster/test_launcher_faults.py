@@ -298,7 +298,8 @@ def test_a_full_disk_is_refused_before_launch_and_named_when_it_fills(small_disk
     runs = ftbundle("runs", job, "--json")
     assert runs.returncode == 0, runs.stderr
     [row] = [r for r in json.loads(runs.stdout) if r["run_id"] == run_dir.name]
-    assert row["state"] == "stopped: no space left on the device (ENOSPC)", row
+    # (the runs are read on this machine, where the shared directory is: where, without a host)
+    assert row["state"] == f"stopped: no space left on {cluster.shared_dir}/runs (ENOSPC)", row
     fill.unlink()
 
 

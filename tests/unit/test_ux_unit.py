@@ -147,6 +147,15 @@ def test_failure_summary_from_torchrun_root_cause_and_error_file():
     oom = failure_summary(host="n", address="a", node_rank=0, reason="r", code=-9, rank_error=None,
                           rank_traceback=None, tail=["x"], log_path="/l")
     assert "killed by SIGKILL" in oom[0] and any(line.startswith("hint: killed with SIGKILL") for line in oom)
+    # a full disk: the file that could not be written and its host are named (issue 46 item 4)
+    full = failure_summary(host="node1", address="a", node_rank=1, reason="r", code=1, rank_error=None,
+                           rank_traceback="Traceback (most recent call last):\n  File \"t.py\"\nOSError: [Errno 28] "
+                           "No space left on device: '/local/out/checkpoint-40/optimizer.pt'", tail=None, log_path="/l")
+    assert ("hint: no space left on the disk of /local/out/checkpoint-40/optimizer.pt on node1 (ENOSPC): free space "
+            "under the shared directory (logs, checkpoints) or the output_dir; a rank's log may be cut") in full, full
+    bare = failure_summary(host="node1", address="a", node_rank=1, reason="r", code=1, rank_error=None,
+                           rank_traceback=None, tail=["bash: echo: write error: No space left on device"], log_path="/l")
+    assert any(line.startswith("hint: the disk is full (ENOSPC) where the rank or ftbundle writes") for line in bare)
     assert traceback_from_stderr("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"b.py\"\n"
                                  "[rank1]: ValueError: x\nafter") == ("Traceback (most recent call last):\n"
                                                                      "  File \"b.py\"\nValueError: x")
