@@ -104,9 +104,10 @@ def case_missing_dataset(cluster, tmp_path):
     job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
     job["train"] = {"llamafactory": lf_config(tmp_path)}
     path = write_job(tmp_path / "job.yaml", job)
+    # (the datasets are on shared storage, the workdir: rank 0 alone reads them, and says so)
     return path, [f"{path}: key 'check'", "nothing was started",
                   f"node0: {data}/support.json missing (needed for dataset 'support')",
-                  f"node1: {data}/support.json missing (needed for dataset 'support')"]
+                  "the datasets are on shared storage: read once, by node0"]
 
 
 def case_script_missing_on_the_hosts(cluster, tmp_path):
