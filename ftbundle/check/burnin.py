@@ -67,6 +67,14 @@ class Figure:
     value: float
     uuid: str | None = None
     lib: str | None = None  # the CPU GEMM's library ("numpy 2.4.6", "torch 2.13.0"): compared only with its own
+    best: float | None = None  # its fastest slice of the measured time, where the node read slices
+
+
+# A CPU is shared with whatever else runs on its host (sshd, an agent, other containers on one
+# machine): a CPU figure below the line whose fastest slice was not is crowded out, not slow,
+# and is said as a note. A GPU is the burn-in's alone: a GPU slow on average is named even when
+# it ran at speed for part of the time (a GPU that throttles now and then is the fault sought).
+SHARED = {"cpu_gemm_gflops"}
 
 
 @dataclass(frozen=True)
@@ -78,12 +86,26 @@ class Slow:
     def ratio(self) -> float:
         return self.figure.value / self.median if self.median else 0.0
 
+    @property
+    def where(self) -> str:
+        f = self.figure
+        return f.host if f.device == "cpu" else f"{f.host} {f.device}" + (f" ({f.uuid})" if f.uuid else "")
+
+    @property
+    def best_ratio(self) -> float | None:
+        return self.figure.best / self.median if self.median and self.figure.best is not None else None
+
     def line(self) -> str:
         what, unit = METRICS[self.figure.metric]
-        f = self.figure
-        where = f.host if f.device == "cpu" else f"{f.host} {f.device}" + (f" ({f.uuid})" if f.uuid else "")
-        return (f"{where} is slow: {what} {num(f.value)} {unit}, {self.ratio:.2f}x the fleet's median "
-                f"{num(self.median)} {unit}")
+        fastest = (f", {self.best_ratio:.2f}x in its fastest slice"
+                   if self.figure.metric in SHARED and self.best_ratio is not None else "")
+        return (f"{self.where} is slow: {what} {num(self.figure.value)} {unit}, {self.ratio:.2f}x the fleet's median "
+                f"{num(self.median)} {unit}{fastest}")
+
+    def crowded_line(self) -> str:
+        what, _ = METRICS[self.figure.metric]
+        return (f"{self.where}'s {what} was {self.ratio:.2f}x the fleet's median on average but {self.best_ratio:.2f}x "
+                "in its fastest slice: other work on its CPU crowded it out for a while; not named slow")
 
 
 @dataclass
@@ -94,6 +116,7 @@ class BurninReport:
     figures: list[Figure] = field(default_factory=list)
     medians: dict[str, float] = field(default_factory=dict)
     slow: list[Slow] = field(default_factory=list)
+    crowded: list[Slow] = field(default_factory=list)  # below the line on average only: not named (SHARED)
     nodes: dict[str, dict] = field(default_factory=dict)  # host -> its node's result, as written
     net: dict | None = None  # --net's figures, when it ran too
     errors: list[str] = field(default_factory=list)  # hosts or GPUs not measured
@@ -111,6 +134,8 @@ class BurninReport:
                 "figures": [dataclasses.asdict(f) for f in self.figures],
                 "slow": [{**dataclasses.asdict(s.figure), "median": s.median, "ratio": round(s.ratio, 4)}
                          for s in self.slow],
+                "crowded": [{**dataclasses.asdict(s.figure), "median": s.median, "ratio": round(s.ratio, 4)}
+                            for s in self.crowded],
                 "errors": self.errors, "notes": self.notes, "took_s": round(self.took, 2), "nodes": self.nodes,
                 **({"net": self.net} if self.net is not None else {})}
 
@@ -122,10 +147,27 @@ class BurninReport:
 def compare(figures: list[Figure], slow_below: float = DEFAULT_SLOW_BELOW) -> tuple[dict[str, float], list[Slow]]:
     """Each figure against the fleet's median of the same metric: (medians, the slow ones).
 
-    Below ``slow_below`` x the median is slow. A fleet of one compares with itself (nobody
-    is slow); with two, the median is their mean, so a host at half its peer's speed is at
-    0.67x and named. CPU figures made with different libraries are compared each with its own
-    kind; the medians returned are the largest group's of each metric."""
+    Below ``slow_below`` x the median is slow, except a CPU figure whose fastest slice was
+    not (:func:`crowded`). A fleet of one compares with itself (nobody is slow); with two, the
+    median is their mean, so a host at half its peer's speed is at 0.67x and named. CPU
+    figures made with different libraries are compared each with its own kind; the medians
+    returned are the largest group's of each metric."""
+    medians, below = _below(figures, slow_below)
+    return medians, [s for s in below if not _crowded(s, slow_below)]
+
+
+def crowded(figures: list[Figure], slow_below: float = DEFAULT_SLOW_BELOW) -> list[Slow]:
+    """The CPU figures below the line on average whose fastest slice was at or above it:
+    the host's CPU did the fleet's work when it had the core, so it was crowded out by other
+    work for a while, not slow. Said as a note, never named (a diagnosis on evidence only)."""
+    return [s for s in _below(figures, slow_below)[1] if _crowded(s, slow_below)]
+
+
+def _crowded(s: Slow, slow_below: float) -> bool:
+    return s.figure.metric in SHARED and s.best_ratio is not None and s.best_ratio >= slow_below
+
+
+def _below(figures: list[Figure], slow_below: float) -> tuple[dict[str, float], list[Slow]]:
     groups: dict[tuple[str, str | None], list[Figure]] = {}
     for f in figures:
         groups.setdefault((f.metric, f.lib), []).append(f)
@@ -149,7 +191,9 @@ def figures_of(host: str, result: dict) -> tuple[list[Figure], list[str]]:
             continue
         for metric in METRICS:
             if isinstance(d.get(metric), (int, float)):
-                figures.append(Figure(host, device, metric, float(d[metric]), d.get("uuid"), d.get("lib")))
+                slices = [v for v in d.get(f"{metric}_slices") or [] if isinstance(v, (int, float))]
+                figures.append(Figure(host, device, metric, float(d[metric]), d.get("uuid"), d.get("lib"),
+                                      max(slices) if slices else None))
     return figures, errors
 
 
@@ -290,6 +334,7 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
             report.figures += figures
             report.errors += errors
         report.medians, report.slow = compare(report.figures, slow_below)
+        report.crowded = crowded(report.figures, slow_below)
         report.notes += lib_notes(report.figures)
         report.took = time.monotonic() - started
         stage_files(cluster, rank0, bench.run_dir, {rundir.BURNIN_RESULT: json.dumps(report.to_dict(), indent=2) + "\n"},
@@ -329,6 +374,7 @@ def format_burnin_report(report: BurninReport, plan: Plan) -> list[str]:
             line += f"; {fold(f.host for f in fine)}{_devices({f.device for f in fine})}: {span} {unit}"
         lines.append(line)
     lines += [f"warning: {s.line()}" for s in report.slow]
+    lines += [f"note: {s.crowded_line()}" for s in report.crowded]
     lines += [f"note: {n}" for n in report.notes]
     lines += [f"error: {e}" for e in report.errors]
     if report.figures and not report.slow:

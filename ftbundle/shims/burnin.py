@@ -22,7 +22,10 @@ from the same files), not each when it happens to see the last file: on a crowde
 host could see it seconds after another, and measure partly alone. Without it a host that
 imports torch sooner would run alone for a while and look fast. Each figure is the work done over the whole measured time (after a short warm-up), never the
 best iteration: a CPU quota (a cgroup's CFS period) or a GPU that throttles only part of the
-time must show. The definitions are those of ../shared/gpu/check/health.sh (2 n^3 flops per
+time must show. Each figure is also read in ten slices of its time (``<figure>_slices``): a
+host's CPU is shared with everything else running there, and a CPU GEMM that was slow on
+average but ran at the fleet's speed in some slice was crowded out, not slow (see
+ftbundle/check/burnin.py's ``compare``). The definitions are those of ../shared/gpu/check/health.sh (2 n^3 flops per
 GEMM, 2 bytes moved per byte copied).
 """
 
@@ -50,6 +53,7 @@ parser.add_argument("--device", type=int, help="measure this GPU alone and print
 args = parser.parse_args()
 
 WARMUP_S = 0.5
+SLICES = 10  # the measured time is also read in this many slices (each figure's "_slices")
 NODE_RANK = int(os.environ.get("NODE_RANK", "0"))
 
 
@@ -86,8 +90,9 @@ def barrier() -> dict:
             "late_s": round(max(late, 0.0), 3), "go": round(go, 3), "began": round(time.time(), 3)}
 
 
-def timed(step, seconds: float, sync=lambda: None) -> tuple[int, float]:
-    """Run ``step`` for about ``seconds`` after a warm-up; (iterations, seconds taken)."""
+def timed(step, seconds: float, sync=lambda: None) -> tuple[int, float, list[float]]:
+    """Run ``step`` for about ``seconds`` after a warm-up; (iterations, seconds taken, the
+    rate in iterations/s of each slice of about ``seconds / SLICES``, in order)."""
     until = time.perf_counter() + WARMUP_S
     while time.perf_counter() < until:
         step()
@@ -95,16 +100,26 @@ def timed(step, seconds: float, sync=lambda: None) -> tuple[int, float]:
     started = time.perf_counter()
     iters = 0
     batch = 1
+    slices, mark, mark_iters = [], started, 0
     while True:
         for _ in range(batch):
             step()
         iters += batch
         sync()
-        elapsed = time.perf_counter() - started
+        now = time.perf_counter()
+        elapsed = now - started
+        if now - mark >= seconds / SLICES or elapsed >= seconds:
+            slices.append((iters - mark_iters) / (now - mark))
+            mark, mark_iters = now, iters
         if elapsed >= seconds:
-            return iters, elapsed
+            return iters, elapsed, slices
         if elapsed < seconds / 20:  # few checks of the clock: a sync per check costs the GPU
             batch *= 2
+
+
+def sliced(rates: list[float], per_iter: float) -> list[float]:
+    """Each slice's rate (iterations/s) in the figure's unit (``per_iter`` of it an iteration)."""
+    return [round(r * per_iter, 4) for r in rates]
 
 
 def gpu_host() -> bool:
@@ -138,9 +153,10 @@ def cpu_gemm() -> dict:
         step = lambda: torch.matmul(a, b, out=c)  # noqa: E731
     step()
     waited = barrier()
-    iters, elapsed = timed(step, args.seconds)
+    iters, elapsed, slices = timed(step, args.seconds)
     return {"device": "cpu", "lib": lib, "threads": args.threads, "size": n, "iters": iters,
-            "seconds": round(elapsed, 3), "cpu_gemm_gflops": 2 * n ** 3 * iters / elapsed / 1e9, "barrier": waited}
+            "seconds": round(elapsed, 3), "cpu_gemm_gflops": 2 * n ** 3 * iters / elapsed / 1e9,
+            "cpu_gemm_gflops_slices": sliced(slices, 2 * n ** 3 / 1e9), "barrier": waited}
 
 
 def one_gpu(index: int) -> dict:
@@ -158,12 +174,12 @@ def one_gpu(index: int) -> dict:
     sync()
     print("ready", flush=True)  # to the parent, which answers once every host is ready
     sys.stdin.readline()
-    gemm_iters, gemm_s = timed(lambda: torch.matmul(a, b, out=c), half, sync)
+    gemm_iters, gemm_s, gemm_slices = timed(lambda: torch.matmul(a, b, out=c), half, sync)
     a = b = c = None  # the GEMM operands freed before the copy buffers (the lambda above holds the names)
     nbytes = args.copy_mib * 2 ** 20
     x = torch.empty(nbytes, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
-    copy_iters, copy_s = timed(lambda: y.copy_(x), half, sync)
+    copy_iters, copy_s, copy_slices = timed(lambda: y.copy_(x), half, sync)
     props = torch.cuda.get_device_properties(index)
     uuid = getattr(props, "uuid", None)
     # the index nvidia-smi gives it, where CUDA_VISIBLE_DEVICES names indices (not UUIDs)
@@ -173,6 +189,8 @@ def one_gpu(index: int) -> dict:
             "name": props.name, "uuid": f"GPU-{uuid}" if uuid is not None else None,
             "gemm_bf16_tflops": 2 * n ** 3 * gemm_iters / gemm_s / 1e12,
             "hbm_copy_gbps": 2 * nbytes * copy_iters / copy_s / 1e9,
+            "gemm_bf16_tflops_slices": sliced(gemm_slices, 2 * n ** 3 / 1e12),
+            "hbm_copy_gbps_slices": sliced(copy_slices, 2 * nbytes / 1e9),
             "gemm_size": n, "copy_mib": args.copy_mib, "seconds": round(gemm_s + copy_s, 3)}
 
 
