@@ -22,7 +22,7 @@ from tests.support.helpers import base_job, ftbundle, write_job
 # for real: three containerized hosts, one of them capped
 
 SLOW_LINE = re.compile(r"^warning: (\S+) is slow: CPU GEMM ([0-9.]+) GFLOP/s, ([0-9.]+)x the fleet's median "
-                       r"([0-9.]+) GFLOP/s$", re.M)
+                       r"([0-9.]+) GFLOP/s, ([0-9.]+)x in its fastest slice$", re.M)
 
 
 def burn_in(job_path, seconds: int = 5, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -98,7 +98,8 @@ def test_burn_in_names_the_host_whose_cpu_is_capped_and_no_healthy_host(make_clu
         assert proc.returncode == 0, proc.stdout + proc.stderr  # slow is a warning, not a failure
         named = SLOW_LINE.findall(proc.stdout)
         tries.append(f"node2 at --cpus {cap}: {figures(slowed)}, node2 throttled {throttled_s(capped) - before:.1f}s, "
-                     f"load {open('/proc/loadavg').read().split()[0]}, named {[n[0] for n in named]}")
+                     f"load {open('/proc/loadavg').read().split()[0]}, named {[n[0] for n in named]}, node2's "
+                     f"slices {[round(v, 1) for v in slowed['nodes']['node2']['devices'][0]['cpu_gemm_gflops_slices']]}")
         if named:
             assert [n[0] for n in named] == ["node2"] or throttled_s(capped) - before < 1, proc.stdout
         if [n[0] for n in named] == ["node2"]:
