@@ -24,6 +24,7 @@ cmd_init = "init:cmd_init"
 cmd_plot = "plot:cmd_plot"
 cmd_run = "run:cmd_run"
 cmd_runs = "runs:cmd_runs"
+cmd_stage = "stage:cmd_stage"
 cmd_status, cmd_logs = "status:cmd_status", "status:cmd_logs"
 cmd_stacks, cmd_stop = "status:cmd_stacks", "status:cmd_stop"
 
@@ -95,6 +96,7 @@ examples:
   ftbundle logs job.yaml --all -f            every rank's output, merged, prefixed host:rank
   ftbundle runs job.yaml                     past runs: state, duration, final loss
   ftbundle plot job.yaml -o loss.png         loss and learning rate of the latest run
+  ftbundle stage job.yaml                    copy the job's model and dataset to every host now
   source <(ftbundle completion bash)         shell completion (bash; zsh via bashcompinit)
 """
 
@@ -141,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     chk.add_argument("--slow-below", type=_fraction, default=None, metavar="FRACTION",
                      help="with --burn-in: name a host slow below this fraction of the fleet's median (default 0.9)")
     chk.set_defaults(func=cmd_check)
+
+    stg = sub.add_parser("stage", help="copy the job's stage: (model, dataset, paths) to every host's stage_dir now",
+                         parents=[hosts])
+    stg.add_argument("job", help="the job file (job.yaml)")
+    stg.set_defaults(func=cmd_stage)
 
     for name, func, text in (("status", cmd_status, "state of every node of a run"),
                              ("logs", cmd_logs, "a rank's output (rank 0's by default), or --all ranks'"),

@@ -9,6 +9,7 @@ docker-compose reads its file, so a job can be launched from anywhere.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
@@ -98,6 +99,9 @@ class Job:
     keep_global_batch: bool = True  # LlamaFactory: gradient_accumulation_steps rescaled to the new world
     tokenize_once: bool = True  # LlamaFactory: the tokenized dataset kept on shared storage (ftbundle/tokenized.py)
     notify: Notify | None = None  # a webhook and/or a command told when the run ends (ftbundle/notify.py)
+    # copied to every host's stage_dir before the ranks start (ftbundle/stage.py): "model", "dataset", paths
+    stage: tuple[str, ...] = ()
+    stage_dir: str = "/var/cache/ftbundle"
 
     @property
     def base_dir(self) -> Path:
@@ -125,10 +129,24 @@ def _notify(r, raw) -> Notify | None:
         raise r.error("notify.command", "is empty: a shell command, run with summary.json on its stdin")
     return Notify(webhook=webhook, command=command)
 
+def _stage(r, data) -> tuple[tuple[str, ...], str]:
+    """``stage: [model, dataset, PATH, HOST:PATH]`` and ``stage_dir`` (an absolute path)."""
+    raw = data.get("stage") or []
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(v, str) and v.strip() for v in raw):
+        raise r.error("stage", "must be a list of what to copy to every host before the ranks start: model, dataset "
+                               f"(the LlamaFactory config's), a path, or HOST:PATH; got {show(data.get('stage'))}")
+    stage_dir = r.string(data, "stage_dir", "stage_dir", "/var/cache/ftbundle")
+    if not str(stage_dir).startswith("/") or str(stage_dir).rstrip("/") == "":
+        raise r.error("stage_dir", f"must be an absolute directory on every host's own disk, got {show(stage_dir)}")
+    return tuple(v.strip() for v in raw), posixpath.normpath(stage_dir)
+
+
 _TOP_KEYS = {
     "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
     "env", "runtime", "train", "restarts", "check", "stall_timeout", "health", "straggler_factor",
-    "on_node_loss", "spares", "min_nodes", "keep_global_batch", "tokenize_once", "notify",
+    "on_node_loss", "spares", "min_nodes", "keep_global_batch", "tokenize_once", "notify", "stage", "stage_dir",
 }
 HEALTH_MODES = ("refuse", "warn", "off")
 NODE_LOSS_POLICIES = ("stop", "exclude", "spare")
@@ -245,6 +263,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
     check = r.boolean(data, "check", "check", True)
     tokenize_once = r.boolean(data, "tokenize_once", "tokenize_once", True)
     notify = _notify(r, data.get("notify"))
+    stage, stage_dir = _stage(r, data)
     stall_timeout = r.integer(data, "stall_timeout", "stall_timeout", 600, 0, 7 * 24 * 3600)
     if 0 < stall_timeout < MIN_STALL_TIMEOUT_S:
         raise r.error("stall_timeout", f"must be 0 (off) or at least {MIN_STALL_TIMEOUT_S} seconds, got {stall_timeout}")
@@ -339,6 +358,8 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         keep_global_batch=keep_global_batch,
         tokenize_once=tokenize_once,
         notify=notify,
+        stage=stage,
+        stage_dir=stage_dir,
     )
 
 

@@ -55,6 +55,8 @@ class Layout:
     # hosts an earlier attempt lost and this one runs without (ftbundle.launch.attempts):
     # FTB_EXCLUDED_HOSTS for every node
     excluded: tuple[str, ...] = ()
+    # LlamaFactory keys pointed at each host's local copy by `stage:` (ftbundle/stage.py): key -> path
+    staged: dict[str, str] = field(default_factory=dict)
 
     @property
     def master_port(self) -> int:

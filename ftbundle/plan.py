@@ -247,7 +247,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
     tracker_env: dict[str, str] = {}
     tracked: list[str] = []
     if layout.lf_config is not None:
-        staged = dict(layout.lf_config)
+        staged = {**layout.lf_config, **layout.staged}  # (the ranks read the hosts' local copies: ftbundle/stage.py)
         answer = facts.hosts[0].tokenized if facts is not None and facts.hosts else None
         chosen = tokenized.path_for(answer, layout.run_id)
         if chosen is not None:  # (the ranks' config names the kept tokenized dataset)
@@ -308,6 +308,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
                 image=image, name=container, shared_dir=layout.shared_dir, workdir=layout.workdir,
                 env_names=list(env), env_file=job.runtime.env_file, gpus=gpus.get(host.name), infiniband=infiniband,
                 extra=job.runtime.docker_args, steps=runtimes.steps_dir(layout.run_id, rank),
+                stage_dir=job.stage_dir if job.stage else None,
             ))
         elif layout.python and "/" in layout.python:
             path_prepend = posixpath.dirname(layout.python)

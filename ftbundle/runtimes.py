@@ -83,12 +83,13 @@ def container_name(run_id: str, rank: int) -> str:
 
 def docker_prefix(*, image: str, name: str, shared_dir: str, workdir: str, env_names: list[str],
                   env_file: str | None, gpus: str | None, infiniband: bool = False,
-                  extra: tuple[str, ...] = (), steps: str | None = None) -> list[str]:
+                  extra: tuple[str, ...] = (), steps: str | None = None, stage_dir: str | None = None) -> list[str]:
     """`docker run ... IMAGE` for one node (the command follows): host network and IPC (NCCL
     needs both), the shared directory at the same path, the image by digest, the GPUs, the
     InfiniBand devices with the locked memory RDMA needs, and the environment passed by name
     so values (secrets included) never appear on a command line. ``steps``: the ranks' step-time
-    folder (:func:`steps_dir`), mounted at its own path, FTB_STEPS_FILE passed in."""
+    folder (:func:`steps_dir`), mounted at its own path, FTB_STEPS_FILE passed in. ``stage_dir``:
+    the hosts' staged copies of the model and dataset, mounted read-only at their own path."""
     argv = [
         "docker", "run", "--rm", "--init", "--name", name,
         "--network", "host", "--ipc", "host",
@@ -98,6 +99,8 @@ def docker_prefix(*, image: str, name: str, shared_dir: str, workdir: str, env_n
         argv += ["-v", f"{workdir}:{workdir}"]
     if steps:
         argv += ["-v", f"{steps}:{steps}", "-e", "FTB_STEPS_FILE"]
+    if stage_dir:  # the staged copies (ftbundle/stage.py), read-only
+        argv += ["-v", f"{stage_dir}:{stage_dir}:ro"]
     argv += ["-w", workdir]
     if gpus:
         argv += ["--gpus", gpus, "--ulimit", "stack=67108864"]

@@ -33,9 +33,9 @@ def _say(ui, message: str) -> None:
         say(message)
 
 
-def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None):
+def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None, stage: bool = True):
     """(the plan to launch, what the check left on rank 0's host for staging to remove, the
-    hosts' facts or None).
+    hosts' facts or None, the layout with its staged copies).
 
     The hosts are checked first unless the job says `check: false` or ``skip_check``;
     their facts resolve ``auto``, the docker runtime's GPUs and image, bf16 and whether
@@ -80,7 +80,27 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None):
             if lost:
                 raise UserError("cannot ask every host, nothing was started: " + "; ".join(lost),
                                 file=str(job.inventory or job.path), key="hosts")
-    return make_plan(layout, facts), leftovers, facts
+    if stage:
+        layout = with_staged(layout, cluster, ui)
+    return make_plan(layout, facts), leftovers, facts, layout
+
+
+def with_staged(layout: Layout, cluster, ui=None) -> Layout:
+    """The job's ``stage:`` copied to every host of the layout (ftbundle/stage.py; what a host
+    holds already is not copied again), and the layout pointing LlamaFactory at the copies. A
+    host that cannot take its copy stops the run before anything starts (exit 2, named)."""
+    if not layout.job.stage:
+        return layout
+    import dataclasses
+
+    from ..stage import StageError, stage_all
+
+    try:
+        staged = stage_all(layout, cluster, say=lambda m: _say(ui, m),
+                           on_hashing=(lambda m: ui.hashing(m)) if ui is not None and hasattr(ui, "hashing") else None)
+    except StageError as exc:
+        raise UserError(f"staging failed, nothing was started: {exc}", file=str(layout.job.path), key="stage") from None
+    return dataclasses.replace(layout, staged={s.source.key: s.local for s in staged.values() if s.source.key})
 
 
 def _launch_imports(layout: Layout, *, skip_check: bool) -> None:
@@ -132,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys,
                       meanwhile=lambda: _launch_imports(layout, skip_check=args.no_check)) as cluster:
         if args.dry_run:  # starts nothing; the hosts are asked (read-only) what the plan needs
-            plan, _, _ = checked_plan(layout, cluster, skip_check=True)
+            plan, _, _, _ = checked_plan(layout, cluster, skip_check=True, stage=False)
             print(format_plan(plan))
             return 0
         from ..ui import Phases
@@ -140,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # -v: rank 0's raw output on stdout, so the phases are plain lines (no live line to fight it)
         ui = Phases(sys.stderr, tty=False if args.verbose else None, nnodes=len(layout.hosts))
         try:
-            plan, leftovers, facts = checked_plan(layout, cluster, skip_check=args.no_check, ui=ui)
+            plan, leftovers, facts, layout = checked_plan(layout, cluster, skip_check=args.no_check, ui=ui)
             resume = starting_point(plan, cluster, str(job.path), leftovers)
             policy = node_loss_policy(layout, cluster, facts, args.inventory, ui=ui, skip_check=args.no_check)
             return launch_plan(job, plan, cluster, detach=args.detach, job_file=args.job, verbose=args.verbose,
@@ -195,7 +215,7 @@ def node_loss_policy(layout: Layout, cluster, facts, inventory: str | None, *, u
                 found = probe_hosts(candidate, cluster, full=False)
             else:
                 found = None
-            plan = make_plan(candidate, found)
+            plan = make_plan(with_staged(candidate, cluster, ui), found)  # (a spare gets its copies)
         except UserError as exc:
             _say(ui, f"the spares' preflight: {exc}")
             return {}

@@ -128,6 +128,31 @@ def fingerprint(path, progress=None, deadline=None):
     at most EACH_MAX files)}. ``progress(done, total)``: after each chunk read. Past
     ``deadline`` (time.monotonic()) it stops between chunks and answers
     {"unfinished": [done, total], "files", "bytes"}."""
+    found = file_digests(path, progress, deadline)
+    if "unfinished" in found:
+        return found
+    files, digests = found.pop("listing"), found.pop("digests")
+    if files and len(files) <= EACH_MAX and files[0][0] != "":
+        found["each"] = {rel: digests[rel][:16] for rel, _ in files}
+    return found
+
+
+def tree_digest(files):
+    """The sha256 of a file (``[("", digest)]``), or of a tree: each (relative name, digest) in order."""
+    import hashlib
+
+    if len(files) == 1 and files[0][0] == "":
+        return files[0][1]
+    h = hashlib.sha256()
+    for rel, digest in files:
+        h.update(f"{rel}\0{digest}\n".encode())
+    return h.hexdigest()
+
+
+def file_digests(path, progress=None, deadline=None):
+    """:func:`fingerprint`'s reading: {"sha256", "files", "bytes", "hashed", "listing"
+    ([(relative name, path)], in order), "digests" ({relative name: sha256}), "sizes"
+    ({relative name: bytes})}, or {"unfinished", "files", "bytes"} past ``deadline``."""
     import hashlib
 
     files = listing(path)
@@ -142,12 +167,13 @@ def fingerprint(path, progress=None, deadline=None):
             kept = {}
     names = {full for _, full in files}
     kept = {full: v for full, v in kept.items() if full in names}  # (what is gone is forgotten)
-    digests, todo, size = {}, [], 0
+    digests, todo, size, sizes = {}, [], 0, {}
     for rel, full in files:
         st = stamp(full)
         if st is None:
             raise OSError(2, f"{full} vanished while it was listed")
         size += st[2]
+        sizes[rel] = st[2]
         entry = kept.get(full)
         if entry and entry[0] == st:
             digests[rel] = entry[1]
@@ -171,17 +197,9 @@ def fingerprint(path, progress=None, deadline=None):
             kept[full] = [st, digests[rel]]
             if kept_at:
                 _write_json(kept_at, {"key": key, "files": kept})
-    if len(files) == 1 and files[0][0] == "":
-        top = digests[""]
-    else:
-        h = hashlib.sha256()
-        for rel, _ in files:
-            h.update(f"{rel}\0{digests[rel]}\n".encode())
-        top = h.hexdigest()
-    found = {"sha256": top, "files": len(files), "bytes": size, "hashed": done}
-    if files and len(files) <= EACH_MAX and files[0][0] != "":
-        found["each"] = {rel: d[:16] for rel, d in digests.items()}
-    return found
+    top = tree_digest([(rel, digests[rel]) for rel, _ in files])
+    return {"sha256": top, "files": len(files), "bytes": size, "hashed": done, "listing": files,
+            "digests": digests, "sizes": sizes}
 
 
 def fingerprints(spec, out):

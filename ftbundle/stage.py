@@ -1,0 +1,387 @@
+"""`stage:` (job key) and `ftbundle stage JOB`: the model and dataset copied once to every
+host's local ``stage_dir`` before the ranks start, and the ranks pointed at the local copies.
+
+Each source (``model``: the LlamaFactory config's ``model_name_or_path``; ``dataset``: its
+``dataset_dir``; or any path) is on the launcher, on shared storage (under ``shared_dir``) or on
+one host (``HOST:/path``). What it holds is its manifest: every file's name, size and sha256
+(remote/stage_node.py ``manifest``, read where the source lives, the digests cached there by
+path, size, mtime and inode), and its entry in ``stage_dir`` is named by it:
+``<name>-<first 16 hex digits of the tree's sha256>``. So a host that holds the entry gets
+nothing, and a later run, a restart and a spare reuse it; a changed copy is named and received
+again.
+
+The hosts that need it are put in a chain in inventory order; each runs the stage program's
+``receive`` (one round trip: it answers ``cached`` at once, or the port it listens on). The
+source is read once, by the launcher (into the first host's stdin) or by a ``send`` on the host
+that holds it (shared storage: the first host of the chain), and every host writes each chunk
+and passes it on to the next as it comes: N hosts cost about one copy's time, never N reads of
+one source. Each host checks every file's sha256 against the manifest before the copy takes its
+name (a half or corrupt copy is never used) and says so; the first host that fails is named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+
+from . import shipped
+from .errors import UserError
+from .hostlist import fold
+from .inventory import Host
+
+DEFAULT_STAGE_DIR = "/var/cache/ftbundle"
+STAGE_KEYS = {"model": "model_name_or_path", "dataset": "dataset_dir"}  # the names `stage:` knows
+WAIT_S = 30.0  # a receiver says "cached" or its port within this long
+PROGRESS_EVERY_S = 2.0
+TAG = "ftb-stage"
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str  # "model", "dataset", or the path as written
+    path: str  # absolute, where it lives
+    host: str | None  # the host it lives on; None: the launcher or shared storage
+    shared: bool  # under shared_dir: any host reads it (the chain's first)
+    key: str | None  # the LlamaFactory key its local copy replaces
+
+
+@dataclass
+class Staged:
+    source: Source
+    entry: str = ""
+    local: str = ""  # the path the ranks read: <stage_dir>/<entry>[/<file's name>]
+    bytes: int = 0
+    files: int = 0
+    cached: list[str] = field(default_factory=list)
+    copied: list[str] = field(default_factory=list)
+    changed: dict[str, str] = field(default_factory=dict)  # host -> what changed in its copy
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        what = f"{self.source.name} ({size_text(self.bytes)}, {self.files} file(s), {self.entry})"
+        parts = []
+        if self.copied:
+            rate = self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+            parts.append(f"copied to {fold(self.copied)} in {self.seconds:.1f}s ({rate:.0f} MB/s)")
+        if self.cached:
+            parts.append(f"cached on {fold(self.cached)}")
+        changed = "".join(f"; {h}'s copy had changed ({why}): copied again" for h, why in sorted(self.changed.items()))
+        return f"staged {what}: {', '.join(parts)}{changed}"
+
+
+class StageError(Exception):
+    """A host could not take the copy (named), or the source could not be read."""
+
+
+def size_text(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+@cache
+def node_source() -> str:
+    """The stage program: probe_files.py (hashing, the digest cache), then stage_node.py."""
+    return shipped.read_text("remote", "probe_files.py") + "\n" + shipped.read_text("remote", "stage_node.py")
+
+
+def node_argv(host: Host, spec: dict) -> list[str]:
+    from .check import probe_python
+
+    return [probe_python(host), "-S", "-c", node_source(), json.dumps(spec)]
+
+
+# ---------------------------------------------------------------------------------------
+# What to stage (pure: the job's words checked against its layout)
+
+
+def sources(layout, where: str = "stage") -> list[Source]:
+    """The job's ``stage:`` entries as sources; a name that means nothing is a UserError."""
+    job = layout.job
+    found = []
+    for i, raw in enumerate(job.stage):
+        key = f"{where}[{i}]"
+        lf_key = STAGE_KEYS.get(raw)
+        if lf_key is not None:
+            if layout.lf_config is None:
+                raise UserError(f"'{raw}' means the LlamaFactory config's {lf_key}: this job runs no LlamaFactory "
+                                "config; name a path instead", file=str(job.path), key=key)
+            value = str(layout.lf_config.get(lf_key) or ("data" if raw == "dataset" else ""))
+            if raw == "dataset" and (value == "ONLINE" or value.startswith("REMOTE:")):
+                raise UserError(f"dataset_dir is {value}: there is nothing local to stage", file=str(job.path), key=key)
+            if raw == "model" and not (value.startswith(("/", "./", "../", "~")) or _exists_somewhere(layout, value)):
+                raise UserError(f"model_name_or_path {value!r} is not a path (a hub id?): download it to shared_dir "
+                                "first and name that directory, then it can be staged", file=str(job.path), key=key)
+            text = value
+        else:
+            text = raw
+        host = None
+        if ":" in text and not text.startswith("/"):
+            host, text = text.split(":", 1)
+            if host not in {h.name for h in layout.hosts}:
+                raise UserError(f"{raw!r}: {host} is not one of the job's hosts ({fold(h.name for h in layout.hosts)})",
+                                file=str(job.path), key=key)
+        path = posixpath.normpath(posixpath.join(layout.workdir, os.path.expanduser(text)))
+        shared = bool(layout.shared_dir) and _under(path, layout.shared_dir)
+        if host is None and not shared and not os.path.exists(path):
+            raise UserError(f"{raw!r} ({path}) is neither on this machine nor under shared_dir ({layout.shared_dir}); "
+                            "a path on one host is written HOST:/path", file=str(job.path), key=key)
+        found.append(Source(name=raw, path=path, host=host, shared=shared and host is None, key=lf_key))
+    names = [s.path for s in found]
+    for i, path in enumerate(names):
+        if path in names[:i]:
+            raise UserError(f"{job.stage[i]!r} is staged twice ({path})", file=str(job.path), key=f"{where}[{i}]")
+    return found
+
+
+def _exists_somewhere(layout, value: str) -> bool:
+    path = posixpath.join(layout.workdir, value)
+    return os.path.exists(path) or bool(layout.shared_dir) and _under(path, layout.shared_dir)
+
+
+def _under(path: str, top: str) -> bool:
+    top = posixpath.normpath(top)
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def entry_name(source: Source, sha256: str) -> str:
+    base = posixpath.basename(source.path.rstrip("/")) or "root"
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[:64]
+    return f"{safe}-{sha256[:16]}"
+
+
+def local_config(config: dict, staged: dict[str, Staged]) -> dict:
+    """The LlamaFactory config the ranks read: each staged key pointed at the local copy (pure)."""
+    out = dict(config)
+    for s in staged.values():
+        if s.source.key:
+            out[s.source.key] = s.local
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# I/O
+
+
+class Lines:
+    """A stage program's stdout, read by a thread: its ``ftb-stage`` lines as they come."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.said: list[list[str]] = []
+        self.progress = 0
+        self.changed = threading.Event()
+        self.ended = False
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        buf = b""
+        try:
+            while chunk := self.proc.read_out():
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    words = line.decode(errors="replace").split(" ", 2)
+                    if words[0] != TAG or len(words) < 2:
+                        continue
+                    if words[1] == "progress":
+                        self.progress = int(words[2])
+                    else:
+                        self.said.append(words[1:])
+                    self.changed.set()
+        except (OSError, EOFError, ValueError):
+            pass
+        self.ended = True
+        self.changed.set()
+
+    def first(self, *kinds: str) -> list[str] | None:
+        return next((w for w in self.said if w[0] in kinds), None)
+
+    def wait_for(self, kinds: tuple[str, ...], timeout: float) -> list[str] | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.first(*kinds)
+            if found or self.ended or time.monotonic() > deadline:
+                return found
+            self.changed.wait(min(0.5, max(0.01, deadline - time.monotonic())))
+            self.changed.clear()
+
+
+def manifest(cluster, source: Source, hosts: list[Host], on_hashing: Callable[[str], None] | None = None) -> dict:
+    """The source's manifest, read where it lives (the launcher, its host, or shared storage by
+    the first host)."""
+    if source.host is None and not source.shared:
+        from .remote.probe_files import file_digests
+
+        found = file_digests(source.path)
+        return {"sha256": found["sha256"], "bytes": found["bytes"], "kind": "dir" if os.path.isdir(source.path)
+                else "file", "files": [[rel, found["sizes"][rel], found["digests"][rel]] for rel, _ in found["listing"]]}
+    host = next(h for h in hosts if h.name == source.host) if source.host else hosts[0]
+    proc = cluster.start(host, node_argv(host, {"do": "manifest", "path": source.path}))
+    err_said = [b""]
+
+    def on_err(chunk: bytes) -> None:
+        err_said[0] += chunk
+        if on_hashing is not None:
+            *lines, err_said[0] = err_said[0].split(b"\n")
+            for line in lines:
+                words = line.decode(errors="replace").split()
+                if len(words) == 4 and words[0] == "ftb-hashing":
+                    on_hashing(f"hashing {source.name} on {host.name}: {size_text(int(words[2]))} of "
+                               f"{size_text(int(words[3]))}")
+
+    result = proc.communicate(timeout=3600, on_err=on_err)
+    try:
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise StageError(f"{host.name}: cannot read {source.path}: "
+                         f"{(result.stderr.strip().splitlines() or ['exit %d' % result.code])[-1]}") from None
+    if "error" in answer:
+        raise StageError(f"{host.name}: {answer['error']}")
+    return answer
+
+
+def stage_one(cluster, source: Source, hosts: list[Host], stage_dir: str, *,
+              say: Callable[[str], None], on_hashing: Callable[[str], None] | None = None) -> Staged:
+    """Copy one source to every host's stage_dir (see the module's text)."""
+    started = time.monotonic()
+    found = manifest(cluster, source, hosts, on_hashing)
+    entry = entry_name(source, found["sha256"])
+    local = posixpath.join(stage_dir, entry)
+    if found["kind"] == "file":
+        local = posixpath.join(local, posixpath.basename(source.path))
+    staged = Staged(source, entry=entry, local=local, bytes=found["bytes"], files=len(found["files"]))
+    token = secrets.token_hex(16)
+    spec = {"do": "receive", "stage_dir": stage_dir, "entry": entry, "token": token}
+    procs = {h.name: cluster.start(h, node_argv(h, spec)) for h in hosts}
+    lines = {name: Lines(p) for name, p in procs.items()}
+    try:
+        ports: dict[str, int] = {}
+        for h in hosts:
+            said = lines[h.name].wait_for(("cached", "port", "error"), WAIT_S)
+            for w in lines[h.name].said:
+                if w[0] == "changed":
+                    staged.changed[h.name] = w[1] if len(w) > 1 else "?"
+            if said is None:
+                raise StageError(f"{h.name}: the stage program said nothing in {WAIT_S:.0f}s"
+                                 + _err_tail(procs[h.name]))
+            if said[0] == "error":
+                raise StageError(f"{h.name}: {' '.join(said[1:])}")
+            if said[0] == "cached":
+                staged.cached.append(h.name)
+            else:
+                ports[h.name] = int(said[1])
+        chain = [h for h in hosts if h.name in ports]
+        if source.host in ports:  # the host that holds the source heads the chain
+            chain.sort(key=lambda h: h.name != source.host)
+        if chain:
+            _copy(cluster, source, found, hosts, chain, ports, procs, lines, token, say)
+        staged.copied = [h.name for h in chain]
+    finally:
+        for p in procs.values():
+            p.close()
+    staged.seconds = time.monotonic() - started
+    return staged
+
+
+def _copy(cluster, source, found, hosts, chain, ports, procs, lines, token, say) -> None:
+    files = found["files"]
+    feeder = None
+    launcher_feeds = source.host is None and not source.shared
+    head_from: object = "stdin" if launcher_feeds else "tcp"
+    for i, h in enumerate(chain):
+        nxt = [chain[i + 1].master_addr, ports[chain[i + 1].name]] if i + 1 < len(chain) else None
+        order = {"files": files, "file_name": posixpath.basename(source.path), "from": head_from if i == 0 else "tcp",
+                 "next": nxt}
+        if not procs[h.name].send((json.dumps(order) + "\n").encode()):
+            raise StageError(f"{h.name}: the stage program is gone before the copy")
+    if launcher_feeds:
+        threading.Thread(target=_feed, args=(procs[chain[0].name], source.path, files), daemon=True).start()
+    else:  # the source's host (or, for shared storage, the chain's first) reads it and sends it on
+        reader = next(h for h in hosts if h.name == source.host) if source.host else chain[0]
+        feeder = cluster.start(reader, node_argv(reader, {"do": "send", "path": source.path, "token": token}))
+        feeder.send((json.dumps({"files": files, "to": [chain[0].master_addr if reader is not chain[0] else "127.0.0.1",
+                                                          ports[chain[0].name]]}) + "\n").encode())
+        feeder.close_stdin()
+    try:
+        _follow(source, found, chain, procs, lines, feeder, say)
+    finally:
+        if feeder is not None:
+            feeder.close()
+
+
+def _follow(source, found, chain, procs, lines, feeder, say) -> None:
+    """Until every host of the chain has its copy (or the first is named that could not)."""
+    last = time.monotonic()
+    began = last
+    while True:
+        done = [h for h in chain if lines[h.name].first("done")]
+        failed = [(h, lines[h.name].first("error")) for h in chain if lines[h.name].first("error")]
+        if failed:
+            h, words = failed[0]
+            raise StageError(f"{h.name}: {' '.join(words[1:])}")
+        ended = [h for h in chain if lines[h.name].ended and h not in done]
+        if ended:
+            raise StageError(f"{ended[0].name}: the stage program ended without a word" + _err_tail(procs[ended[0].name]))
+        if len(done) == len(chain):
+            break
+        if feeder is not None and feeder.wait(0) not in (None, 0):
+            raise StageError(f"{source.host or chain[0].name}: could not read {source.path}" + _err_tail(feeder))
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            least = min(lines[h.name].progress for h in chain if h not in done) if len(done) < len(chain) else 0
+            rate = least / (now - began) / 1e6
+            say(f"staging {source.name}: {size_text(least)} of {size_text(found['bytes'])} to "
+                f"{fold(h.name for h in chain)}, {rate:.0f} MB/s, {len(done)} of {len(chain)} host(s) done")
+        time.sleep(0.05)
+    for h in chain:
+        lost = lines[h.name].first("next-lost")
+        if lost:
+            raise StageError(f"{h.name}: could not pass the copy on: {' '.join(lost[1:])}")
+
+
+def _feed(proc, path: str, files: list) -> None:
+    """The launcher as the source: each file's bytes, in the manifest's order, into the first host."""
+    for rel, size, _ in files:
+        with open(os.path.join(path, rel) if rel else path, "rb") as f:
+            left = size
+            while left and (chunk := f.read(min(1 << 20, left))):
+                if not proc.send(chunk):
+                    return
+                left -= len(chunk)
+    proc.close_stdin()
+
+
+def _err_tail(proc) -> str:
+    try:
+        if proc.wait(1) is None:
+            return ""
+        err = b""
+        while chunk := proc.read_err():
+            err += chunk
+    except (OSError, EOFError, ValueError):
+        return ""
+    last = err.decode(errors="replace").strip().splitlines()
+    return f" ({last[-1]})" if last else ""
+
+
+def stage_all(layout, cluster, *, say: Callable[[str], None],
+              on_hashing: Callable[[str], None] | None = None) -> dict[str, Staged]:
+    """Every source of the job's ``stage:`` to every host of the layout: {name: Staged}. A
+    StageError names the host that failed; nothing has been started."""
+    found = {}
+    for source in sources(layout):
+        staged = stage_one(cluster, source, list(layout.hosts), layout.job.stage_dir, say=say, on_hashing=on_hashing)
+        say(staged.line())
+        found[source.name] = staged
+    return found
