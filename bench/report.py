@@ -7,7 +7,7 @@ import time
 from common import OUT_DIR, REPO, machine
 
 ORDER = ["launch", "launch_sim", "check", "health", "chatty", "teardown", "teardown_scale", "stall", "node_loss",
-         "overhead", "provision"]
+         "overhead", "provision", "stage"]
 
 
 def main() -> None:

@@ -77,6 +77,7 @@ class RunRow:
     tokens_per_s_per_rank: float | None = None  # per GPU on GPUs
     mfu: float | None = None  # model FLOPs utilization, 0-1 (GPU runs whose GPU and model are known)
     trackers: list[str] = field(default_factory=list)  # where its experiment trackers are (ftbundle.trackers)
+    staged: list[str] = field(default_factory=list)  # what `stage:` copied before it (ftbundle.stage)
     attempts: list[str] = field(default_factory=list)  # where each attempt after a lost host ran, and why
     step_times: dict | None = None  # every node's median and p90 step time, the stragglers (ui.stragglers)
     gpu_faults: list[str] = field(default_factory=list)  # the Xids logged during the run (gpu_health)
@@ -142,6 +143,7 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   samples_per_s=summary.get("samples_per_s"), tokens_per_s=summary.get("tokens_per_s"),
                   tokens_per_s_per_rank=summary.get("tokens_per_s_per_rank"), mfu=summary.get("mfu"),
                   trackers=[str(t) for t in plan.get("trackers") or []],
+                  staged=[str(s.get("said")) for s in plan.get("staged") or [] if isinstance(s, dict)],
                   step_times=summary.get("step_times") or steps_of(files, plan, attempt),
                   gpu_faults=summary.get("gpu_faults") or fold_findings(faults_of(files, plan, attempt)),
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []))
@@ -302,6 +304,7 @@ def format_runs(rows: list[RunRow]) -> str:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         lines += [f"  {said}" for said in (rows[i - 1].attempts if i else [])]  # (under its run: a lost host)
         lines += [f"  tracker: {where}" for where in (rows[i - 1].trackers if i else [])]
+        lines += [f"  {said}" for said in (rows[i - 1].staged if i else [])]
     return "\n".join(lines)
 
 

@@ -57,6 +57,7 @@ class Layout:
     excluded: tuple[str, ...] = ()
     # LlamaFactory keys pointed at each host's local copy by `stage:` (ftbundle/stage.py): key -> path
     staged: dict[str, str] = field(default_factory=dict)
+    stage_record: tuple[dict, ...] = ()  # what each source's staging did (Staged.record), kept in plan.json
 
     @property
     def master_port(self) -> int:

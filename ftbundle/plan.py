@@ -95,6 +95,7 @@ class Plan:
     speed: SpeedBasis | None = None  # what tokens/s per rank and MFU are counted against (ftbundle.speed)
     trackers: tuple[str, ...] = ()  # where the run's experiment trackers are (ftbundle.trackers)
     notify: Notify | None = field(default=None, repr=False)  # told when the run ends (ftbundle.notify)
+    staged: tuple[dict, ...] = ()  # what `stage:` copied and where it was cached (ftbundle.stage)
 
     @property
     def rundir(self) -> RunDir:
@@ -175,6 +176,7 @@ class Plan:
             "stall_timeout": self.stall_timeout,
             "straggler_factor": self.straggler_factor,  # (a detached run's stragglers: runs.py, history.py)
             "trackers": list(self.trackers),  # (where `runs` says each run's tracker is)
+            "staged": list(self.staged),  # (what `runs` says each run's staging did)
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "nodes": [
@@ -328,7 +330,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
         finetuning_type=finetuning_type, resumes=resumes,
         stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor, speed=speed,
-        trackers=tuple(tracked), notify=job.notify,
+        trackers=tuple(tracked), notify=job.notify, staged=layout.stage_record,
     )
 
 

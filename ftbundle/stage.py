@@ -64,6 +64,12 @@ class Staged:
     changed: dict[str, str] = field(default_factory=dict)  # host -> what changed in its copy
     seconds: float = 0.0
 
+    def record(self) -> dict:
+        """What plan.json keeps of it (``runs`` says it under the run)."""
+        return {"name": self.source.name, "source": self.source.path, "entry": self.entry, "local": self.local,
+                "bytes": self.bytes, "files": self.files, "copied": self.copied, "cached": self.cached,
+                "changed": self.changed, "seconds": round(self.seconds, 2), "said": self.line()}
+
     def line(self) -> str:
         what = f"{self.source.name} ({size_text(self.bytes)}, {self.files} file(s), {self.entry})"
         parts = []

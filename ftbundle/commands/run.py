@@ -100,7 +100,8 @@ def with_staged(layout: Layout, cluster, ui=None) -> Layout:
                            on_hashing=(lambda m: ui.hashing(m)) if ui is not None and hasattr(ui, "hashing") else None)
     except StageError as exc:
         raise UserError(f"staging failed, nothing was started: {exc}", file=str(layout.job.path), key="stage") from None
-    return dataclasses.replace(layout, staged={s.source.key: s.local for s in staged.values() if s.source.key})
+    return dataclasses.replace(layout, staged={s.source.key: s.local for s in staged.values() if s.source.key},
+                               stage_record=tuple(s.record() for s in staged.values()))
 
 
 def _launch_imports(layout: Layout, *, skip_check: bool) -> None:

@@ -100,6 +100,12 @@ def test_stage_copies_once_down_a_chain_verifies_and_reuses(make_cluster, tmp_pa
     assert f"{STAGE_DIR}/{model_entry}" in log, log[-3000:]  # (LlamaFactory loads the model from there)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state"] == "finished", summary
+    kept = {s["name"]: s for s in json.loads((run_dir / "plan.json").read_text())["staged"]}
+    assert kept["model"]["local"] == f"{STAGE_DIR}/{model_entry}" and kept["model"]["cached"] == ["node0", "node1",
+                                                                                                  "node2"]
+    runs = ftbundle("runs", str(job), timeout=120)
+    assert re.search(rf"^  staged model \([\d.]+ KB, \d+ file\(s\), {model_entry}\): cached on node\[0-2\]$",
+                     runs.stdout, re.M), runs.stdout
 
 
 def test_a_host_that_cannot_take_its_copy_is_named_and_nothing_starts(make_cluster, tmp_path):
