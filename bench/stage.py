@@ -139,6 +139,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=1024, help="the model's size in MB")
     parser.add_argument("--rate-mbit", type=int, default=400, help="every link's cap, Mbit/s")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--tools", help="only these (comma-separated; the one copy always runs)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     for tool in ("pdcp", "rsync", "tc"):
@@ -152,6 +153,8 @@ def main() -> None:
     started = time.monotonic()
     digest = make_model(src, args.mb)
     tools = ["one copy (rsync)", "pdcp", "clush --copy", "rsync per host", "ftbundle stage", "ftbundle stage, cached"]
+    if args.tools:
+        tools = [t for t in tools if t == "one copy (rsync)" or t in args.tools.split(",")]
     rows, notes = [], []
     try:
         with Cluster(max(sizes), shared_dir=shared) as cluster:
@@ -188,7 +191,8 @@ def main() -> None:
                 finally:
                     uncap(cluster, hosts, br)
                 one = median(times["one copy (rsync)"])
-                best_peer = min(median(times[t]) for t in ("pdcp", "clush --copy", "rsync per host"))
+                best_peer = min((median(times[t]) for t in ("pdcp", "clush --copy", "rsync per host") if times.get(t)),
+                                default=float("nan"))
                 for tool in tools:
                     t = median(times[tool])
                     rows.append([n, tool, f"{t:.1f}", f"{t / one:.2f}x", f"{t / best_peer:.2f}x"])

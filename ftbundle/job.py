@@ -102,6 +102,8 @@ class Job:
     # copied to every host's stage_dir before the ranks start (ftbundle/stage.py): "model", "dataset", paths
     stage: tuple[str, ...] = ()
     stage_dir: str = "/var/cache/ftbundle"
+    # each host's stage_dir pruned of entries unused this long / beyond this size (ftbundle/stage.py)
+    stage_keep: dict = field(default_factory=lambda: {"days": 30, "bytes": None})
 
     @property
     def base_dir(self) -> Path:
@@ -129,8 +131,10 @@ def _notify(r, raw) -> Notify | None:
         raise r.error("notify.command", "is empty: a shell command, run with summary.json on its stdin")
     return Notify(webhook=webhook, command=command)
 
-def _stage(r, data) -> tuple[tuple[str, ...], str]:
-    """``stage: [model, dataset, PATH, HOST:PATH]`` and ``stage_dir`` (an absolute path)."""
+def _stage(r, data) -> tuple[tuple[str, ...], str, dict]:
+    """``stage: [model, dataset, PATH, HOST:PATH]``, ``stage_dir`` (an absolute path) and
+    ``stage_keep: {days: N, size_gb: G}`` (entries unused N days are removed, and the least
+    recently used while all hold more than G GB; either may be null: no limit)."""
     raw = data.get("stage") or []
     if isinstance(raw, str):
         raw = [raw]
@@ -140,13 +144,25 @@ def _stage(r, data) -> tuple[tuple[str, ...], str]:
     stage_dir = r.string(data, "stage_dir", "stage_dir", "/var/cache/ftbundle")
     if not str(stage_dir).startswith("/") or str(stage_dir).rstrip("/") == "":
         raise r.error("stage_dir", f"must be an absolute directory on every host's own disk, got {show(stage_dir)}")
-    return tuple(v.strip() for v in raw), posixpath.normpath(stage_dir)
+    keep_raw = data.get("stage_keep", {"days": 30})
+    if not isinstance(keep_raw, dict):
+        raise r.error("stage_keep", f"must be a mapping {{days: N, size_gb: G}} (either null: no limit), got "
+                                    f"{show(keep_raw)}")
+    r.check_keys(keep_raw, {"days", "size_gb"}, "stage_keep.")
+    keep = {}
+    for key, name in (("days", "days"), ("size_gb", "bytes")):
+        value = keep_raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise r.error(f"stage_keep.{key}", f"must be a positive number or null (no limit), got {show(value)}")
+        keep[name] = None if value is None else (float(value) if key == "days" else int(value * 1e9))
+    return tuple(v.strip() for v in raw), posixpath.normpath(stage_dir), keep
 
 
 _TOP_KEYS = {
     "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
     "env", "runtime", "train", "restarts", "check", "stall_timeout", "health", "straggler_factor",
     "on_node_loss", "spares", "min_nodes", "keep_global_batch", "tokenize_once", "notify", "stage", "stage_dir",
+    "stage_keep",
 }
 HEALTH_MODES = ("refuse", "warn", "off")
 NODE_LOSS_POLICIES = ("stop", "exclude", "spare")
@@ -263,7 +279,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
     check = r.boolean(data, "check", "check", True)
     tokenize_once = r.boolean(data, "tokenize_once", "tokenize_once", True)
     notify = _notify(r, data.get("notify"))
-    stage, stage_dir = _stage(r, data)
+    stage, stage_dir, stage_keep = _stage(r, data)
     stall_timeout = r.integer(data, "stall_timeout", "stall_timeout", 600, 0, 7 * 24 * 3600)
     if 0 < stall_timeout < MIN_STALL_TIMEOUT_S:
         raise r.error("stall_timeout", f"must be 0 (off) or at least {MIN_STALL_TIMEOUT_S} seconds, got {stall_timeout}")
@@ -360,6 +376,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         notify=notify,
         stage=stage,
         stage_dir=stage_dir,
+        stage_keep=stage_keep,
     )
 
 

@@ -40,6 +40,7 @@ DEFAULT_STAGE_DIR = "/var/cache/ftbundle"
 STAGE_KEYS = {"model": "model_name_or_path", "dataset": "dataset_dir"}  # the names `stage:` knows
 WAIT_S = 30.0  # a receiver says "cached" or its port within this long
 PROGRESS_EVERY_S = 2.0
+STALL_S = 120.0  # no host of the chain wrote a byte for this long: the copy is stuck, named
 TAG = "ftb-stage"
 
 
@@ -62,6 +63,7 @@ class Staged:
     cached: list[str] = field(default_factory=list)
     copied: list[str] = field(default_factory=list)
     changed: dict[str, str] = field(default_factory=dict)  # host -> what changed in its copy
+    pruned: list[str] = field(default_factory=list)  # "HOST: ENTRY (SIZE, unused N days)" removed by stage_keep
     seconds: float = 0.0
 
     def record(self) -> dict:
@@ -79,7 +81,8 @@ class Staged:
         if self.cached:
             parts.append(f"cached on {fold(self.cached)}")
         changed = "".join(f"; {h}'s copy had changed ({why}): copied again" for h, why in sorted(self.changed.items()))
-        return f"staged {what}: {', '.join(parts)}{changed}"
+        pruned = f"; removed by stage_keep: {', '.join(self.pruned)}" if self.pruned else ""
+        return f"staged {what}: {', '.join(parts)}{changed}{pruned}"
 
 
 class StageError(Exception):
@@ -96,8 +99,9 @@ def size_text(n: float) -> str:
 
 @cache
 def node_source() -> str:
-    """The stage program: probe_files.py (hashing, the digest cache), then stage_node.py."""
-    return shipped.read_text("remote", "probe_files.py") + "\n" + shipped.read_text("remote", "stage_node.py")
+    """The stage program: probe_files.py (hashing, the digest cache), claims.py (the runs with a
+    process on the host: their copies are never pruned), then stage_node.py."""
+    return "\n".join(shipped.read_text("remote", part) for part in ("probe_files.py", "claims.py", "stage_node.py"))
 
 
 def node_argv(host: Host, spec: dict) -> list[str]:
@@ -257,7 +261,8 @@ def manifest(cluster, source: Source, hosts: list[Host], on_hashing: Callable[[s
 
 
 def stage_one(cluster, source: Source, hosts: list[Host], stage_dir: str, *,
-              say: Callable[[str], None], on_hashing: Callable[[str], None] | None = None) -> Staged:
+              say: Callable[[str], None], on_hashing: Callable[[str], None] | None = None,
+              user: str = "stage", keep: dict | None = None) -> Staged:
     """Copy one source to every host's stage_dir (see the module's text)."""
     started = time.monotonic()
     found = manifest(cluster, source, hosts, on_hashing)
@@ -267,7 +272,7 @@ def stage_one(cluster, source: Source, hosts: list[Host], stage_dir: str, *,
         local = posixpath.join(local, posixpath.basename(source.path))
     staged = Staged(source, entry=entry, local=local, bytes=found["bytes"], files=len(found["files"]))
     token = secrets.token_hex(16)
-    spec = {"do": "receive", "stage_dir": stage_dir, "entry": entry, "token": token}
+    spec = {"do": "receive", "stage_dir": stage_dir, "entry": entry, "token": token, "user": user, "keep": keep or {}}
     procs = {h.name: cluster.start(h, node_argv(h, spec)) for h in hosts}
     lines = {name: Lines(p) for name, p in procs.items()}
     try:
@@ -292,6 +297,11 @@ def stage_one(cluster, source: Source, hosts: list[Host], stage_dir: str, *,
         if chain:
             _copy(cluster, source, found, hosts, chain, ports, procs, lines, token, say)
         staged.copied = [h.name for h in chain]
+        for h in hosts:  # (a cached host prunes before it answers; a copying one before its "done")
+            for w in lines[h.name].said:
+                if w[0] == "pruned" and len(w) > 1 and len(w[1].split()) == 3:
+                    name, size, days = w[1].split()
+                    staged.pruned.append(f"{h.name}: {name} ({size_text(int(size))}, unused {float(days):.0f} days)")
     finally:
         for p in procs.values():
             p.close()
@@ -311,7 +321,7 @@ def _copy(cluster, source, found, hosts, chain, ports, procs, lines, token, say)
         if not procs[h.name].send((json.dumps(order) + "\n").encode()):
             raise StageError(f"{h.name}: the stage program is gone before the copy")
     if launcher_feeds:
-        threading.Thread(target=_feed, args=(procs[chain[0].name], source.path, files), daemon=True).start()
+        feeder = Feed(procs[chain[0].name], source.path, files)
     else:  # the source's host (or, for shared storage, the chain's first) reads it and sends it on
         reader = next(h for h in hosts if h.name == source.host) if source.host else chain[0]
         feeder = cluster.start(reader, node_argv(reader, {"do": "send", "path": source.path, "token": token}))
@@ -329,6 +339,7 @@ def _follow(source, found, chain, procs, lines, feeder, say) -> None:
     """Until every host of the chain has its copy (or the first is named that could not)."""
     last = time.monotonic()
     began = last
+    moved = [-1, last]  # (the least any host of the chain has written, and when it last grew)
     while True:
         done = [h for h in chain if lines[h.name].first("done")]
         failed = [(h, lines[h.name].first("error")) for h in chain if lines[h.name].first("error")]
@@ -340,12 +351,20 @@ def _follow(source, found, chain, procs, lines, feeder, say) -> None:
             raise StageError(f"{ended[0].name}: the stage program ended without a word" + _err_tail(procs[ended[0].name]))
         if len(done) == len(chain):
             break
-        if feeder is not None and feeder.wait(0) not in (None, 0):
+        if isinstance(feeder, Feed) and feeder.error:
+            raise StageError(f"{chain[0].name}: the launcher could not send {source.path} to it: {feeder.error}")
+        if not isinstance(feeder, Feed) and feeder.wait(0) not in (None, 0):
             raise StageError(f"{source.host or chain[0].name}: could not read {source.path}" + _err_tail(feeder))
         now = time.monotonic()
+        least = min(lines[h.name].progress for h in chain if h not in done)
+        if least > moved[0]:
+            moved[:] = [least, now]
+        elif now - moved[1] > STALL_S:  # (the first host that holds the least: the ones after it wait on it)
+            stuck = next(h for h in chain if h not in done and lines[h.name].progress == least)
+            raise StageError(f"{stuck.name}: no byte for {STALL_S:.0f}s, at {size_text(least)} of "
+                             f"{size_text(found['bytes'])} (the hosts after it in the chain wait on it)")
         if now - last >= PROGRESS_EVERY_S:
             last = now
-            least = min(lines[h.name].progress for h in chain if h not in done) if len(done) < len(chain) else 0
             rate = least / (now - began) / 1e6
             say(f"staging {source.name}: {size_text(least)} of {size_text(found['bytes'])} to "
                 f"{fold(h.name for h in chain)}, {rate:.0f} MB/s, {len(done)} of {len(chain)} host(s) done")
@@ -356,16 +375,31 @@ def _follow(source, found, chain, procs, lines, feeder, say) -> None:
             raise StageError(f"{h.name}: could not pass the copy on: {' '.join(lost[1:])}")
 
 
-def _feed(proc, path: str, files: list) -> None:
-    """The launcher as the source: each file's bytes, in the manifest's order, into the first host."""
-    for rel, size, _ in files:
-        with open(os.path.join(path, rel) if rel else path, "rb") as f:
-            left = size
-            while left and (chunk := f.read(min(1 << 20, left))):
-                if not proc.send(chunk):
-                    return
-                left -= len(chunk)
-    proc.close_stdin()
+class Feed:
+    """The launcher as the source: each file's bytes, in the manifest's order, into the first
+    host's stdin, on a thread; ``error`` says why it stopped short."""
+
+    def __init__(self, proc, path: str, files: list):
+        self.proc, self.path, self.files = proc, path, files
+        self.error = ""
+        threading.Thread(target=self._run, daemon=True, name="stage-feed").start()
+
+    def _run(self) -> None:
+        try:
+            for rel, size, _ in self.files:
+                with open(os.path.join(self.path, rel) if rel else self.path, "rb") as f:
+                    left = size
+                    while left and (chunk := f.read(min(1 << 20, left))):
+                        if not self.proc.send(chunk):
+                            self.error = f"its stage program stopped reading after {size_text(size - left)} of {rel}"
+                            return
+                        left -= len(chunk)
+            self.proc.close_stdin()
+        except Exception as exc:  # noqa: BLE001 - said by _follow
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        pass
 
 
 def _err_tail(proc) -> str:
@@ -381,13 +415,59 @@ def _err_tail(proc) -> str:
     return f" ({last[-1]})" if last else ""
 
 
-def stage_all(layout, cluster, *, say: Callable[[str], None],
-              on_hashing: Callable[[str], None] | None = None) -> dict[str, Staged]:
-    """Every source of the job's ``stage:`` to every host of the layout: {name: Staged}. A
-    StageError names the host that failed; nothing has been started."""
-    found = {}
+def cache_check(layout, cluster, on_hashing: Callable[[str], None] | None = None):
+    """``ftbundle check``'s word on staging: per source, which hosts hold its copy already,
+    which would get it (and why: absent, or changed since it was staged). A source that cannot be
+    read fails the check. None when the job stages nothing."""
+    from .check.finding import Check
+    from .cluster import parallel
+
+    if not layout.job.stage:
+        return None
+    groups: list[tuple[str, list[str]]] = []
+    details: list[str] = []
+    hosts = list(layout.hosts)
     for source in sources(layout):
-        staged = stage_one(cluster, source, list(layout.hosts), layout.job.stage_dir, say=say, on_hashing=on_hashing)
+        try:
+            found = manifest(cluster, source, hosts, on_hashing)
+        except StageError as exc:
+            details.append(f"{source.name}: {exc}")
+            continue
+        entry = entry_name(source, found["sha256"])
+        spec = {"do": "state", "stage_dir": layout.job.stage_dir, "entries": [entry]}
+        def ask(h, spec=spec):
+            try:
+                return cluster.run(h, node_argv(h, spec), timeout=60)
+            except Exception as exc:  # noqa: BLE001 - named in the report
+                return exc
+
+        answers = parallel(ask, hosts)
+        said: dict[str, list[str]] = {}
+        for h, answer in zip(hosts, answers):
+            try:
+                what, why = json.loads(answer.stdout)[entry]
+            except (AttributeError, ValueError, KeyError, TypeError):
+                details.append(f"{source.name}: {h.name} did not answer ({getattr(answer, 'stderr', answer)!s:.200})")
+                continue
+            text = {"cached": "cached", "absent": "to copy"}.get(what, f"to copy again ({why})")
+            said.setdefault(text, []).append(h.name)
+        head = f"{source.name} ({size_text(found['bytes'])}, {entry})"
+        groups += [(f"{head}: {text}", names) for text, names in said.items()]
+    return Check("stage", groups, failure="a source to stage cannot be read" if details else None, details=details,
+                 label=f"stage to {layout.job.stage_dir}")
+
+
+def stage_all(layout, cluster, *, say: Callable[[str], None], on_hashing: Callable[[str], None] | None = None,
+              run: bool = True) -> dict[str, Staged]:
+    """Every source of the job's ``stage:`` to every host of the layout: {name: Staged}. A
+    StageError names the host that failed; nothing has been started. Each host's copies are
+    marked used by the run (``run``; else by this `ftbundle stage`), and its stage_dir pruned by
+    the job's ``stage_keep`` (never what a running run uses)."""
+    found = {}
+    user = layout.run_id if run else f"stage-{int(time.time())}"
+    for source in sources(layout):
+        staged = stage_one(cluster, source, list(layout.hosts), layout.job.stage_dir, say=say, on_hashing=on_hashing,
+                           user=user, keep=layout.job.stage_keep)
         say(staged.line())
         found[source.name] = staged
     return found

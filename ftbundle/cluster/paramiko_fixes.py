@@ -56,9 +56,28 @@ def ordered_send(chan, build):
             if not transport.clear_to_send.is_set():  # a rekey began meanwhile
                 continue
             made = build()
-            if made is not None:
-                transport._send_user_message(made[0])
-            return made
+            if made is None:
+                return None
+            # The check and the send under the transport's clear_to_send_lock (what paramiko's
+            # _send_user_message does), without its wait: a rekey that began while build()
+            # waited for the peer's window (long, on a slow link) must not be waited out here,
+            # holding chan.lock: the transport thread needs that lock to hand the channel the
+            # data the peer sends meanwhile, so the key exchange it is running cannot end. It
+            # deadlocked a staging stream at 512 MiB, paramiko's rekey threshold, whenever the
+            # command was printing while it read (ftbundle/stage.py, capped links).
+            with transport.clear_to_send_lock:
+                if transport.clear_to_send.is_set():
+                    transport._send_message(made[0])
+                    return made
+            _give_back(chan, made)  # (then wait for the rekey's end outside the lock, and build anew)
+
+
+def _give_back(chan, made) -> None:
+    """Undo what ``build`` reserved (call under chan.lock): the window its data took, or EOF's mark."""
+    if made[1]:
+        chan.out_window_size += made[1]
+    else:
+        chan.eof_sent = False
 
 
 def data_message(chan, data: bytes):

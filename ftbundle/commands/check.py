@@ -29,6 +29,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             said = output_dir_check(plan, cluster)
             if said is not None:
                 report.checks.append(said)
+            from ..stage import cache_check
+
+            staged = cache_check(layout, cluster, on_hashing=say)  # (which hosts hold the copies `stage:` makes)
+            if staged is not None:
+                report.checks.append(staged)
         print_report(report)
         if not report.ok:
             return EXIT_USAGE

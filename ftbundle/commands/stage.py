@@ -22,7 +22,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
             raise UserError("cannot reach every host, nothing was copied: " + cluster.errors_said(),
                             file=str(job.inventory or job.path), key="hosts")
         try:
-            stage_all(layout, cluster, say=say, on_hashing=say)
+            stage_all(layout, cluster, say=say, on_hashing=say, run=False)
         except StageError as exc:
             say(f"staging failed: {exc}")
             return 1

@@ -472,7 +472,7 @@ def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
         adapter = posixpath.join(plan.checkpoint_dir, "adapter_model.safetensors")
     lines = closing_summary(run_id=plan.run_id, run_dir=plan.run_dir, duration_s=duration_s,
                             progress=outcome.progress or Progress(), output_dir=plan.checkpoint_dir,
-                            adapter=adapter, nnodes=plan.nnodes)
+                            adapter=adapter, nnodes=plan.nnodes, staged=plan.staged)
     if attempt > 1:
         lines[0] += f" (attempt {attempt})"
     told = {r["attempt"] for r in history if r.get("why")}  # (a loss's attempt says its recovery with its line)

@@ -9,11 +9,14 @@ run as ``python3 -S -c SOURCE SPEC`` (SPEC: JSON); standard library only. Two jo
     and the tree's digest, as one JSON line on stdout. The digests are kept by the probe's
     cache (path, size, mtime, inode), so an unchanged source is read once.
 
+``{"do": "state", "stage_dir": D, "entries": [E...]}``
+    What this host holds of each entry, as step 1 of ``receive`` judges it (``ftbundle check``).
+
 ``{"do": "send", "path": P, "token": T}``
     P's files, in the order of the manifest on stdin ({"files", "to": [address, port]}), to
     the chain's first host: the source read once, where it lives.
 
-``{"do": "receive", "stage_dir": D, "entry": E, "token": T}``
+``{"do": "receive", "stage_dir": D, "entry": E, "token": T, "user": RUN, "keep": {"days", "bytes"}}``
     1. ``D/E`` already complete here (its files' sizes and mtimes as they were written):
        ``ftb-stage cached`` and exit 0. A copy changed since: ``ftb-stage changed FILE WHY``,
        and it is received again (the changed one is replaced only by a complete one).
@@ -32,6 +35,9 @@ run as ``python3 -S -c SOURCE SPEC`` (SPEC: JSON); standard library only. Two jo
        SECONDS`` said. A mismatch, a short stream or a write that fails is ``ftb-stage error
        WHY`` (exit 1), the part removed; a next host that is lost is ``ftb-stage next-lost
        WHY``, and this host's own copy still completes.
+    6. Cached or written, the entry is marked used by RUN (``.ftb-used/RUN``), and the other
+       entries of D are pruned by ``keep`` (:func:`prune`: ``ftb-stage pruned ENTRY BYTES DAYS``),
+       then ``ftb-stage done``.
 """
 
 import json
@@ -41,10 +47,13 @@ import socket
 import sys
 import time
 
-if __package__:  # imported (tests); shipped, probe_files.py's text comes before this one (ftbundle/stage.py)
+if __package__:  # imported (tests); shipped, these parts' texts come before this one (ftbundle/stage.py)
+    from .claims import running_runs
     from .probe_files import HASHING, PROGRESS_EVERY_S, file_digests
 
 STAMPS = ".ftb-stamps.json"
+USED = ".ftb-used"  # in each entry: one empty file per run (or `ftbundle stage`) that used it, touched when it did
+DAY_S = 86400
 TAG = "ftb-stage"
 CHUNK = 1 << 20
 ACCEPT_S = 120.0  # the previous host connects within this long of the launcher's answer
@@ -125,15 +134,82 @@ class Next:
             self.sock.close()
 
 
-def receive(spec):
-    import hashlib
+def mark_used(entry, user):
+    """``user`` (a run id, or this `ftbundle stage`'s) used the entry now."""
+    try:
+        os.makedirs(os.path.join(entry, USED), exist_ok=True)
+        path = os.path.join(entry, USED, user)
+        with open(path, "a"):
+            pass
+        os.utime(path)
+    except OSError:
+        pass
 
+
+def entry_use(entry):
+    """(when it was last used, by whom, its bytes) from its marks and stamps."""
+    try:
+        users = {n: os.stat(os.path.join(entry, USED, n)).st_mtime for n in os.listdir(os.path.join(entry, USED))}
+    except OSError:
+        users = {}
+    try:
+        with open(os.path.join(entry, STAMPS)) as f:
+            size = sum(s for s, _ in json.load(f).values())
+        last = os.stat(os.path.join(entry, STAMPS)).st_mtime
+    except (OSError, ValueError, TypeError):
+        size, last = 0, 0.0
+    return max([last, *users.values()]), set(users), size
+
+
+def prune(stage_dir, keep, user, now=None, running="read"):
+    """Entries unused longest first, removed while one is older than ``keep["days"]`` or all
+    of them hold more than ``keep["bytes"]``: never one this ``user`` (this run, this stage)
+    marked, nor one a run with a process on this host used (``running``: claims.py's
+    running_runs; when /proc cannot be read, nothing is removed). Says each it removes."""
+    now = time.time() if now is None else now
+    running = running_runs() if running == "read" else running
+    if running is None or not (keep.get("days") or keep.get("bytes")):
+        return
+    found = []
+    for name in os.listdir(stage_dir):
+        path = os.path.join(stage_dir, name)
+        if name.startswith(".") or not os.path.isdir(path):
+            continue
+        last, users, size = entry_use(path)
+        found.append((last, name, users, size))
+    total = sum(f[3] for f in found)
+    for last, name, users, size in sorted(found):
+        if user in users or users & running:
+            continue
+        old = keep.get("days") and now - last > keep["days"] * DAY_S
+        over = keep.get("bytes") and total > keep["bytes"]
+        if not (old or over):
+            continue
+        shutil.rmtree(os.path.join(stage_dir, name), ignore_errors=True)
+        total -= size
+        say("pruned", name, size, f"{(now - last) / DAY_S:.1f}")
+
+
+def receive(spec):
     stage_dir, name, token = spec["stage_dir"], spec["entry"], spec["token"]
     entry = os.path.join(stage_dir, name)
     state, why = entry_state(entry)
     if state == "cached":
+        mark_used(entry, spec.get("user") or "stage")
+        prune(stage_dir, spec.get("keep") or {}, spec.get("user") or "stage")
         say("cached")
         return 0
+    code = _receive_anew(spec, stage_dir, name, entry, token, state, why)
+    if code == 0:
+        mark_used(entry, spec.get("user") or "stage")
+        prune(stage_dir, spec.get("keep") or {}, spec.get("user") or "stage")
+        say("done")
+    return code
+
+
+def _receive_anew(spec, stage_dir, name, entry, token, state, why):
+    import hashlib
+
     if state == "changed":
         say("changed", why)
     try:
@@ -206,7 +282,7 @@ def _receive(order, stage_dir, entry, part, listener, token, hashlib):
     os.rename(part, entry)
     if old:
         shutil.rmtree(old, ignore_errors=True)
-    say("done", done, f"{time.monotonic() - started:.3f}")
+    say("written", done, f"{time.monotonic() - started:.3f}")
     return 0
 
 
@@ -228,6 +304,12 @@ def send(spec):
         if nxt.sock is None:
             return 1
     nxt.close()
+    return 0
+
+
+def state(spec):
+    """What this host holds of each entry (``ftbundle check``): {entry: [state, why]}."""
+    print(json.dumps({e: entry_state(os.path.join(spec["stage_dir"], e)) for e in spec["entries"]}))
     return 0
 
 
@@ -254,4 +336,4 @@ def manifest(spec):
 
 if __name__ == "__main__" and not __package__:
     SPEC = json.loads(sys.argv[1])
-    sys.exit({"manifest": manifest, "send": send, "receive": receive}[SPEC["do"]](SPEC))
+    sys.exit({"manifest": manifest, "send": send, "receive": receive, "state": state}[SPEC["do"]](SPEC))

@@ -150,8 +150,9 @@ def hint(code: int | None, text: str) -> str | None:
 
 
 def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: Progress,
-                    output_dir: str | None, adapter: str | None, nnodes: int) -> list[str]:
-    """The lines shown when every node finished."""
+                    output_dir: str | None, adapter: str | None, nnodes: int, staged=()) -> list[str]:
+    """The lines shown when every node finished; ``staged``: what `stage:` did before it
+    (Staged.record of ftbundle/stage.py), a line each."""
     lines = [f"finished run {run_id} on {nnodes} node(s) in {clock(duration_s)}"]
     if progress.start_step:
         lines.append(f"  resumed at   step {progress.start_step} ({progress.steps_done} step(s) this run)")
@@ -162,6 +163,8 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
     elif progress.final_loss is not None:
         # (a run shorter than logging_steps logs no loss: the trainer's own mean is all there is)
         lines.append(f"  final loss   {progress.final_loss:.4f} (train_loss, the mean over the run: no step logged)")
+    for s in staged:  # (its time came before the launch: not in the start-up's parts)
+        lines.append(f"  staged       {str(s.get('said', '')).removeprefix('staged ')}")
     if progress.first_step_at is not None and (parts := progress.startup()):
         lines.append(f"  before step  {startup_text(parts)}")
     rate = progress.throughput()

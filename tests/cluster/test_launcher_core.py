@@ -165,6 +165,44 @@ def test_a_send_during_a_rekey_waits_without_the_channel_lock(cluster2, tmp_path
         assert cluster.run(host, ["hostname"]).stdout.strip() == host.name
 
 
+def test_a_stream_through_many_real_rekeys_to_a_command_that_prints_as_it_reads(cluster2, tmp_path):
+    """A long stream (ftbundle/stage.py feeding a model to the first host) into a command that
+    reads slowly (the peer's window stays full) and prints as it goes: each rekey that begins
+    while a send waits for the window must be waited out without the channel's lock (the
+    transport thread needs it to hand over what the command prints). It deadlocked at 512 MiB,
+    paramiko's rekey threshold, on capped links; here the threshold is 256 KiB, so a 24 MiB
+    stream goes through dozens of real key exchanges with sshd."""
+    from ftbundle import cluster as C
+    from ftbundle.inventory import load_hosts
+
+    host = load_hosts(cluster2.write_inventory(tmp_path / "hosts.yml"), "trainers")[0]
+    reader = ("import sys, time\nn = 0\nwhile chunk := sys.stdin.buffer.read1(65536):\n    n += len(chunk)\n"
+              "    print('read', n, flush=True)\n    time.sleep(0.002)\nprint('total', n, flush=True)\n")
+    with C.Cluster([host]) as cluster:
+        cluster.open()
+        transport = cluster._transport(host)
+        transport.packetizer.REKEY_BYTES = 256 << 10  # (paramiko's: 512 MiB; a class attribute, shadowed here)
+        kex = []
+        original = transport._send_kex_init
+        transport._send_kex_init = lambda: (kex.append(time.monotonic()), original())[1]
+        proc = cluster.start(host, ["python3", "-c", reader])
+        out = []
+        import threading
+
+        drain = threading.Thread(target=lambda: [out.append(c) for c in iter(proc.read_out, b"")], daemon=True)
+        drain.start()
+        chunk = bytes(range(256)) * 4096  # 1 MiB
+        began = time.monotonic()
+        sent = [proc.send(chunk) for _ in range(24)]
+        proc.close_stdin()
+        assert proc.wait(timeout=60) == 0
+        drain.join(10)
+        assert sent == [True] * 24, (sent, time.monotonic() - began)
+        assert b"".join(out).decode().strip().splitlines()[-1] == f"total {24 << 20}"
+        assert len(kex) >= 20, len(kex)  # (our side began them: the threshold counts what we send)
+        assert transport.is_active() and cluster.run(host, ["hostname"]).stdout.strip() == host.name
+
+
 def test_a_start_guard_never_closes_a_command_sshd_said_yes_to(cluster2, tmp_path, monkeypatch):
     """A start's time limit closes a channel whose exec request sshd never answers, and only
     that. sshd's "yes" is settled where paramiko reads it: an exec that succeeded just before

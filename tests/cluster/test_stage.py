@@ -28,7 +28,7 @@ def digests(root) -> dict[str, str]:
 
 def held(cluster, host: str, entry: str) -> dict[str, str]:
     """What ``host`` holds in stage_dir/entry: {relative name: sha256} (its own sha256sum)."""
-    out = cluster.exec(host, f"cd {STAGE_DIR}/{entry} && find . -type f ! -name '.*' -print0 | sort -z | "
+    out = cluster.exec(host, f"cd {STAGE_DIR}/{entry} && find . -type f ! -path '*/.*' -print0 | sort -z | "
                              "xargs -0 sha256sum").stdout
     return {name[2:]: digest for digest, name in (line.split(None, 1) for line in out.splitlines())}
 
@@ -53,6 +53,12 @@ def test_stage_copies_once_down_a_chain_verifies_and_reuses(make_cluster, tmp_pa
     cluster.exec("node2", "mkdir -p /opt/only && head -c 300000 /dev/urandom > /opt/only/table.bin")
     job = write_job(tmp_path / "job.yaml", base_job("stage", shared, inventory, {"llamafactory": train},
                                                     stage=["model", "dataset", str(local), "node2:/opt/only/table.bin"]))
+
+    before = ftbundle("check", str(job), timeout=300)  # `check` says what each host holds: nothing yet
+    assert before.returncode == 0, before.stdout + before.stderr
+    assert f"stage to {STAGE_DIR}\n" in before.stdout, before.stdout
+    assert re.search(r"^            model \(813\.\d KB, tiny-llama-[0-9a-f]{16}\): to copy: node\[0-2\]$", before.stdout,
+                     re.M), before.stdout
 
     first = ftbundle("stage", str(job), timeout=300)
     assert first.returncode == 0, first.stderr
@@ -81,6 +87,10 @@ def test_stage_copies_once_down_a_chain_verifies_and_reuses(make_cluster, tmp_pa
     weights = next(name for name in held(cluster, "node1", model_entry) if name.endswith(".safetensors"))
     cluster.exec("node1", f"printf x | dd of={STAGE_DIR}/{model_entry}/{weights} bs=1 seek=100 conv=notrunc status=none")
     assert held(cluster, "node1", model_entry) != digests(shared / "tiny-llama")
+    checked = ftbundle("check", str(job), timeout=300)
+    assert re.search(rf"^            model \([^)]*\): to copy again \({re.escape(weights)} modified since it was "
+                     r"staged\): node1$", checked.stdout, re.M), checked.stdout
+    assert re.search(r"^            model \([^)]*\): cached: node\[0,2\]$", checked.stdout, re.M), checked.stdout
     third = ftbundle("stage", str(job), timeout=300)
     assert third.returncode == 0, third.stderr
     how = entries(third.stderr)["model"][1]
@@ -92,6 +102,9 @@ def test_stage_copies_once_down_a_chain_verifies_and_reuses(make_cluster, tmp_pa
     run = ftbundle("run", str(job), timeout=500)
     assert run.returncode == 0, run.stderr[-4000:]
     assert all(how == "cached on node[0-2]" for _, how in entries(run.stderr).values()), run.stderr
+    # the closing summary says it too, under the run's figures
+    assert re.search(rf"^  staged       model \(.*{model_entry}\): cached on node\[0-2\]$", run.stderr, re.M), \
+        run.stderr[-3000:]
     run_dir = only_run_dir(shared)
     config = yaml.safe_load((run_dir / "llamafactory.yaml").read_text())
     assert config["model_name_or_path"] == f"{STAGE_DIR}/{model_entry}"

@@ -139,3 +139,47 @@ def test_a_stream_whose_bytes_differ_from_the_manifest_is_refused_and_leaves_not
     out, _ = proc.communicate(json.dumps(order).encode() + b"\n" + data[:5000], timeout=30)
     assert proc.returncode == 1 and b"the stream ended after 5000 of 100000 bytes (in f.bin)" in out
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_stage_keep_prunes_the_least_recently_used_never_one_a_running_run_or_this_one_uses(tmp_path, capsys):
+    import os
+    import time
+
+    from ftbundle.remote.stage_node import STAMPS, USED, mark_used, prune
+
+    now = time.time()
+    day = 86400
+
+    def entry(name, size, used_days_ago, users):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "w.bin").write_bytes(b"\0" * size)
+        (path / STAMPS).write_text(json.dumps({"w.bin": [size, 0]}))
+        os.utime(path / STAMPS, (now - 90 * day, now - 90 * day))
+        for user in users:
+            mark_used(str(path), user)
+            os.utime(path / USED / user, (now - used_days_ago * day, now - used_days_ago * day))
+
+    entry("old-1", 1000, 40, ["r-old"])  # unused 40 days: removed at days=30
+    entry("live-2", 1000, 50, ["r-live"])  # older still, but its run has a process here: kept
+    entry("mine-3", 1000, 60, ["r-now"])  # this run marked it (an earlier source of it): kept
+    entry("recent-4", 3000, 2, ["r-b"])
+    entry("recent-5", 2000, 1, ["r-c"])
+    prune(str(tmp_path), {"days": 30, "bytes": None}, "r-now", now=now, running={"r-live"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live-2", "mine-3", "recent-4", "recent-5"]
+    assert capsys.readouterr().out == "ftb-stage pruned old-1 1000 40.0\n"
+    # over 6000 bytes in all: the least recently used go first until it fits (recent-4, 3000 bytes)
+    prune(str(tmp_path), {"days": None, "bytes": 6000}, "r-now", now=now, running={"r-live"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live-2", "mine-3", "recent-5"]
+    # /proc unreadable (another user's runs unknown): nothing is removed
+    prune(str(tmp_path), {"days": 0.001, "bytes": 1}, "x", now=now, running=None)
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_stage_keep_is_checked_with_its_key(tmp_path):
+    with pytest.raises(UserError, match=r"must be a positive number or null") as err:
+        layout_of(tmp_path, ["/tmp"], stage_keep={"days": -1})
+    assert err.value.key == "stage_keep.days"
+    layout = layout_of(tmp_path, ["/tmp"], stage_keep={"days": None, "size_gb": 500})
+    assert layout.job.stage_keep == {"days": None, "bytes": 500_000_000_000}
+    assert layout_of(tmp_path, ["/tmp"]).job.stage_keep == {"days": 30.0, "bytes": None}
