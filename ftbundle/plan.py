@@ -102,6 +102,16 @@ class Plan:
         """Every name under run_dir (:mod:`ftbundle.rundir`)."""
         return RunDir(self.run_dir, self.run_id)
 
+    def lf_config(self) -> dict | None:
+        """The LlamaFactory config the ranks read, as staged; None for other jobs."""
+        text = self.files.get(LLAMAFACTORY_CONFIG)
+        if not text:
+            return None
+        import yaml
+
+        found = yaml.safe_load(text)
+        return found if isinstance(found, dict) else None
+
     def node_files(self, node: NodePlan, attempt: int) -> NodeFiles:
         """One node's files of one attempt in the run directory."""
         return self.rundir.node(node.rank, node.host.name, attempt)

@@ -35,6 +35,7 @@ from . import shipped
 from .errors import UserError
 from .hostlist import fold
 from .inventory import Host
+from .units import size_text
 
 DEFAULT_STAGE_DIR = "/var/cache/ftbundle"
 STAGE_KEYS = {"model": "model_name_or_path", "dataset": "dataset_dir"}  # the names `stage:` knows
@@ -87,14 +88,6 @@ class Staged:
 
 class StageError(Exception):
     """A host could not take the copy (named), or the source could not be read."""
-
-
-def size_text(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 @cache

@@ -36,7 +36,8 @@ from ..plan import IMAGE_REF_FILE, shape_text
 from .claims import claim_check, claimed
 from .report import CheckReport, format_report, print_report
 from ..remote.probe_files import HASHING
-from .bytes_rules import FINGERPRINTED, on_shared_dir, size_text
+from ..units import size_text
+from .bytes_rules import FINGERPRINTED, on_shared_dir
 from .rules import Check, evaluate, job_paths
 
 __all__ = ["Check", "CheckReport", "ClusterFacts", "HostFacts", "claimed", "clean_up", "format_report", "print_report",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..facts import HostFacts
 from ..hostlist import fold
 from ..layout import Layout
+from ..units import size_text
 from .finding import Check, describe_groups, group_by_value
 
 # the job's files (ftbundle/check/rules.py's job_paths) whose bytes are compared host to host
@@ -23,15 +24,6 @@ def on_shared_dir(layout: Layout, path: str) -> bool:
     """Whether ``path`` is under the job's shared_dir (which the check proves shared)."""
     shared = layout.shared_dir.rstrip("/")
     return len(layout.hosts) > 1 and not layout.all_local and (path == shared or path.startswith(shared + "/"))
-
-
-def size_text(n: float) -> str:
-    """Bytes in decimal units, as disks are sold and `df -H` says them: 9.4 MB, 126.0 TB."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def files_apart(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:

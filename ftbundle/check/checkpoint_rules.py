@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..facts import HostFacts
 from ..layout import Layout
-from .bytes_rules import size_text
+from ..units import size_text
 from .finding import Check, per_hosts
 
 # LlamaFactory's lora_target "all": every linear layer of the decoder but lm_head

@@ -37,6 +37,7 @@ from ..cluster import Cluster, HostUnreachable, parallel
 from ..inventory import Host
 from ..plan import Plan
 from ..ui.progress import Progress
+from .checkpoints import CheckpointWatch
 from .display import Display, ProgressFeed
 from .failure import exit_reason, rank_failure, read_tail, unreachable_note
 from .node import WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
@@ -106,6 +107,8 @@ class Supervisor:
         self.stall = StallClock(plan.stall_timeout, wait_for_step=bool(plan.checkpoint_dir))
         # shared storage that does not answer, as the nodes report it (:mod:`.storage`)
         self.storage = StorageWatch(plan.shared_dir, [n.host.name for n in plan.nodes])
+        # the first checkpoint's real size against the room left (:mod:`.checkpoints`)
+        self.checkpoints = CheckpointWatch(plan, cluster, plan.lf_config(), start_step)
 
     def say(self, message: str) -> None:
         if self.ui is not None:
@@ -246,6 +249,9 @@ class Supervisor:
         while True:
             self._take_events(0.2)
             self._check_silence(self.lost_after, quiet_max=QUIET_MAX_FACTOR * self.lost_after)
+            self.checkpoints.tick(self.progress.shown_step, self.progress.total)
+            if (said := self.checkpoints.said()) is not None:
+                self.say(("warning: " if said[1] else "") + said[0])
             if self.failures:
                 return self._fail()
             if self.stall.stalled(time.monotonic()) and (outcome := self._stalled()) is not None:

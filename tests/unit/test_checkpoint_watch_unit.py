@@ -1,0 +1,42 @@
+"""The first real checkpoint against the room left (issue 46 item 4, in the run): how many more
+the run writes, and the line said once its size is read (pure). Read for real on containerized
+hosts: tests/cluster/test_node_loss.py (checkpoint-5 of a LoRA, save_total_limit 3)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ftbundle.launch.checkpoints import CheckpointWatch, needs, verdict
+
+
+def test_how_many_more_the_run_writes():
+    assert needs(5, 5, 30, None) == 5  # 10, 15, 20, 25, 30
+    assert needs(5, 5, 30, 3) == 3  # at most save_total_limit at once (the new one before the oldest goes)
+    assert needs(30, 5, 30, 3) == 0
+    assert needs(500, 500, None, 2) == 2 and needs(500, 500, None, None) is None  # (no step count: the limit)
+
+
+def test_the_line_names_the_size_the_room_and_warns_when_too_few_fit():
+    line, warn = verdict("checkpoint-5", 1_200_000_000, 14_600_000_000, "node0", 3, 3)
+    assert (line, warn) == ("checkpoint-5 holds 1.2 GB; 12 more fit in the 14.6 GB free where output_dir is (on "
+                            "node0); the run writes 3 more (save_total_limit 3)", False)
+    line, warn = verdict("checkpoint-100", 40_000_000_000, 90_000_000_000, "gpu-000", 5, None)
+    assert warn and line.startswith("checkpoint-100 holds 40.0 GB; 2 more fit in the 90.0 GB free where output_dir "
+                                    "is (on gpu-000); the run writes 5 more: the disk fills before the run ends")
+    assert verdict("checkpoint-5", 10, 95, "h", 9, None)[1] is False  # 9 fit, 9 needed
+    assert verdict("checkpoint-5", 10, 89, "h", 9, None)[1] is True
+    assert verdict("checkpoint-5", 10, 89, "h", None, None) == ("checkpoint-5 holds 10 B; 8 more fit in the 89 B "
+                                                                "free where output_dir is (on h)", False)
+
+
+def test_the_first_save_of_this_attempt_and_who_is_watched():
+    plan = SimpleNamespace(checkpoint_dir="/s/out", nodes=[])
+    assert CheckpointWatch(plan, None, {"save_steps": 5}).first == 5
+    assert CheckpointWatch(plan, None, {"save_steps": 5}, start_step=12).first == 15  # resumed at 12
+    assert CheckpointWatch(plan, None, {}).first == 500  # the Trainer's default save_steps
+    assert not CheckpointWatch(plan, None, {"save_strategy": "epoch"}).enabled
+    assert not CheckpointWatch(plan, None, None).enabled  # not LlamaFactory (a burn-in's plan, a script)
+    assert not CheckpointWatch(SimpleNamespace(checkpoint_dir=None, nodes=[]), None, {"save_steps": 5}).enabled
+    watch = CheckpointWatch(plan, None, {"save_steps": 5})
+    watch.tick(5, 30)  # the save at 5 may still be written: nothing read yet
+    assert not watch._started and watch.said() is None
