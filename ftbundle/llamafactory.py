@@ -10,6 +10,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from .paths import is_under
+
 # torch's own default for the process-group timeout; many LlamaFactory examples set
 # ddp_timeout: 180000000 (5.7 years), which turns a dead peer into a hang that never ends.
 MAX_DDP_TIMEOUT_S = 1800
@@ -94,7 +96,7 @@ def prepare(config: dict[str, Any], *, workdir: str, shared_dir: str, nprocs: li
         warnings.append("output_dir is not set: checkpoints go to LlamaFactory's default, not to shared storage")
     else:
         absolute = posixpath.normpath(posixpath.join(workdir, str(output_dir)))
-        shared = output_shared if output_shared is not None else _is_under(absolute, shared_dir)
+        shared = output_shared if output_shared is not None else is_under(absolute, shared_dir)
         if not shared:
             warnings.append(
                 f"output_dir {absolute} "
@@ -133,7 +135,3 @@ def effective_batch_line(config: dict[str, Any], nprocs: list[int], effective: i
              else f"{sum(nprocs)} rank(s) ({'+'.join(map(str, nprocs))} on {len(nprocs)} nodes)")
     return f"effective batch size {effective} = {per_device} per device x {accumulation} accumulation x {ranks}"
 
-
-def _is_under(path: str, parent: str) -> bool:
-    parent = posixpath.normpath(parent)
-    return path == parent or path.startswith(parent.rstrip("/") + "/")

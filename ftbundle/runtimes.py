@@ -8,6 +8,7 @@ from __future__ import annotations
 import posixpath
 
 from . import shipped
+from .paths import is_under
 from .rundir import LLAMAFACTORY_CONFIG, LLAMAFACTORY_ENTRY
 
 
@@ -95,7 +96,7 @@ def docker_prefix(*, image: str, name: str, shared_dir: str, workdir: str, env_n
         "--network", "host", "--ipc", "host",
         "-v", f"{shared_dir}:{shared_dir}",
     ]
-    if not _is_under(workdir, shared_dir):
+    if not is_under(workdir, shared_dir):
         argv += ["-v", f"{workdir}:{workdir}"]
     if steps:
         argv += ["-v", f"{steps}:{steps}", "-e", "FTB_STEPS_FILE"]
@@ -122,8 +123,3 @@ def docker_prefix(*, image: str, name: str, shared_dir: str, workdir: str, env_n
 def docker_stop_argv(name: str) -> list[str]:
     """Removing the container is what actually stops it: killing `docker run` does not."""
     return ["docker", "rm", "-f", name]
-
-
-def _is_under(path: str, parent: str) -> bool:
-    path, parent = posixpath.normpath(path), posixpath.normpath(parent)
-    return path == parent or path.startswith(parent.rstrip("/") + "/")

@@ -35,6 +35,7 @@ from . import shipped
 from .errors import UserError
 from .hostlist import fold
 from .inventory import Host
+from .paths import is_under
 from .units import size_text
 
 DEFAULT_STAGE_DIR = "/var/cache/ftbundle"
@@ -97,10 +98,31 @@ def node_source() -> str:
     return "\n".join(shipped.read_text("remote", part) for part in ("probe_files.py", "claims.py", "stage_node.py"))
 
 
+# The stage program's command line holds this loader, not its ~20 KB (`ps` on the hosts stays
+# readable): the program comes first on stdin, its length on a line before it; what follows on
+# stdin (the launcher's order, a copy's bytes) is the program's.
+BOOT = ("import sys; n = int(sys.stdin.buffer.readline()); "
+        "exec(compile(sys.stdin.buffer.read(n), '<ftbundle stage>', 'exec'), "
+        "{'__name__': '__main__', '__package__': None, '__builtins__': __builtins__})")
+
+
 def node_argv(host: Host, spec: dict) -> list[str]:
     from .check import probe_python
 
-    return [probe_python(host), "-S", "-c", node_source(), json.dumps(spec)]
+    return [probe_python(host), "-S", "-c", BOOT, json.dumps(spec)]
+
+
+def node_stdin() -> bytes:
+    """What the stage program's stdin begins with: the program (see BOOT)."""
+    source = node_source().encode()
+    return b"%d\n" % len(source) + source
+
+
+def start_node(cluster, host: Host, spec: dict):
+    """The stage program running on ``host`` with ``spec``, its program sent: a Proc."""
+    proc = cluster.start(host, node_argv(host, spec))
+    proc.send(node_stdin())
+    return proc
 
 
 # ---------------------------------------------------------------------------------------
@@ -134,7 +156,7 @@ def sources(layout, where: str = "stage") -> list[Source]:
                 raise UserError(f"{raw!r}: {host} is not one of the job's hosts ({fold(h.name for h in layout.hosts)})",
                                 file=str(job.path), key=key)
         path = posixpath.normpath(posixpath.join(layout.workdir, os.path.expanduser(text)))
-        shared = bool(layout.shared_dir) and _under(path, layout.shared_dir)
+        shared = bool(layout.shared_dir) and is_under(path, layout.shared_dir)
         if host is None and not shared and not os.path.exists(path):
             raise UserError(f"{raw!r} ({path}) is neither on this machine nor under shared_dir ({layout.shared_dir}); "
                             "a path on one host is written HOST:/path", file=str(job.path), key=key)
@@ -148,12 +170,7 @@ def sources(layout, where: str = "stage") -> list[Source]:
 
 def _exists_somewhere(layout, value: str) -> bool:
     path = posixpath.join(layout.workdir, value)
-    return os.path.exists(path) or bool(layout.shared_dir) and _under(path, layout.shared_dir)
-
-
-def _under(path: str, top: str) -> bool:
-    top = posixpath.normpath(top)
-    return path == top or path.startswith(top.rstrip("/") + "/")
+    return os.path.exists(path) or bool(layout.shared_dir) and is_under(path, layout.shared_dir)
 
 
 def entry_name(source: Source, sha256: str) -> str:
@@ -229,7 +246,7 @@ def manifest(cluster, source: Source, hosts: list[Host], on_hashing: Callable[[s
         return {"sha256": found["sha256"], "bytes": found["bytes"], "kind": "dir" if os.path.isdir(source.path)
                 else "file", "files": [[rel, found["sizes"][rel], found["digests"][rel]] for rel, _ in found["listing"]]}
     host = next(h for h in hosts if h.name == source.host) if source.host else hosts[0]
-    proc = cluster.start(host, node_argv(host, {"do": "manifest", "path": source.path}))
+    proc = start_node(cluster, host, {"do": "manifest", "path": source.path})
     err_said = [b""]
 
     def on_err(chunk: bytes) -> None:
@@ -266,7 +283,7 @@ def stage_one(cluster, source: Source, hosts: list[Host], stage_dir: str, *,
     staged = Staged(source, entry=entry, local=local, bytes=found["bytes"], files=len(found["files"]))
     token = secrets.token_hex(16)
     spec = {"do": "receive", "stage_dir": stage_dir, "entry": entry, "token": token, "user": user, "keep": keep or {}}
-    procs = {h.name: cluster.start(h, node_argv(h, spec)) for h in hosts}
+    procs = {h.name: start_node(cluster, h, spec) for h in hosts}
     lines = {name: Lines(p) for name, p in procs.items()}
     try:
         ports: dict[str, int] = {}
@@ -317,7 +334,7 @@ def _copy(cluster, source, found, hosts, chain, ports, procs, lines, token, say)
         feeder = Feed(procs[chain[0].name], source.path, files)
     else:  # the source's host (or, for shared storage, the chain's first) reads it and sends it on
         reader = next(h for h in hosts if h.name == source.host) if source.host else chain[0]
-        feeder = cluster.start(reader, node_argv(reader, {"do": "send", "path": source.path, "token": token}))
+        feeder = start_node(cluster, reader, {"do": "send", "path": source.path, "token": token})
         feeder.send((json.dumps({"files": files, "to": [chain[0].master_addr if reader is not chain[0] else "127.0.0.1",
                                                           ports[chain[0].name]]}) + "\n").encode())
         feeder.close_stdin()
@@ -430,7 +447,7 @@ def cache_check(layout, cluster, on_hashing: Callable[[str], None] | None = None
         spec = {"do": "state", "stage_dir": layout.job.stage_dir, "entries": [entry]}
         def ask(h, spec=spec):
             try:
-                return cluster.run(h, node_argv(h, spec), timeout=60)
+                return cluster.run(h, node_argv(h, spec), stdin=node_stdin(), timeout=60)
             except Exception as exc:  # noqa: BLE001 - named in the report
                 return exc
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..facts import HostFacts
 from ..hostlist import fold
 from ..layout import Layout
+from ..paths import is_under
 from ..units import size_text
 from .finding import Check, describe_groups, group_by_value
 
@@ -22,8 +23,7 @@ FILES_NAMED = 5  # the odd host's differing files named, then "and N more"
 
 def on_shared_dir(layout: Layout, path: str) -> bool:
     """Whether ``path`` is under the job's shared_dir (which the check proves shared)."""
-    shared = layout.shared_dir.rstrip("/")
-    return len(layout.hosts) > 1 and not layout.all_local and (path == shared or path.startswith(shared + "/"))
+    return len(layout.hosts) > 1 and not layout.all_local and is_under(path, layout.shared_dir)
 
 
 def files_apart(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from ..facts import HostFacts
 from ..layout import Layout
+from ..paths import is_under
 from ..units import size_text
 from .finding import Check, per_hosts
 
@@ -136,8 +137,7 @@ def check_checkpoint_space(facts: list[HostFacts], layout: Layout) -> Check | No
         return None
     path = layout.checkpoint_dir
     kept = saves_kept(lf)
-    shared = layout.shared_dir.rstrip("/")
-    if path == shared or path.startswith(shared + "/"):
+    if is_under(path, layout.shared_dir):
         asked = asked[:1]  # (one file system for everyone: one host's figure)
     check = Check("checkpoint space", [], label=f"checkpoints in {path}")
     check.notes.append(f"a checkpoint is about {size_text(found.checkpoint)}: {found.basis}")

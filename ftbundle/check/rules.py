@@ -16,6 +16,7 @@ from ..facts import visible as visible_under
 from ..gpu_health import XID_WINDOW_S
 from ..hostlist import fold, fold_numbers
 from ..layout import Layout
+from ..paths import is_under
 from ..remote.evidence import waits_in
 from .finding import Check, describe_groups, group_by_value, per_hosts
 from .bytes_rules import check_datasets, check_model_bytes  # noqa: F401 (re-exported: the rules' names)
@@ -186,8 +187,7 @@ def job_paths(layout: Layout) -> dict[str, str]:
 def host_sees(layout: Layout, path: str) -> bool:
     """Whether the host's ``path`` is the one the ranks use: always with the host runtime; with
     the docker runtime only under what is mounted at the same path (shared_dir, workdir)."""
-    return not layout.docker or any(path == d or path.startswith(d.rstrip("/") + "/")
-                                    for d in (layout.shared_dir, layout.workdir))
+    return not layout.docker or any(is_under(path, d) for d in (layout.shared_dir, layout.workdir))
 
 
 def check_gpus(facts: list[HostFacts], layout: Layout, nproc_per_node: int | None) -> Check:

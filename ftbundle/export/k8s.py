@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
+from ..paths import is_under
 from . import ExportSpec, Resources, refuse_uneven
 
 NOT_LABEL_RE = re.compile(r"[^a-z0-9-]+")
@@ -118,8 +119,7 @@ def cache_warnings(spec: ExportSpec, hub_model: str | None) -> list[str]:
     every pod, on every restart. Said for each cache variable pointing outside shared_dir (the
     one volume every pod shares), and for a job that downloads a hub model with none set."""
     def under_shared(path: str) -> bool:
-        shared = spec.shared_dir.rstrip("/") + "/"
-        return (path.rstrip("/") + "/").startswith(shared)
+        return is_under(path, spec.shared_dir)
 
     out = [f"{name}={spec.env[name]} is outside shared_dir ({spec.shared_dir}): in a pod that is the "
            "container's own disk, lost with the pod, and every pod downloads the model again; set it under "

@@ -17,6 +17,7 @@ ranks following the components before it.
 from __future__ import annotations
 
 from ..errors import UserError
+from ..paths import is_under
 from . import ExportSpec, Resources
 from .shell import (
     RUN_NODE,
@@ -119,7 +120,7 @@ def render(spec: ExportSpec, res: Resources, *, partition: str | None = None, ti
     argv = spec.argv
     if spec.image is not None and container == "pyxis":
         mounts = [f"{spec.shared_dir}:{spec.shared_dir}"]
-        if not (spec.workdir + "/").startswith(spec.shared_dir.rstrip("/") + "/"):
+        if not is_under(spec.workdir, spec.shared_dir):
             mounts.append(f"{spec.workdir}:{spec.workdir}")
         srun += [f"--container-image={enroot_image(spec.image)}", f"--container-mounts={','.join(mounts)}",
                  f"--container-workdir={spec.workdir}"]

@@ -219,9 +219,10 @@ def _receive_anew(spec, stage_dir, name, entry, token, state, why):
     except OSError as exc:
         say("error", f"cannot write {stage_dir}: {exc.strerror or exc}")
         return 1
-    listener = socket.socket()
-    listener.bind(("", 0))
-    listener.listen(4)
+    if socket.has_dualstack_ipv6():  # (the next hop may name this host by an IPv6 address)
+        listener = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True, backlog=4)
+    else:
+        listener = socket.create_server(("", 0), backlog=4)
     say("port", listener.getsockname()[1])
     try:
         order = json.loads(sys.stdin.buffer.readline() or b"null")

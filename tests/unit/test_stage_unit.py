@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -18,7 +17,7 @@ from ftbundle.commands.common import load_layout
 from ftbundle.errors import UserError
 from ftbundle.inventory import Host
 from ftbundle.remote.stage_node import entry_state
-from ftbundle.stage import Source, StageError, entry_name, local_config, node_source, sources, stage_one
+from ftbundle.stage import Source, StageError, entry_name, local_config, node_argv, node_stdin, sources, stage_one
 from tests.unit.test_check_local_unit import local_job
 
 LOCAL = Host("localhost", "127.0.0.1", local=True)
@@ -123,8 +122,9 @@ def test_a_stream_whose_bytes_differ_from_the_manifest_is_refused_and_leaves_not
     """The receiver for real, fed by hand: one byte differs from the manifest's sha256."""
     data = b"z" * 100_000
     spec = {"do": "receive", "stage_dir": str(tmp_path / "cache"), "entry": "e-1", "token": "t"}
-    proc = subprocess.Popen([sys.executable, "-S", "-c", node_source(), json.dumps(spec)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=False)
+    proc = subprocess.Popen(node_argv(LOCAL, spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc.stdin.write(node_stdin())
+    proc.stdin.flush()
     assert proc.stdout.readline().split()[:2] == [b"ftb-stage", b"port"]
     order = {"files": [["f.bin", len(data), hashlib.sha256(data).hexdigest()]], "file_name": "x", "from": "stdin",
              "next": None}
@@ -133,8 +133,9 @@ def test_a_stream_whose_bytes_differ_from_the_manifest_is_refused_and_leaves_not
     assert out.decode().strip().splitlines()[-1] == "ftb-stage error sha256 differs from the source's: f.bin"
     assert list((tmp_path / "cache").iterdir()) == []  # no half copy, no entry
     # a stream that ends early: said with how far it got
-    proc = subprocess.Popen([sys.executable, "-S", "-c", node_source(), json.dumps(spec)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen(node_argv(LOCAL, spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc.stdin.write(node_stdin())
+    proc.stdin.flush()
     proc.stdout.readline()
     out, _ = proc.communicate(json.dumps(order).encode() + b"\n" + data[:5000], timeout=30)
     assert proc.returncode == 1 and b"the stream ended after 5000 of 100000 bytes (in f.bin)" in out
