@@ -76,6 +76,11 @@ def export(job_path: str, *, to: str, inventory: str | None = None, nodes: str |
     job, plan = export_plan(job_path, inventory, count)
     spec = spec_from(job, plan)
     spec = replace(spec, warnings=(*spec.warnings, *resource_warnings(spec, have)))
+    if job.stage:  # (ftbundle's own copy to each host: a scheduler's job reads the paths as written)
+        spec = replace(spec, warnings=(*spec.warnings, (
+            f"stage: ({', '.join(job.stage)}) is not exported: the {to} job reads the model and dataset where the "
+            "job names them (on shared storage, every node reads them there); run `ftbundle stage` on the nodes, "
+            "or point the config at a copy each node holds")))
     res = Resources(gpus_per_node=spec.gpus_per_node, cpus_per_node=cpus, mem=mem)
     summary = f"requests {spec.nnodes} node(s) x {res.describe()}"
     if to == "slurm":

@@ -273,3 +273,19 @@ def test_hugging_face_caches_off_the_shared_volume_are_warned_about(tmp_path, ca
     capsys.readouterr()
     assert main(["export", str(tmp_path / "job.yaml"), "--to", "slurm", "-o", str(out), "--nodes", "2"]) == 0
     assert "Hugging Face" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("to", ["k8s", "slurm", "pbs"])
+def test_a_jobs_stage_is_said_not_exported(tmp_path, capsys, to):
+    """`stage:` is ftbundle's own copy to each host: an exported job reads the paths as the
+    config names them. Said, never dropped in silence."""
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump({
+        "model_name_or_path": "/shared/ftb/models/tiny", "stage": "sft", "do_train": True, "finetuning_type": "lora",
+        "dataset": "support", "output_dir": "output/lora"}))
+    job = {"name": "st", "nproc_per_node": 2, "shared_dir": "/shared/ftb", "stage": ["model", "dataset"],
+           "runtime": {"kind": "docker", "image": DIGEST}, "train": {"llamafactory": "train.yaml"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "job.yaml"), "--to", to, "-o", str(tmp_path / "out"), "--nodes", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: stage: (model, dataset) is not exported: the {to} job reads the model and dataset" in err, err
