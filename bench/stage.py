@@ -12,12 +12,13 @@ launcher to every host's local disk, the destinations emptied before each:
 * `pdcp -r` (pdsh, fan-out 32), `clush --copy` (ClusterShell, fan-out N), an `rsync` per host
   from the source, all at once (each a star: N copies through the launcher's link),
 * `ftbundle stage job.yaml` (the source read once into the first host, passed down the chain),
-  then again with every host holding it (the cached re-run: nothing copied).
+  then again with every host holding it (the cached re-run: nothing copied),
+* every host reading it from shared storage at once (`cp` from an sshfs mount of one more
+  container, the storage server, whose egress is capped like every other: the kernel has no NFS,
+  ../shared/ENVIRONMENT.md, and sshfs is the network filesystem it has).
 
 Every host's copy is checked after each tool (its size; ftbundle's also by sha256 on every
-host, which it does itself). Not here: every host reading the model from shared storage: the
-kernel has no NFS client or server (../shared/ENVIRONMENT.md) and a bind mount is no network;
-the star rows are what N reads of one server cost.
+host, which it does itself).
 
     .venv/bin/python bench/stage.py [--sizes 3,16] [--mb 1024] [--rate-mbit 400] [--runs 1]
 """
@@ -95,6 +96,26 @@ def install_pdcp(cluster: Cluster, hosts) -> None:
             subprocess.run(["docker", "cp", path, f"{h.container}:{path}"], check=True, capture_output=True)
 
 
+SERVER_DIR = "/export/model"
+MOUNT = "/mnt/shared"
+
+
+def serve(cluster: Cluster, hosts, server, src: Path) -> None:
+    """The model on the storage server (the cluster's last container), mounted with sshfs on
+    every host (the cluster's key copied in: the server authorizes it)."""
+    subprocess.run(["docker", "exec", server.container, "mkdir", "-p", "/export"], check=True)
+    subprocess.run(["docker", "cp", str(src), f"{server.container}:{SERVER_DIR}"], check=True, capture_output=True)
+    for h in hosts:
+        subprocess.run(["docker", "cp", str(cluster.key_file), f"{h.container}:/root/.ssh/ftb_bench_key"], check=True)
+        cluster.exec(h.name, f"mkdir -p {MOUNT} && sshfs -o StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,"
+                             f"IdentityFile=/root/.ssh/ftb_bench_key root@{server.ip}:/export {MOUNT}")
+
+
+def unserve(cluster: Cluster, hosts) -> None:
+    for h in hosts:
+        cluster.exec(h.name, f"fusermount3 -u {MOUNT} || umount -l {MOUNT}", check=False)
+
+
 def empty(cluster: Cluster, hosts) -> None:
     for h in hosts:
         cluster.exec(h.name, f"rm -rf {STAGE_DIR} {DEST}; mkdir -p {DEST}")
@@ -124,6 +145,11 @@ def run_tool(tool: str, cluster: Cluster, hosts, src: Path, job: Path):
     elif tool == "clush --copy":
         argv = [str(Path(sys.executable).parent / "clush"), "-f", str(len(ips)), "-l", "root", "-o", opts,
                 "-w", ",".join(ips), "--copy", str(src), "--dest", DEST]
+    elif tool == "shared storage (sshfs)":
+        names = " ".join(h.container for h in hosts)
+        loop = (f"for c in {names}; do docker exec $c sh -c 'cp -r {MOUNT}/model/. {DEST}/ && sync' & done; "
+                "wait")
+        argv = ["bash", "-c", loop]
     elif tool == "rsync per host":
         loop = f"for h in {' '.join(ips)}; do rsync -a -e 'ssh {opts}' {src}/ root@$h:{DEST}/ & done; wait"
         argv = ["bash", "-c", loop]
@@ -176,12 +202,16 @@ def main() -> None:
     src = tmp / "model"
     started = time.monotonic()
     digest = make_model(src, args.mb)
-    tools = ["one copy (rsync)", "pdcp", "clush --copy", "rsync per host", "ftbundle stage", "ftbundle stage, cached"]
+    tools = ["one copy (rsync)", "pdcp", "clush --copy", "rsync per host", "shared storage (sshfs)", "ftbundle stage",
+             "ftbundle stage, cached"]
     if args.tools:
         tools = [t for t in tools if t == "one copy (rsync)" or t in args.tools.split(",")]
     rows, notes, fingerprints = [], [], []
     try:
-        with Cluster(max(sizes), shared_dir=shared) as cluster:
+        # one container more: the storage server (sshfs needs FUSE in the clients)
+        with Cluster(max(sizes) + 1, shared_dir=shared,
+                     docker_args=("--device", "/dev/fuse", "--cap-add", "SYS_ADMIN")) as cluster:
+            server = cluster.hosts[-1]
             for n in sizes:
                 hosts = cluster.hosts[:n]
                 inventory = cluster.write_inventory(tmp / f"hosts{n}.yml")
@@ -194,7 +224,10 @@ def main() -> None:
                 job = write_job(tmp / f"stage{n}.yaml", base_job("stage", shared, inventory, {"command": "true"},
                                                                   stage=[str(src)], stage_dir=STAGE_DIR))
                 install_pdcp(cluster, hosts)
-                br = cap(cluster, hosts, args.rate_mbit)
+                sshfs = "shared storage (sshfs)" in tools
+                if sshfs:
+                    serve(cluster, hosts, server, src)
+                br = cap(cluster, [*hosts, server], args.rate_mbit)
                 try:
                     times: dict[str, list[float]] = {t: [] for t in tools}
                     for run in range(args.runs):
@@ -218,9 +251,12 @@ def main() -> None:
                                 said = [ln for ln in m.stderr.decode().splitlines() if "staged " in ln]
                                 notes.append(f"- {n} hosts, ftbundle said: `{said[-1].strip() if said else '?'}`")
                 finally:
-                    uncap(cluster, hosts, br)
+                    uncap(cluster, [*hosts, server], br)
+                    if sshfs:
+                        unserve(cluster, hosts)
                 one = median(times["one copy (rsync)"])
-                best_peer = min((median(times[t]) for t in ("pdcp", "clush --copy", "rsync per host") if times.get(t)),
+                best_peer = min((median(times[t]) for t in ("pdcp", "clush --copy", "rsync per host",
+                                                            "shared storage (sshfs)") if times.get(t)),
                                 default=float("nan"))
                 for tool in tools:
                     t = median(times[tool])
@@ -234,7 +270,8 @@ def main() -> None:
         f"by each tool, with every link capped at {args.rate_mbit} Mbit/s ({rate_mb:.0f} MB/s: tc tbf on each "
         "host's egress and on the bridge, the launcher's egress), the destinations emptied before each tool "
         f"(the cached row excepted). Median of {args.runs} run(s). `x one copy`: over `rsync` to one host; "
-        "`x best peer`: over the fastest of pdcp, clush --copy and an rsync per host. Every copy's size was "
+        "`x best peer`: over the fastest of pdcp, clush --copy, an rsync per host and every host reading from "
+        "shared storage (sshfs). Every copy's size was "
         "checked on every host; ftbundle checks each host's copy by sha256 itself. Goal: at 16 hosts at most 2x "
         "one copy, and ahead of every peer.", "",
         table(["hosts", "tool", "s", "x one copy", "x best peer"], rows), "",
