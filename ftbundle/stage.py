@@ -264,7 +264,7 @@ def manifest(cluster, source: Source, hosts: list[Host], on_hashing: Callable[[s
         answer = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise StageError(f"{host.name}: cannot read {source.path}: "
-                         f"{(result.stderr.strip().splitlines() or ['exit %d' % result.code])[-1]}") from None
+                         f"{(result.stderr.strip().splitlines() or [f'exit {result.code}'])[-1]}") from None
     if "error" in answer:
         raise StageError(f"{host.name}: {answer['error']}")
     return answer

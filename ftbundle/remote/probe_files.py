@@ -202,6 +202,21 @@ def file_digests(path, progress=None, deadline=None):
             "digests": digests, "sizes": sizes}
 
 
+def hashing_progress(name):
+    """A ``progress(done, total)`` that says ``ftb-hashing NAME DONE TOTAL`` on stderr, at most
+    every PROGRESS_EVERY_S (and at the end)."""
+    last = [0.0]
+
+    def progress(done, total):
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_EVERY_S or done == total:
+            last[0] = now
+            sys.stderr.write(f"{HASHING} {name} {done} {total}\n")
+            sys.stderr.flush()
+
+    return progress
+
+
 def fingerprints(spec, out):
     """The fingerprint of each path the spec names ({name: path}): the job's node-local model
     (ftbundle/check/rules.py asks only rank 0 for what lives on shared storage)."""
@@ -209,15 +224,7 @@ def fingerprints(spec, out):
     deadline = spec.get("fingerprint_deadline")
     found = {}
     for name, path in wanted.items():
-        last = [0.0]
-
-        def progress(done, total, name=name):
-            now = time.monotonic()
-            if now - last[0] >= PROGRESS_EVERY_S or done == total:
-                last[0] = now
-                sys.stderr.write(f"{HASHING} {name} {done} {total}\n")
-                sys.stderr.flush()
-
+        progress = hashing_progress(name)
         if not os.path.exists(path):
             found[name] = {"path": path, "error": "missing"}
             continue

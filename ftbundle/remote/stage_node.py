@@ -49,7 +49,7 @@ import time
 
 if __package__:  # imported (tests); shipped, these parts' texts come before this one (ftbundle/stage.py)
     from .claims import running_runs
-    from .probe_files import HASHING, PROGRESS_EVERY_S, file_digests
+    from .probe_files import file_digests, hashing_progress
 
 STAMPS = ".ftb-stamps.json"
 USED = ".ftb-used"  # in each entry: one empty file per run (or `ftbundle stage`) that used it, touched when it did
@@ -316,19 +316,10 @@ def state(spec):
 
 def manifest(spec):
     path = spec["path"]
-    last = [0.0]
-
-    def progress(done, total):
-        now = time.monotonic()
-        if now - last[0] >= PROGRESS_EVERY_S or done == total:
-            last[0] = now
-            sys.stderr.write(f"{HASHING} {os.path.basename(path)} {done} {total}\n")
-            sys.stderr.flush()
-
     if not os.path.exists(path):
         print(json.dumps({"error": f"{path}: no such file or directory"}))
         return 1
-    found = file_digests(path, progress)
+    found = file_digests(path, hashing_progress(os.path.basename(path)))
     files = [[rel, found["sizes"][rel], found["digests"][rel]] for rel, _ in found["listing"]]
     print(json.dumps({"sha256": found["sha256"], "bytes": found["bytes"], "files": files,
                       "kind": "dir" if os.path.isdir(path) else "file"}))
