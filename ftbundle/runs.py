@@ -152,7 +152,28 @@ def node_states(ref: RunRef, cluster: Cluster) -> list[tuple[NodePlan, str, str]
         lines = result.stdout.splitlines() + ["", ""]
         return node, lines[0], lines[1]
 
-    return parallel(ask, ref.nodes)
+    found = parallel(ask, ref.nodes)
+    return [_exit_read_elsewhere(ref, cluster, found, i) if state == "unreachable" else (node, state, last)
+            for i, (node, state, last) in enumerate(found)]
+
+
+def _exit_read_elsewhere(ref: RunRef, cluster: Cluster, found, i: int) -> tuple[NodePlan, str, str]:
+    """An unreachable node whose exit code is in the run directory (shared storage): read it
+    through a host that answers. Its job ended with that code whatever became of its host since
+    (a finished run was said "stopped" when a host was down afterwards). No exit code: still
+    unreachable (it may be running behind a partition)."""
+    node, state, last = found[i]
+    through = next((n.host for n, s, _ in found if s not in ("unreachable", "unknown")), None)
+    if through is None:
+        return node, state, last
+    try:
+        result = cluster.run(through, ["cat", "--", ref.files(node).exit], timeout=READ_S)
+    except Exception:  # noqa: BLE001 - it stays unreachable, with its own reason
+        return node, state, last
+    code = result.stdout.strip()
+    if not result.ok or not code.lstrip("-").isdigit():
+        return node, state, last
+    return node, f"exited {int(code)}", f"(its exit code, read through {through.name}: {node.host.name} does not answer: {last})"
 
 
 def run_state(states: list[str]) -> tuple[str, bool]:

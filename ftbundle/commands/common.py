@@ -57,8 +57,9 @@ def refuse_contradictions(job: Job, layout: Layout, inventory: str | None) -> No
 
 
 def open_cluster(hosts, *, accept_new_host_keys: bool = False, meanwhile=None):
-    """One connection to every host, opened at once. ``meanwhile`` runs here while the
-    handshakes wait on the network (the launch path imports what it needs next)."""
+    """One connection to every host, opened at once. ``meanwhile(cluster)`` runs here while the
+    handshakes wait on the network (the launch path imports what it needs next; status says a
+    host that is slow to answer)."""
     from ..cluster import Cluster
 
     cluster = Cluster(hosts, accept_new_host_keys=accept_new_host_keys)
@@ -66,10 +67,30 @@ def open_cluster(hosts, *, accept_new_host_keys: bool = False, meanwhile=None):
         return cluster.open()
     cluster.open(background=True)
     try:
-        meanwhile()
+        meanwhile(cluster)
     finally:
         cluster.wait_open()
     return cluster
+
+
+def say_slow_hosts(cluster, hosts, after_s: float | None = None) -> None:
+    """While the connections open: the hosts that have not answered within ``after_s`` (HEDGE_S)
+    are said at once, with how long the wait may last (a command that needs every host waits for
+    a dead one's connect timeout: it said nothing for 10 s)."""
+    import time
+
+    from ..hostlist import fold
+
+    deadline = time.monotonic() + (HEDGE_S if after_s is None else after_s)
+    waiting = [h for h in hosts if not h.local]
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.05)
+        waiting = [h for h in waiting if not cluster.alive(h) and h.name not in cluster.errors]
+    if waiting:
+        one = len(waiting) == 1
+        say(f"{fold(h.name for h in waiting)} {'has' if one else 'have'} not answered {'its' if one else 'their'} "
+            f"SSH connection in {HEDGE_S:g}s; waiting up to {cluster.connect_timeout:g}s before going on without "
+            f"{'it' if one else 'them'}")
 
 
 def job_or_default(path: str | None) -> str:

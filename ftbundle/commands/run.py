@@ -151,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(format_plan(make_plan(layout)))
         return 0
     with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys,
-                      meanwhile=lambda: _launch_imports(layout, skip_check=args.no_check)) as cluster:
+                      meanwhile=lambda _: _launch_imports(layout, skip_check=args.no_check)) as cluster:
         if args.dry_run:  # starts nothing; the hosts are asked (read-only) what the plan needs
             plan, _, _, _ = checked_plan(layout, cluster, skip_check=True, stage=False)
             print(format_plan(plan))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UserError
-from .common import load_layout, open_cluster
+from .common import load_layout, open_cluster, say_slow_hosts
 
 
 def with_run(args: argparse.Namespace, action) -> int:
@@ -14,7 +14,8 @@ def with_run(args: argparse.Namespace, action) -> int:
     from ..runs import find_run
 
     job, layout = load_layout(args.job, args.inventory)
-    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
+    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys,
+                      meanwhile=lambda cluster: say_slow_hosts(cluster, layout.hosts)) as cluster:
         # (through rank 0's host, else the first that answers: a run may have gone on without rank 0's)
         reachable = [h for h in layout.hosts if h.name not in cluster.errors]
         if not reachable:

@@ -64,3 +64,34 @@ def test_runs_reads_through_one_host_and_names_a_dead_rank_0_at_once(make_cluste
         assert took < 8, f"runs took {took:.1f}s with rank 0's host down (the connect timeout is 10 s)"
     finally:
         subprocess.run(["docker", "unpause", node0.container], check=True)
+
+
+def test_status_says_a_dead_host_at_once_while_it_waits_for_it(make_cluster, tmp_path):
+    """`status` needs every node's state, so it waits for a dead host's connect timeout (10 s);
+    it said nothing meanwhile. Now the host is named after 1 s, with how long the wait lasts."""
+    import sys
+
+    from tests.support.helpers import REPO
+
+    cluster = make_cluster(3)
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = write_job(tmp_path / "job.yaml", base_job("slow", cluster.shared_dir, inventory, {"command": "echo trained"}))
+    done = ftbundle("run", str(job), "--no-check", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    node2 = cluster.hosts[2]
+    subprocess.run(["docker", "pause", node2.container], check=True)
+    try:
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "status", str(job)], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        first = proc.stderr.readline()
+        said_at = time.monotonic() - started
+        out, err = proc.communicate(timeout=120)
+        assert first.strip() == ("ftbundle: node2 has not answered its SSH connection in 1s; waiting up to 10s "
+                                 "before going on without it"), first + err
+        assert said_at < 6, f"said after {said_at:.1f}s"  # (1 s, and the interpreter's start, on a busy machine)
+        assert "finished" in out, out + err
+    finally:
+        subprocess.run(["docker", "unpause", node2.container], check=True)
+    all_up = ftbundle("status", str(job), timeout=120)  # all up: nothing said of connections
+    assert "has not answered" not in all_up.stderr, all_up.stderr
