@@ -85,7 +85,9 @@ class Supervisor:
         self.ui = ui
         self.progress = Progress(effective_batch=plan.effective_batch,  # LlamaFactory: trainer_log.jsonl
                                  from_jsonl=bool(plan.checkpoint_dir), start_step=start_step,
-                                 straggler_factor=plan.straggler_factor, speed=plan.speed)
+                                 straggler_factor=plan.straggler_factor, speed=plan.speed,
+                                 before=(("staging data", sum(s.get("seconds") or 0 for s in plan.staged)),)
+                                 if plan.staged and attempt == 1 else ())
         self._log_follower: threading.Thread | None = None
         if ui is not None and not verbose:
             self.display = ProgressFeed(ui, self.progress, self._show_progress)

@@ -194,6 +194,8 @@ class Progress:
     tokens_first: tuple[float, int] | None = None
     tokens_rate: float | None = None  # the trainer log's own tokens/s (LlamaFactory's "throughput")
     speed: SpeedBasis | None = None  # ranks, GPUs' peak, parameters: per rank and MFU (ftbundle.speed)
+    # parts of the start-up that came before the launch: ("staging data", seconds) (ftbundle.stage)
+    before: tuple[tuple[str, float], ...] = ()
     _slowest: str | None = None  # the live line's straggler, as last judged (feed_steps)
     _judged_at: float | None = None
 
@@ -243,8 +245,10 @@ class Progress:
         return self._slowest != before
 
     def startup(self, now: float | None = None) -> list[tuple[str, float]]:
-        """Where the time before the first step went (so far, before it): see startup_parts."""
-        return startup_parts(self.started, self.stages, self.first_step_at or now or time.monotonic(), self.import_s)
+        """Where the time before the first step went (so far, before it): see startup_parts;
+        ``before`` (staging, ahead of the launch) first."""
+        parts = startup_parts(self.started, self.stages, self.first_step_at or now or time.monotonic(), self.import_s)
+        return [*self.before, *parts] if parts else parts
 
     @property
     def slowest(self) -> str | None:

@@ -102,6 +102,9 @@ def test_stage_copies_once_down_a_chain_verifies_and_reuses(make_cluster, tmp_pa
     run = ftbundle("run", str(job), timeout=500)
     assert run.returncode == 0, run.stderr[-4000:]
     assert all(how == "cached on node[0-2]" for _, how in entries(run.stderr).values()), run.stderr
+    # the staging's time is the first part of the start-up (before the launch's)
+    assert re.search(r"^  before step  [\d.]+ s: staging data [\d.]+ s, launch and start-up ", run.stderr, re.M), \
+        run.stderr[-3000:]
     # the closing summary says it too, under the run's figures
     assert re.search(rf"^  staged       model \(.*{model_entry}\): cached on node\[0-2\]$", run.stderr, re.M), \
         run.stderr[-3000:]

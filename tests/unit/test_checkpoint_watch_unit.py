@@ -40,3 +40,15 @@ def test_the_first_save_of_this_attempt_and_who_is_watched():
     watch = CheckpointWatch(plan, None, {"save_steps": 5})
     watch.tick(5, 30)  # the save at 5 may still be written: nothing read yet
     assert not watch._started and watch.said() is None
+
+
+def test_the_staging_time_is_the_first_part_of_the_start_up():
+    from ftbundle.ui.progress import Progress, startup_text
+
+    p = Progress(before=(("staging data", 22.7),))
+    p.started = 100.0
+    p.stages = [("loading model", 104.0)]
+    p.first_step_at = 110.0
+    assert p.startup() == [("staging data", 22.7), ("launch and start-up", 4.0), ("loading model", 6.0)]
+    assert startup_text(p.startup()) == "32.7 s: staging data 22.7 s, launch and start-up 4.0 s, loading model 6.0 s"
+    assert Progress(before=(("staging data", 1.0),)).startup() == []  # (nothing seen yet: nothing said)
