@@ -227,10 +227,12 @@ def test_a_spare_takes_a_killed_hosts_place_after_its_check(make_cluster, tmp_pa
     """`on_node_loss: spare`: node3 of the `spares` group takes node1's place (rank 1) once the
     check passes on node0, node3, node2; the world stays 3, so does the accumulation."""
     cluster = make_cluster(4)
-    job, output = lora_job(cluster, tmp_path, "spare", spares=("node3",), on_node_loss="spare")
+    # (stage: the model copied to each host's own disk: the spare gets its copy in its preflight)
+    job, output = lora_job(cluster, tmp_path, "spare", spares=("node3",), on_node_loss="spare", stage=["model"])
 
     def spare_idle():
         assert not job_processes(cluster).get("node3")  # (a spare runs nothing until it is taken)
+        assert cluster.exec("node3", "ls /var/cache/ftbundle 2>/dev/null | wc -l").stdout.strip() == "0"
 
     code, err = run_losing(cluster, job, (output / "checkpoint-5" / "trainer_state.json").exists, "node1",
                            before_loss=spare_idle)
@@ -242,6 +244,10 @@ def test_a_spare_takes_a_killed_hosts_place_after_its_check(make_cluster, tmp_pa
     assert [n["host"] for n in plan["nodes"]] == ["node0", "node3", "node2"]
     assert TOTAL in (run / "node-0-node0.a2.log").read_text()
     assert (run / "node-1-node3.a2.log").exists()
+    # the spare was staged before it was taken: the others held the model already
+    assert re.search(r"staged model \(.*tiny-llama-[0-9a-f]{16}\): copied to node3 in [\d.]+s \([\d.]+ MB/s\), "
+                     r"cached on node\[0,2\]", err), err[-4000:]
+    assert "/var/cache/ftbundle/tiny-llama-" in (run / "node-1-node3.a2.log").read_text()
     assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 30
     assert job_processes(cluster) == {}
 
