@@ -138,10 +138,12 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
     if token and layout.checkpoint_dir:
         spec["storage"].append({"name": "output_dir", "path": layout.checkpoint_dir, "nearest": True})
     if port_peers is not None:
-        spec["port"] = ({"role": "listen", "port": layout.master_port, "peers": port_peers, "listen_s": LISTEN_S + extra}
+        # (the run's id on every knock: rank 0 counts only its own check's hosts, not another's at once)
+        spec["port"] = ({"role": "listen", "port": layout.master_port, "peers": port_peers, "listen_s": LISTEN_S + extra,
+                         "token": layout.run_id}
                         if rank == 0 else
                         {"role": "connect", "addr": layout.master_addr, "port": layout.master_port,
-                         "connect_s": CONNECT_S + extra})
+                         "connect_s": CONNECT_S + extra, "token": layout.run_id})
     if create and job.health != "off":  # (not in a read-only probe: nothing is checked there)
         spec["health"] = {"fields": list(HEALTH_FIELDS), "aliases": FIELD_ALIASES, "window_s": XID_WINDOW_S}
     # what lives on shared storage is read by rank 0 alone: the same bytes for every host

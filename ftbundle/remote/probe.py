@@ -224,12 +224,21 @@ def port(spec, out):
     if not p:
         return
     if p["role"] == "listen":
-        out["port"] = listen(p["port"], p["peers"], p.get("listen_s", 8))
+        out["port"] = listen(p["port"], p["peers"], p.get("listen_s", 8), p.get("token"))
     else:
-        out["port"] = connect(p["addr"], p["port"], p.get("connect_s", 6))
+        out["port"] = connect(p["addr"], p["port"], p.get("connect_s", 6), p.get("token"))
 
 
-def listen(port_number, want, wait):
+def claim_then_port(spec, out):
+    """Rank 0's host when the run claims its hosts: the claim first, and the master port tried
+    only by the run that holds it. Two runs started at once each listened on the port while the
+    other tried to bind it, and both were refused (one for the port, one for the claim)."""
+    claim(spec, out)
+    if not (out.get("claim") or {}).get("held"):
+        port(spec, out)
+
+
+def listen(port_number, want, wait, token=None):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore does
     try:
@@ -246,17 +255,35 @@ def listen(port_number, want, wait):
             conn, addr = s.accept()
         except socket.timeout:
             break
-        peers.append(addr[0])
+        if token is None or _said(conn, token, end):  # (another check's host knocking is not ours)
+            peers.append(addr[0])
         conn.close()
     s.close()
     return {"role": "listen", "accepted": peers}
 
 
-def connect(addr, port_number, wait):
+def _said(conn, token, end):
+    """Whether the peer on ``conn`` says ``token`` (its check's) before ``end``."""
+    got = b""
+    try:
+        while b"\n" not in got and len(got) < 256:
+            conn.settimeout(max(0.05, min(2.0, end - time.monotonic())))
+            chunk = conn.recv(256)
+            if not chunk:
+                break
+            got += chunk
+    except OSError:
+        return False
+    return got.split(b"\n")[0].decode(errors="replace") == token
+
+
+def connect(addr, port_number, wait, token=None):
     end, last, waits = time.monotonic() + wait, "no answer", pauses()
     while True:
         try:
-            with socket.create_connection((addr, port_number), timeout=2):
+            with socket.create_connection((addr, port_number), timeout=2) as conn:
+                if token is not None:
+                    conn.sendall(token.encode() + b"\n")
                 return {"role": "connect", "reachable": True}
         except OSError as exc:
             last = "timed out" if isinstance(exc, socket.timeout) else exc.strerror or str(exc)
@@ -346,8 +373,9 @@ def main():
     report = StorageReport(spec, *storage_apart(spec, started)) if spec.get("storage") else None
     spec["fingerprint_deadline"] = started + spec.get("deadline_s", 150) - 2  # (what it has by then)
     # the slowest first (it starts the job's interpreter): its head start is the round's
-    tasks = (([versions] if spec.get("python") else []) + [system, env_view, port, gpus, health, image]
-             + ([claim] if spec.get("claim") else []))
+    ordered = spec.get("claim") and (spec.get("port") or {}).get("role") == "listen"
+    tasks = (([versions] if spec.get("python") else []) + [system, env_view, gpus, health, image]
+             + ([claim_then_port] if ordered else [port] + ([claim] if spec.get("claim") else [])))
     threads = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
                for t in tasks]
     for t in threads:

@@ -317,6 +317,26 @@ def test_probe_port_free_busy_and_connect(tmp_path):
     assert free == {"role": "listen", "accepted": []}
 
 
+def test_rank_0_counts_only_its_own_checks_knocks(tmp_path):
+    """Two runs checked at once: the other check's host connecting to the master port is not one
+    of ours (it satisfied the count and ours then found the port closed: 'not reachable')."""
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    got = {}
+    listener = threading.Thread(target=lambda: got.update(run_probe(local_spec(tmp_path, port={
+        "role": "listen", "port": port, "peers": 1, "listen_s": 6, "token": "run-a"}))["port"]))
+    listener.start()
+    knock = {"role": "connect", "addr": "127.0.0.1", "port": port, "connect_s": 5}
+    other = run_probe(local_spec(tmp_path, port={**knock, "token": "run-b"}))["port"]
+    ours = run_probe(local_spec(tmp_path, port={**knock, "token": "run-a"}))["port"]
+    listener.join(10)
+    assert other == ours == {"role": "connect", "reachable": True}
+    assert got == {"role": "listen", "accepted": ["127.0.0.1"]}  # (run-a's alone: the listener still open for it)
+
+
 # ---------------------------------------------------------------------------------------
 # what the probe is asked, from the layout
 
@@ -332,7 +352,7 @@ def test_probe_spec_from_a_llamafactory_layout(tmp_path):
     assert s["master_addr"] == "10.0.0.10" and s["workdir"] == "/work"
     assert s["storage"] == [{"name": "shared_dir", "path": "/shared", "create": False, "wait": True},
                             {"name": "output_dir", "path": "/shared/out", "nearest": True}]
-    assert s["port"] == {"role": "connect", "addr": "10.0.0.10", "port": 29500, "connect_s": 6}
+    assert s["port"] == {"role": "connect", "addr": "10.0.0.10", "port": 29500, "connect_s": 6, "token": "r1"}
     rank0 = probe_spec(layout, 0, token="tok", expect=[0, 1], port_peers=1)
     assert rank0["storage"][0]["create"] and rank0["port"]["role"] == "listen"
     read_only = probe_spec(layout, 0, token=None, expect=[0], port_peers=None, create=False)  # --dry-run
