@@ -103,7 +103,9 @@ MOUNT = "/mnt/shared"
 def serve(cluster: Cluster, hosts, server, src: Path) -> None:
     """The model on the storage server (the cluster's last container), mounted with sshfs on
     every host (the cluster's key copied in: the server authorizes it)."""
-    subprocess.run(["docker", "exec", server.container, "mkdir", "-p", "/export"], check=True)
+    # (afresh for each size: a second `docker cp` into an existing directory nests the copy in it)
+    subprocess.run(["docker", "exec", server.container, "sh", "-c", f"rm -rf {SERVER_DIR} && mkdir -p /export"],
+                   check=True)
     subprocess.run(["docker", "cp", str(src), f"{server.container}:{SERVER_DIR}"], check=True, capture_output=True)
     for h in hosts:
         subprocess.run(["docker", "cp", str(cluster.key_file), f"{h.container}:/root/.ssh/ftb_bench_key"], check=True)
@@ -189,7 +191,8 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=1024, help="the model's size in MB")
     parser.add_argument("--rate-mbit", type=int, default=400, help="every link's cap, Mbit/s")
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--tools", help="only these (comma-separated; the one copy always runs)")
+    parser.add_argument("--tools", help="only these (separated by ';': a tool's name may hold a comma; the one copy "
+                                        "always runs)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     for tool in ("pdcp", "rsync", "tc"):
@@ -205,7 +208,7 @@ def main() -> None:
     tools = ["one copy (rsync)", "pdcp", "clush --copy", "rsync per host", "shared storage (sshfs)", "ftbundle stage",
              "ftbundle stage, cached"]
     if args.tools:
-        tools = [t for t in tools if t == "one copy (rsync)" or t in args.tools.split(",")]
+        tools = [t for t in tools if t == "one copy (rsync)" or t in [w.strip() for w in args.tools.split(";")]]
     rows, notes, fingerprints = [], [], []
     try:
         # one container more: the storage server (sshfs needs FUSE in the clients)
