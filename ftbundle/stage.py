@@ -179,13 +179,10 @@ def entry_name(source: Source, sha256: str) -> str:
     return f"{safe}-{sha256[:16]}"
 
 
-def local_config(config: dict, staged: dict[str, Staged]) -> dict:
-    """The LlamaFactory config the ranks read: each staged key pointed at the local copy (pure)."""
-    out = dict(config)
-    for s in staged.values():
-        if s.source.key:
-            out[s.source.key] = s.local
-    return out
+def staged_keys(staged: dict[str, Staged]) -> dict[str, str]:
+    """The LlamaFactory keys pointed at the local copies ({key: path}; make_plan lays them over
+    the config the ranks read: Layout.staged). Pure."""
+    return {s.source.key: s.local for s in staged.values() if s.source.key}
 
 
 # ---------------------------------------------------------------------------------------

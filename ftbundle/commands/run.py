@@ -93,14 +93,14 @@ def with_staged(layout: Layout, cluster, ui=None) -> Layout:
         return layout
     import dataclasses
 
-    from ..stage import StageError, stage_all
+    from ..stage import StageError, stage_all, staged_keys
 
     try:
         staged = stage_all(layout, cluster, say=lambda m: _say(ui, m),
                            on_hashing=(lambda m: ui.hashing(m)) if ui is not None and hasattr(ui, "hashing") else None)
     except StageError as exc:
         raise UserError(f"staging failed, nothing was started: {exc}", file=str(layout.job.path), key="stage") from None
-    return dataclasses.replace(layout, staged={s.source.key: s.local for s in staged.values() if s.source.key},
+    return dataclasses.replace(layout, staged=staged_keys(staged),
                                stage_record=tuple(s.record() for s in staged.values()))
 
 

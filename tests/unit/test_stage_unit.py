@@ -17,7 +17,7 @@ from ftbundle.commands.common import load_layout
 from ftbundle.errors import UserError
 from ftbundle.inventory import Host
 from ftbundle.remote.stage_node import entry_state
-from ftbundle.stage import Source, StageError, entry_name, local_config, node_argv, node_stdin, sources, stage_one
+from ftbundle.stage import Source, StageError, entry_name, node_argv, node_stdin, sources, stage_one
 from tests.unit.test_check_local_unit import local_job
 
 LOCAL = Host("localhost", "127.0.0.1", local=True)
@@ -80,7 +80,11 @@ def test_entries_are_named_by_the_source_and_its_digest_and_the_ranks_read_them(
     staged = {"model": Staged(src, local="/var/cache/ftbundle/x"),
               "/extra": Staged(Source("/extra", "/extra", None, False, None), local="/var/cache/ftbundle/y")}
     config = {"model_name_or_path": "/shared/models/Llama", "dataset_dir": "data"}
-    assert local_config(config, staged) == {"model_name_or_path": "/var/cache/ftbundle/x", "dataset_dir": "data"}
+    from ftbundle.stage import staged_keys
+
+    assert staged_keys(staged) == {"model_name_or_path": "/var/cache/ftbundle/x"}  # (a plain path replaces no key)
+    # as make_plan lays them over the config the ranks read
+    assert {**config, **staged_keys(staged)} == {"model_name_or_path": "/var/cache/ftbundle/x", "dataset_dir": "data"}
 
 
 def test_copied_cached_changed_and_copied_again_from_the_launcher_and_from_the_host(tmp_path):
