@@ -234,7 +234,8 @@ def claim_then_port(spec, out):
     only by the run that holds it. Two runs started at once each listened on the port while the
     other tried to bind it, and both were refused (one for the port, one for the claim)."""
     claim(spec, out)
-    if not (out.get("claim") or {}).get("held"):
+    # (claims.py's words: "held" are the keys this run now holds, "taken" what other runs hold)
+    if not (out.get("claim") or {}).get("taken"):
         port(spec, out)
 
 

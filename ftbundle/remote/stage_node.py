@@ -194,16 +194,12 @@ def receive(spec):
     stage_dir, name, token = spec["stage_dir"], spec["entry"], spec["token"]
     entry = os.path.join(stage_dir, name)
     state, why = entry_state(entry)
-    if state == "cached":
-        mark_used(entry, spec.get("user") or "stage")
-        prune(stage_dir, spec.get("keep") or {}, spec.get("user") or "stage")
-        say("cached")
-        return 0
-    code = _receive_anew(spec, stage_dir, name, entry, token, state, why)
-    if code == 0:
-        mark_used(entry, spec.get("user") or "stage")
-        prune(stage_dir, spec.get("keep") or {}, spec.get("user") or "stage")
-        say("done")
+    code = 0 if state == "cached" else _receive_anew(spec, stage_dir, name, entry, token, state, why)
+    if code == 0:  # (held already, or written now: marked used, the others pruned, then said)
+        user = spec.get("user") or "stage"
+        mark_used(entry, user)
+        prune(stage_dir, spec.get("keep") or {}, user)
+        say("cached" if state == "cached" else "done")
     return code
 
 

@@ -1043,3 +1043,22 @@ def test_output_dir_that_no_run_could_write_fails_the_check_but_a_containers_per
     assert check_output_dir(filed, "/s/out", docker=True).details[0] == "node0: /s/out: a file, not a directory"
     proc = [host("node0", 0, False, "/proc", "No such file or directory")]
     assert "node0: /proc is a kernel file system" in check_output_dir(proc, "/proc/x/out").details[0]
+
+
+def test_rank_0_tries_the_port_only_for_the_run_that_holds_the_claim(tmp_path):
+    """claims.py's words: "held" is what this run now holds, "taken" what other runs hold. The
+    run that holds the claim tries the master port (its check keeps the master_port line); the
+    one refused for the claim does not bind it (the other's listener would be in its way)."""
+    from ftbundle.remote.probe import claim_then_port
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    spec = {"claim": {"dir": str(tmp_path / "claims"), "run": "run-a", "keys": [f"port-{port}"], "grace_s": 60},
+            "port": {"role": "listen", "port": port, "peers": 0}}
+    first: dict = {}
+    claim_then_port(spec, first)
+    assert first["claim"]["held"] == [f"port-{port}"] and first["port"] == {"role": "listen", "accepted": []}
+    second: dict = {}
+    claim_then_port({**spec, "claim": {**spec["claim"], "run": "run-b"}}, second)
+    assert second["claim"]["taken"] and second["claim"]["taken"][0]["run"] == "run-a" and "port" not in second
