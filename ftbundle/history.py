@@ -16,6 +16,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 
+from . import gpu_metrics
 from .cluster import Cluster
 from .errors import UserError
 from .gpu_health import fold_findings, parse_xids_report, xid_findings
@@ -46,6 +47,8 @@ def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, starte
         "output_dir": plan.checkpoint_dir, "failed_host": failed_host,
         # every node's median and p90 step compute time, and the stragglers named (ui.stragglers)
         "step_times": stragglers.as_record(progress.node_steps.values(), progress.straggler_factor),
+        # each node's mean GPU utilization and peak memory, and what was named (ftbundle.gpu_metrics)
+        "gpus": progress.gpus.record(),
     }
 
 
@@ -81,6 +84,7 @@ class RunRow:
     attempts: list[str] = field(default_factory=list)  # where each attempt after a lost host ran, and why
     step_times: dict | None = None  # every node's median and p90 step time, the stragglers (ui.stragglers)
     gpu_faults: list[str] = field(default_factory=list)  # the Xids logged during the run (gpu_health)
+    gpus: dict | None = None  # each node's mean GPU utilization and peak memory (gpu_metrics)
 
 
 def _start_of(run_id: str, summary: dict) -> str:
@@ -146,7 +150,8 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   staged=[str(s.get("said")) for s in plan.get("staged") or [] if isinstance(s, dict)],
                   step_times=summary.get("step_times") or steps_of(files, plan, attempt),
                   gpu_faults=summary.get("gpu_faults") or fold_findings(faults_of(files, plan, attempt)),
-                  attempts=attempts_said(attempts if isinstance(attempts, list) else []))
+                  attempts=attempts_said(attempts if isinstance(attempts, list) else []),
+                  gpus=summary.get("gpus") if isinstance(summary.get("gpus"), dict) else None)
 
 
 def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]:
@@ -289,7 +294,7 @@ def format_runs(rows: list[RunRow]) -> str:
         return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
     header = ("RUN", "HOSTS", "START", "DURATION", "STATE", "EXIT", "FINAL LOSS", "SAMPLES/S", "TOKENS/S",
-              "PER RANK", "MFU", "OUTPUT DIR")
+              "PER RANK", "MFU", "GPU", "OUTPUT DIR")
     table = [header] + [(
         r.run_id, ",".join(r.hosts) if len(r.hosts) <= 3 else f"{r.hosts[0]},+{len(r.hosts) - 1}",
         r.start.replace("T", " "), dur(r.duration_s), r.state, "-" if r.exit_code is None else str(r.exit_code),
@@ -297,7 +302,7 @@ def format_runs(rows: list[RunRow]) -> str:
         "-" if r.samples_per_s is None else f"{r.samples_per_s:.1f}",
         "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
         "-" if r.tokens_per_s_per_rank is None else f"{r.tokens_per_s_per_rank:,.0f}",
-        "-" if r.mfu is None else f"{r.mfu:.1%}", r.output_dir or "-") for r in rows]
+        "-" if r.mfu is None else f"{r.mfu:.1%}", gpu_metrics.runs_cell(r.gpus), r.output_dir or "-") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = []
     for i, row in enumerate(table):

@@ -7,7 +7,13 @@ folding are ClusterShell's NodeSet (what `clush`, Slurm and pdsh users read ever
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+
+
+def natural(host: str) -> list:
+    """A sort key for host names: node2 before node10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", host)]
 
 
 def fold(names: Iterable[str]) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 
-from . import deepspeed, llamafactory, runtimes, tokenized, trackers
+from . import deepspeed, gpu_metrics, llamafactory, runtimes, tokenized, trackers
 from .errors import UserError
 from .layout import Layout
 from .notify import Notify
@@ -96,6 +96,7 @@ class Plan:
     trackers: tuple[str, ...] = ()  # where the run's experiment trackers are (ftbundle.trackers)
     notify: Notify | None = field(default=None, repr=False)  # told when the run ends (ftbundle.notify)
     staged: tuple[dict, ...] = ()  # what `stage:` copied and where it was cached (ftbundle.stage)
+    gpu_sample_s: float = 0.0  # a GPU job's nodes read their GPUs this often (ftbundle.gpu_metrics); 0: not
 
     @property
     def rundir(self) -> RunDir:
@@ -187,6 +188,7 @@ class Plan:
             "straggler_factor": self.straggler_factor,  # (a detached run's stragglers: runs.py, history.py)
             "trackers": list(self.trackers),  # (where `runs` says each run's tracker is)
             "staged": list(self.staged),  # (what `runs` says each run's staging did)
+            "gpu_sample_s": self.gpu_sample_s,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "nodes": [
@@ -341,7 +343,17 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         finetuning_type=finetuning_type, resumes=resumes,
         stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor, speed=speed,
         trackers=tuple(tracked), notify=job.notify, staged=layout.stage_record,
+        gpu_sample_s=gpu_sample_every(job, facts),
     )
+
+
+def gpu_sample_every(job: Job, facts: ClusterFacts | None) -> float:
+    """How often a node reads its GPUs during the run: never for a CPU job (gpus_per_node 0) or
+    on hosts the check found without GPUs (a CPU job costs nothing); else every few seconds (a
+    host without nvidia-smi reads nothing)."""
+    if job.gpus_per_node == 0 or (facts is not None and facts.reached and not any(f.gpus for f in facts.reached)):
+        return 0.0
+    return gpu_metrics.SAMPLE_EVERY_S
 
 
 # The flight recorder's size, under the name the ranks' torch reads: TORCH_FR_BUFFER_SIZE

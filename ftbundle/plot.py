@@ -1,4 +1,5 @@
-"""`ftbundle plot`: loss and learning rate of one or more runs, from their metrics.jsonl.
+"""`ftbundle plot`: loss and learning rate of one or more runs, from their metrics.jsonl, and
+the GPUs' utilization beside them where the run read its GPUs (ftbundle.gpu_metrics).
 
 A PNG through matplotlib's Agg backend (no display needed), or, on a terminal without
 ``-o``, a plot in the terminal (plotext). Both libraries are in the ``plot`` extra; a
@@ -32,13 +33,29 @@ def _need(module: str):
                         f"(or pip install {module.split('.')[0]})", key="plot") from None
 
 
+def has_gpus(metrics: dict[str, list[dict]]) -> bool:
+    """Whether any run's records hold the GPUs' utilization (a GPU job's: ftbundle.gpu_metrics)."""
+    return any(series(records, "gpu_util")[0] for records in metrics.values())
+
+
 def plot_png(metrics: dict[str, list[dict]], path: str, *, title: str = "") -> None:
-    """Loss (top) and learning rate (bottom) against step, one line per run."""
+    """Loss (top), learning rate and, for GPU runs, the GPUs' mean utilization against step,
+    one line per run."""
     matplotlib = _need("matplotlib")
     matplotlib.use("Agg")
     plt = _need("matplotlib.pyplot")
-    fig, (ax_loss, ax_lr) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True,
-                                         gridspec_kw={"height_ratios": [2, 1]})
+    gpus = has_gpus(metrics)
+    fig, axes = plt.subplots(3 if gpus else 2, 1, figsize=(9, 8.5 if gpus else 6.5), sharex=True,
+                             gridspec_kw={"height_ratios": [2, 1, 1] if gpus else [2, 1]})
+    ax_loss, ax_lr = axes[0], axes[1]
+    if gpus:
+        for run_id, records in metrics.items():
+            xs, ys = series(records, "gpu_util")
+            if xs:
+                axes[2].plot(xs, ys, label=run_id, linewidth=1.2)
+        axes[2].set_ylabel("GPU utilization %")
+        axes[2].set_ylim(0, 105)
+        axes[2].grid(True, alpha=0.3)
     for run_id, records in metrics.items():
         xs, ys = series(records, "loss")
         if xs:
@@ -51,7 +68,7 @@ def plot_png(metrics: dict[str, list[dict]], path: str, *, title: str = "") -> N
     ax_loss.grid(True, alpha=0.3)
     ax_loss.legend(fontsize=8)
     ax_lr.set_ylabel("learning rate")
-    ax_lr.set_xlabel("step")
+    axes[-1].set_xlabel("step")
     ax_lr.grid(True, alpha=0.3)
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
     fig.tight_layout()
@@ -63,7 +80,8 @@ def plot_terminal(metrics: dict[str, list[dict]], *, title: str = "") -> None:
     """The loss curve(s) drawn in the terminal."""
     plt = _need("plotext")
     plt.clear_figure()
-    plt.subplots(2, 1)
+    gpus = has_gpus(metrics)
+    plt.subplots(3 if gpus else 2, 1)
     plt.subplot(1, 1)
     for run_id, records in metrics.items():
         xs, ys = series(records, "loss")
@@ -76,5 +94,12 @@ def plot_terminal(metrics: dict[str, list[dict]], *, title: str = "") -> None:
         if xs:
             plt.plot(xs, ys, label=run_id)
     plt.title("learning rate")
+    if gpus:
+        plt.subplot(3, 1)
+        for run_id, records in metrics.items():
+            xs, ys = series(records, "gpu_util")
+            if xs:
+                plt.plot(xs, ys, label=run_id)
+        plt.title("GPU utilization %")
     plt.xlabel("step")
     plt.show()

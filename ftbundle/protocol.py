@@ -23,6 +23,8 @@ stderr (node -> launcher), a line each::
                                    a reading of shared storage unanswered that long (with how
                                    its process waits when that is not the storage: starved)
     ftb-storage ok                 ... answered again
+    ftb-smi IDX, UTIL, ...[;...]   a reading of the job's GPUs, every few seconds (one nvidia-smi
+                                   loop: ftbundle/gpu_metrics.py reads it)
     anything else                  the node program's own words ("ftbundle: ..."), shown
 """
 
@@ -41,11 +43,13 @@ HEARTBEAT = "ftb-hb"
 STEPS = "ftb-steps"
 STORAGE = "ftb-storage"
 STORAGE_OK = "ok"
-KEYWORDS = (GPU, PID, HEARTBEAT, STEPS, STORAGE)
+SMI = "ftb-smi"
+KEYWORDS = (GPU, PID, HEARTBEAT, STEPS, STORAGE, SMI)
 
 # what parse_line says a line is
-GPU_LINE, PID_LINE, HB_LINE, STEPS_LINE, STORAGE_LINE, MESSAGE = "gpu", "pid", "hb", "steps", "storage", "msg"
-_KINDS = {GPU: GPU_LINE, PID: PID_LINE, HEARTBEAT: HB_LINE, STEPS: STEPS_LINE, STORAGE: STORAGE_LINE}
+GPU_LINE, PID_LINE, HB_LINE, STEPS_LINE, STORAGE_LINE, SMI_LINE, MESSAGE = (
+    "gpu", "pid", "hb", "steps", "storage", "smi", "msg")
+_KINDS = {GPU: GPU_LINE, PID: PID_LINE, HEARTBEAT: HB_LINE, STEPS: STEPS_LINE, STORAGE: STORAGE_LINE, SMI: SMI_LINE}
 
 
 def env_payload(env: dict[str, str]) -> bytes:

@@ -8,12 +8,14 @@ host is asked over the one connection the :class:`~ftbundle.cluster.Cluster` hol
 
 from __future__ import annotations
 
+import itertools
 import json
 import posixpath
 import re
 import sys
 from dataclasses import dataclass
 
+from . import gpu_metrics, protocol
 from .cluster import Cluster, first_line, parallel
 from .errors import UserError
 from .hostlist import fold, fold_numbers
@@ -137,12 +139,18 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
                   tuple(attempts))
 
 
-def node_states(ref: RunRef, cluster: Cluster) -> list[tuple[NodePlan, str, str]]:
-    """(node, state, last log line) for every node, asked of each host in parallel."""
+def node_states(ref: RunRef, cluster: Cluster, gpus: dict | None = None) -> list[tuple[NodePlan, str, str]]:
+    """(node, state, last log line) for every node, asked of each host in parallel; with
+    ``gpus`` (a GPU job), a running node's GPUs read in the same round into it (host -> readings)."""
+    sampled = gpus is not None and bool(ref.record.get("gpu_sample_s"))
+
     def ask(node: NodePlan) -> tuple[NodePlan, str, str]:
         files = ref.files(node)
+        argv = node_argv("state", files.marker, files.exit, files.log, files.stopped,
+                         *((gpu_metrics.QUERY, "" if node.container else node.env.get("CUDA_VISIBLE_DEVICES", ""))
+                           if sampled else ()))
         try:
-            result = cluster.run(node.host, node_argv("state", files.marker, files.exit, files.log, files.stopped), timeout=READ_S)
+            result = cluster.run(node.host, argv, timeout=READ_S)
         except TimeoutError as exc:  # the host answers, its run directory does not?
             if not cluster.answers(node.host, 1.5):
                 return node, "unreachable", first_line(exc)
@@ -150,7 +158,10 @@ def node_states(ref: RunRef, cluster: Cluster) -> list[tuple[NodePlan, str, str]
         except Exception as exc:  # unreachable host: say so, keep going
             return node, "unreachable", first_line(exc)
         lines = result.stdout.splitlines() + ["", ""]
-        return node, lines[0], lines[1]
+        said = list(itertools.takewhile(lambda line: line.startswith(f"{protocol.SMI} "), lines[1:]))
+        if said and gpus is not None:
+            gpus[node.host.name] = gpu_metrics.parse_line("\n".join(line.split(" ", 1)[1] for line in said))
+        return node, lines[0], lines[1 + len(said)]
 
     found = parallel(ask, ref.nodes)
     return [_exit_read_elsewhere(ref, cluster, found, i) if state == "unreachable" else (node, state, last)
@@ -195,8 +206,11 @@ STATUS_ROWS_MAX = 16  # more nodes than this: a row only for the nodes that are 
 def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     """A table of nodes; exit 0 while running or after success, 1 when any node failed."""
     out = out or sys.stdout
-    states = node_states(ref, cluster)
+    gpus: dict = {}
+    states = node_states(ref, cluster, gpus)
     for line in format_status(ref, states):
+        print(line, file=out)
+    for line in gpu_metrics.status_lines(gpus):  # (a GPU job's running nodes, read just now)
         print(line, file=out)
     summary, failed = run_state([state for _, state, _ in states])
     stalled = _detached_stall(ref, cluster)

@@ -397,7 +397,8 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         supervisor = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
                                 start_step=start_step, more_attempts=attempt < attempts)
         outcome = supervisor.run(before if attempt == 1 else None)
-        curve += [{**r, "attempt": attempt} for r in (outcome.progress.records if outcome.progress else [])]
+        curve += [{**r, "attempt": attempt} for r in (outcome.progress.records + outcome.progress.gpus.curve
+                                                      if outcome.progress else [])]
         if pending:  # (a restart: where the time from the failure to this attempt's first step went)
             parts = recovery({**pending, **outcome.marks}, wall_offset=wall_offset)
             recoveries.append({"attempt": attempt, **parts})

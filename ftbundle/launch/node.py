@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import codecs
 import functools
+import os
 import queue
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 
-from .. import protocol, shipped
+from .. import gpu_metrics, protocol, shipped
 from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
 from ..job import MIN_SECRET_LEN, is_secret
 from ..layout import CLAIM_DIR
@@ -104,8 +105,18 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         # each local rank's step times (shims/steptimes.py), read with every heartbeat (ui.stragglers):
         # a file of this host's own, never one on shared storage that could hang the heartbeat
         "FTB_STEPS_FILE": host_steps_file(plan.run_id, node.rank, attempt),
+        # a GPU job's GPUs, read by one nvidia-smi loop and sent on this channel (ftbundle.gpu_metrics)
+        **gpu_env(plan, node),
     }
     return {**control, **node.env}
+
+
+def gpu_env(plan: Plan, node: NodePlan) -> dict[str, str]:
+    """The GPU sampler's settings: how often (FTB_GPU_SAMPLE_S here overrides a GPU job's),
+    what, and which GPUs (the job's CUDA_VISIBLE_DEVICES on the host runtime; else all)."""
+    every = plan.gpu_sample_s and float(os.environ.get("FTB_GPU_SAMPLE_S") or plan.gpu_sample_s)
+    return {"FTB_GPU_EVERY_MS": str(round(every * 1000)), "FTB_GPU_FIELDS": gpu_metrics.QUERY,
+            "FTB_GPU_IDS": "" if node.container else node.env.get("CUDA_VISIBLE_DEVICES", "")}
 
 
 def progress_every(stall_timeout: int) -> int:

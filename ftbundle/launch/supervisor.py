@@ -254,6 +254,8 @@ class Supervisor:
             self.checkpoints.tick(self.progress.shown_step, self.progress.total)
             if (said := self.checkpoints.said()) is not None:
                 self.say(("warning: " if said[1] else "") + said[0])
+            for said in self.progress.gpu_tick(time.monotonic(), self.marks.get("first_step")):
+                self.say("warning: " + said)  # (the GPUs' readings: ftbundle.gpu_metrics)
             if self.failures:
                 return self._fail()
             if self.stall.stalled(time.monotonic()) and (outcome := self._stalled()) is not None:
@@ -308,6 +310,8 @@ class Supervisor:
                          if self.plan.stall_timeout else "; stall_timeout is 0: the run waits for it")
             if said:
                 self.say(said)
+        elif event.kind == "smi":  # a reading of the node's GPUs (ftbundle.gpu_metrics)
+            self.progress.gpus.observe(self.plan.nodes[event.rank].host.name, event.text, event.at)
         elif event.kind == "msg":
             text = f"[{self.plan.nodes[event.rank].host.name} r{event.rank}] {self.redact(event.text)}"
             if self.ui is not None:

@@ -12,7 +12,8 @@
 #   stop MARKER [CONTAINER]
 #                  stop every process of one job on this host (teardown, `ftbundle stop`,
 #                  fencing before a restart); exit 0 when none is left
-#   state MARKER EXITFILE LOG STOPPEDFILE  a node's state and last log line (`ftbundle status`)
+#   state MARKER EXITFILE LOG STOPPEDFILE [GPU_FIELDS [GPU_IDS]]
+#                  a node's state, its GPUs now, its last log line (`ftbundle status`)
 #   follow MARKER LOG LINES       a node's log until its job ends (`ftbundle logs -f`)
 #   resume-point DIR [look]       the newest complete checkpoint-N (restarts; look: remove nothing)
 #   stage DIR MIN_FREE_MB [LEFTOVER...]
@@ -32,12 +33,12 @@
 #           `ftb-steps LOCAL_RANK STEPS MEDIAN P90[;...]` when the ranks' step times changed
 #           (FTB_STEPS_FILE.<LOCAL_RANK>, local files; ftbundle/ui/stragglers.py),
 #           `ftb-storage SECONDS` while shared storage does not answer, `ftb-storage ok` after,
+#           `ftb-smi READING` every FTB_GPU_EVERY_MS on a GPU job's host (ftb_gpu_sampler),
 #           and `ftbundle: ...` messages. Rank 0's log travels on a channel of its own
 #           (`tail`), so output can never hold a heartbeat back.
 #   exit    the job's exit code (also written to FTB_EXIT on shared storage).
 #
-# Variables used (set by the controller, see ftbundle/launch/node.py): every path in the run
-# directory comes from ftbundle/rundir.py (this program spells no file name of its own):
+# Variables (set by ftbundle/launch/node.py; every run-dir path is ftbundle/rundir.py's):
 #   FTB_RUN_DIR FTB_LOG FTB_EXIT FTB_PIDFILE FTB_HBFILE FTB_STOPPED_FILE FTB_KEPT_STEPS_FILE
 #   FTB_XIDS_FILE FTB_PROGRESS_FILE FTB_STACKED_FILE FTB_VERDICT_FILE FTB_STALLED_FILE FTB_STACKS_OUT
 #   FTB_STACKS_PROGRAM FTB_PEER_{EXIT,HB,PROGRESS,STACKED}_GLOB FTB_REFEREE
@@ -48,6 +49,7 @@
 #   every FTB_PROGRESS_EVERY beats)
 #   FTB_STALL_TIMEOUT (detached runs: the stall watchdog's limit; 0 or empty: off)
 #   FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job: trainer_log.jsonl, the first step starts the stall clock)
+#   FTB_GPU_EVERY_MS FTB_GPU_FIELDS FTB_GPU_IDS (a GPU job: its GPUs read this often, `ftb-smi ...`)
 #   FTB_SHARED_DIR FTB_STORAGE_SLOW (a reading of shared storage not answered for this many seconds
 #   is said on stderr: `ftb-storage SECONDS`, then `ftb-storage ok` once it answers; see ftb_ask)
 set -u
@@ -293,6 +295,8 @@ mode_node() {
   fi
   # the first heartbeat is the baseline (the launcher's stall clock starts at the first change)
   [ -z "$base" ] || echo "ftb-hb$base" >&2
+  local smipid="" smiloop=""
+  if [ "${FTB_GPU_EVERY_MS:-0}" != 0 ] && command -v nvidia-smi >/dev/null 2>&1; then ftb_gpu_sampler; fi
   # A beat costs no process: the wait is ftb_sleep's, and the progress and shared storage (a
   # `stat`, ftb_ask) are read every FTB_PROGRESS_EVERY beats (stall_timeout / 30, at most 10 s,
   # at least every beat), not on every one: three processes a second on every node were nearly
@@ -348,6 +352,7 @@ mode_node() {
   # second wait: the job itself had ended with 138)
   if [ "$rc" = 138 ] && [ "$stopping" = 1 ]; then wait "$pid"; local again=$?; [ "$again" = 127 ] || rc=$again; fi
   kill "$hbpid" 2>/dev/null
+  [ -z "$smipid" ] || kill "$smipid" "$smiloop" 2>/dev/null
   if [ -n "${FTB_STEPS_FILE:-}" ]; then  # the ranks' last step times (written at the trainer's end), then away
     ftb_steps; [ -z "$FTB_S" ] || echo "ftb-steps $FTB_S" >&2
     ftb_steps_away
@@ -366,6 +371,30 @@ mode_node() {
   exit "$rc"
 }
 
+ftb_gpu_sampler() {  # smipid smiloop: the job's GPUs (FTB_GPU_IDS) read every FTB_GPU_EVERY_MS by one
+  # nvidia-smi loop (-lms: one process for the run), a reading (a line a GPU) sent as one `ftb-smi`
+  # line, ';' between GPUs (ftbundle/gpu_metrics.py). A reading is whole when the first GPU's index
+  # comes again or after 0.2 s without a line; between readings the loop waits in `read`.
+  local fd line all
+  exec {fd}< <(exec nvidia-smi --query-gpu="$FTB_GPU_FIELDS" --format=csv,noheader,nounits \
+    ${FTB_GPU_IDS:+-i "$FTB_GPU_IDS"} -lms "$FTB_GPU_EVERY_MS" </dev/null 2>/dev/null)
+  smipid=$!
+  ( all="" first="" rc=0
+    while :; do
+      if [ -n "$all" ]; then IFS= read -r -t 0.2 -u "$fd" line; else IFS= read -r -u "$fd" line; fi
+      rc=$?
+      if [ "$rc" = 0 ] && { [ -z "$all" ] || [ "${line%%,*}" != "$first" ]; }; then
+        [ -n "$all" ] || first=${line%%,*}
+        all+="${all:+;}$line"; continue
+      fi
+      [ -z "$all" ] || echo "ftb-smi $all" >&2
+      all="" first=${line%%,*}
+      if [ "$rc" = 0 ]; then all=$line; elif [ "$rc" -le 128 ]; then break; fi
+    done ) &
+  smiloop=$!
+  exec {fd}<&-
+}
+
 ftb_release() {  # the run's claims on this host (remote/claims.py: KEY@RUN), once its job is over here
   local run=${FTB_RUN_DIR##*/} f
   [ -d "${FTB_CLAIM_DIR:-}" ] || return 0
@@ -374,8 +403,13 @@ ftb_release() {  # the run's claims on this host (remote/claims.py: KEY@RUN), on
   [ "${#mine[@]}" = 0 ] || rm -f -- "${mine[@]}"
 }
 
-mode_state() {  # MARKER EXITFILE LOG STOPPEDFILE: running | exited N | stopped[: why], then the log's last line
-  if [ -n "$(ftb_pids "$1")" ]; then echo running
+mode_state() {  # MARKER EXITFILE LOG STOPPEDFILE [GPU_FIELDS [GPU_IDS]]: running | exited N | stopped[: why],
+  # then (a GPU job running here) one reading of its GPUs as `ftb-smi` lines, then the log's last line
+  if [ -n "$(ftb_pids "$1")" ]; then
+    echo running
+    if [ -n "${5:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
+      timeout 2 nvidia-smi --query-gpu="$5" --format=csv,noheader,nounits ${6:+-i "$6"} 2>/dev/null | sed 's/^/ftb-smi /'
+    fi
   elif [ -s "$2" ]; then echo "exited $(cat -- "$2")"
   elif [ -s "$4" ]; then echo "stopped: $(cat -- "$4")"
   elif ftb_disk_full "$(dirname -- "$2")"; then echo "stopped: no space left on $(dirname -- "$2") on $(hostname) (ENOSPC)"

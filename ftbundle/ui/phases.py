@@ -143,7 +143,7 @@ class Phases:
             for label in ("step", "epoch", "elapsed", "eta"):
                 if label in fields:
                     first.append(f"{label} ", style="dim").append(f"{fields[label]}  ")
-            for label in ("loss", "lr", "samples/s", "it/s", "tok/s", "mfu", "nodes", "slowest"):
+            for label in ("loss", "lr", "samples/s", "it/s", "tok/s", "mfu", "GPU", "nodes", "slowest"):
                 if label in fields:
                     second.append(f"{label} ", style="dim").append(f"{fields[label]}  ")
             row.append(first)

@@ -16,6 +16,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from ..gpu_metrics import GpuFleet
 from ..protocol import parse_steps
 from ..speed import SpeedBasis
 from . import stragglers
@@ -194,6 +195,8 @@ class Progress:
     tokens_first: tuple[float, int] | None = None
     tokens_rate: float | None = None  # the trainer log's own tokens/s (LlamaFactory's "throughput")
     speed: SpeedBasis | None = None  # ranks, GPUs' peak, parameters: per rank and MFU (ftbundle.speed)
+    # every node's GPU readings while the run goes (ftbundle.gpu_metrics: the live line's GPU field)
+    gpus: GpuFleet = field(default_factory=GpuFleet)
     # parts of the start-up that came before the launch: ("staging data", seconds) (ftbundle.stage)
     before: tuple[tuple[str, float], ...] = ()
     _slowest: str | None = None  # the live line's straggler, as last judged (feed_steps)
@@ -228,6 +231,12 @@ class Progress:
             self.tokens_rate = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
         if "loss" in record:  # the last record (the trainer's end) has none: nothing to plot
             self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
+
+    def gpu_tick(self, now: float, first_step: float | None) -> list[str]:
+        """The GPUs' look (ftbundle.gpu_metrics): what is to be named now, an idle node said
+        input-bound or waiting from its step times."""
+        return self.gpus.tick(now, step=self.shown_step, first_step=first_step, cause=lambda host: stragglers.idle_cause(
+            host, self.node_steps, self.straggler_factor))
 
     def feed_steps(self, host: str, text: str, now: float | None = None) -> bool:
         """A node's ``ftb-steps`` line; True when it changed what is shown (who is slowest). The
@@ -457,6 +466,8 @@ def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None =
         fields.append(("tok/s", f"{tokens:,.0f}"))
         if (mfu := p.mfu()) is not None:
             fields.append(("mfu", f"{mfu:.1%}"))
+    if (gpus := p.gpus.live()) is not None:
+        fields.append(("GPU", gpus))
     fields.append(("elapsed", clock(p.elapsed(now))))
     fields.append(("eta", clock(p.eta(now))))
     fields.append(("nodes", nodes_field(alive, total_nodes, finished)))

@@ -15,11 +15,10 @@ fleet's median is the median of the nodes' medians, and a node whose median is a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from ..hostlist import fold
+from ..hostlist import fold, natural
 from ..protocol import RankSteps
 
 STRAGGLER_FACTOR = 1.15  # the job's straggler_factor by default
@@ -106,11 +105,6 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-def _natural(host: str) -> list:
-    """node2 before node10."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", host)]
-
-
 def _span(values: list[float], fmt) -> str:
     low, high = min(values), max(values)
     return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low).split()[0]}-{fmt(high)}"
@@ -122,7 +116,7 @@ def summary_lines(nodes: Iterable[NodeSteps], factor: float = STRAGGLER_FACTOR) 
     Beyond TABLE_MAX nodes, the stragglers and the SLOWEST_SHOWN slowest others a line each,
     and the rest one folded line of ranges: 256 lines would push the run's end off the screen
     (every node's figures stay in summary.json and `ftbundle runs --json`)."""
-    nodes = sorted(nodes, key=lambda n: _natural(n.host))
+    nodes = sorted(nodes, key=lambda n: natural(n.host))
     if len(nodes) < MIN_NODES:
         return []
     fleet = fleet_median(nodes)
@@ -168,3 +162,22 @@ def as_record(nodes: Iterable[NodeSteps], factor: float = STRAGGLER_FACTOR) -> d
         "nodes": {n.host: {k: v for k, v in asdict(n).items() if k != "host"} for n in nodes},
         "stragglers": [{"host": n.host, "ratio": round(ratio, 3)} for n, ratio in stragglers(nodes, factor)],
     }
+
+
+def idle_cause(host: str, steps: dict[str, NodeSteps], factor: float = STRAGGLER_FACTOR) -> str:
+    """Whether a node whose GPUs idle below the fleet's (ftbundle.gpu_metrics) looks input-bound or
+    waiting, from its own step compute time against the fleet's median (each rank times its forward
+    passes, before the all-reduce)."""
+    mine = steps.get(host)
+    fleet = fleet_median(steps.values())
+    if mine is None or not fleet:
+        return "no step times to tell whether it is input-bound or waiting"
+    ratio = mine.median_s / fleet
+    if ratio >= factor:
+        return (f"its own steps are slow ({ratio:.2f}x the fleet's median compute): it looks input-bound "
+                "(its GPUs wait on data loading or its CPU, and the others wait on it)")
+    if ratio <= 1 / factor:
+        return (f"its own steps' compute is {ratio:.2f}x the fleet's: it looks like it waits (its GPUs finish "
+                "first and idle until the slower nodes reach each step's all-reduce)")
+    return (f"its steps' compute is like the fleet's ({ratio:.2f}x): it looks input-bound (its GPUs idle between "
+            "steps: data loading or its CPU)")

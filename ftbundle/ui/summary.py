@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from . import stragglers
+from .. import gpu_metrics
 from ..speed import tokens_text
 from .progress import Progress, clock, startup_text
 
@@ -184,6 +185,7 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
             lines.append(f"  MFU          " + (f"{mfu:.1%}: {progress.speed.mfu_basis()}" if mfu is not None
                                                else progress.speed.mfu_basis()))
     lines += stragglers.summary_lines(progress.node_steps.values(), progress.straggler_factor)
+    lines += gpu_metrics.summary_lines(progress.gpus.record())
     if output_dir:
         lines.append(f"  output dir   {output_dir}")
     if adapter:

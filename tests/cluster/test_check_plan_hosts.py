@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.helpers import ASSETS, base_job, ftbundle, job_processes, only_run_dir, quickstart_lora, write_job
+from tests.support.helpers import base_job, ftbundle, install_smi, job_processes, only_run_dir, quickstart_lora, write_job
 
 pytestmark = pytest.mark.cluster
 
-SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 ODD = "a'b \"c\" $(touch /tmp/PWNED) `touch /tmp/PWNED2` d"
 
 
@@ -104,15 +103,6 @@ def test_secrets_reach_no_file_no_terminal_and_no_command_line(cluster2, tmp_pat
     dry = ftbundle("run", str(job_path), "--dry-run", "--no-check")
     assert dry.returncode == 0 and token not in dry.stdout and env_secret not in dry.stdout
     assert "FTB_LF_HF_HUB_TOKEN=<redacted>" in dry.stdout
-
-
-def install_smi(cluster, host, sample: str) -> None:
-    cluster.exec(host, "mkdir -p /etc/ftb-smi")
-    for f in SMI.iterdir():
-        subprocess.run(["docker", "cp", str(f), f"{cluster.host(host).container}:/etc/ftb-smi/{f.name}"], check=True)
-    subprocess.run(["docker", "cp", str(ASSETS / "nvidia-smi-replay"),
-                    f"{cluster.host(host).container}:/usr/bin/nvidia-smi"], check=True)
-    cluster.exec(host, f"echo {sample} > /etc/ftb-smi/sample")
 
 
 def test_gpu_facts_from_a_stand_in_nvidia_smi_on_the_hosts(cluster2, tmp_path):

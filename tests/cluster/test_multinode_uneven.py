@@ -13,14 +13,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.support.helpers import (
     base_job,
     ftbundle,
+    install_smi,
     only_run_dir,
     quickstart_lora,
     read_plan,
@@ -29,8 +28,6 @@ from tests.support.helpers import (
 
 pytestmark = pytest.mark.cluster
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 
 RANKS = """\
 import json, os, socket
@@ -107,16 +104,6 @@ def test_llamafactory_lora_on_two_and_one_ranks(make_cluster, tmp_path):
     assert not list((run / "ranks" / "node-1").glob("*/attempt_0/1/std*.log"))  # node1 has one rank
     assert (shared / "output/lora/adapter_model.safetensors").stat().st_size > 0
     assert json.loads((shared / "output/lora/trainer_state.json").read_text())["global_step"] == 4
-
-
-def install_smi(cluster, host: str, sample: str) -> None:
-    """The nvidia-smi stand-in on ``host``, replaying ``sample`` (tests/data/nvidia-smi)."""
-    box = cluster.host(host).container
-    cluster.exec(host, "mkdir -p /etc/ftb-smi/recorded")
-    for f in SMI.glob(f"{sample}.*"):
-        subprocess.run(["docker", "cp", str(f), f"{box}:/etc/ftb-smi/{f.relative_to(SMI)}"], check=True)
-    subprocess.run(["docker", "cp", str(ASSETS / "nvidia-smi-replay"), f"{box}:/usr/bin/nvidia-smi"], check=True)
-    cluster.exec(host, f"echo {sample} > /etc/ftb-smi/sample")
 
 
 def test_auto_plans_each_host_by_its_own_gpus(make_cluster, tmp_path):

@@ -369,3 +369,32 @@ def test_a_healthy_gpu_under_a_burn_ins_load_is_named_by_no_health_rule(tmp_path
                       f"on {socket.gethostname()} by tests/gpu/test_gpu.py: {seen}; named: {'; '.join(named) or 'nothing'}\n")
     print(f"under load: {seen}")
     assert not named, named
+
+
+@pytest.mark.gpu
+def test_the_run_samplers_query_reads_a_real_gpu(tmp_path):
+    """The run's GPU sampler's query (ftbundle/gpu_metrics.py QUERY) on the real driver: three
+    readings 500 ms apart from one `nvidia-smi -lms` loop (the node's own), each GPU's fields
+    parsed (no field unknown to the driver: clocks_throttle_reasons.active is still accepted where
+    the driver prints clocks_event_reasons); recorded as <gpu>.metrics.csv beside the others."""
+    from ftbundle.gpu_metrics import QUERY, parse_line
+
+    listing, sample = listed_gpus()
+    count = listing.count("GPU ")
+    proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "500"],
+                            stdout=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        while len(lines) < 3 * count:
+            line = proc.stdout.readline()
+            assert line, lines
+            lines.append(line.rstrip("\n"))
+    finally:
+        proc.kill()
+    readings = [lines[i:i + count] for i in range(0, len(lines), count)]
+    for reading in readings:
+        parsed = parse_line("\n".join(reading))
+        assert len(parsed) == count, reading
+        assert all(r.util is not None and r.mem_total_mib and r.reasons is not None for r in parsed), reading
+    RECORDED.mkdir(parents=True, exist_ok=True)
+    (RECORDED / f"{sample}.metrics.csv").write_text("\n".join("\n".join(r) + "\n" for r in readings))

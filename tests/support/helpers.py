@@ -16,6 +16,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
+SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 QUICKSTART = REPO / "examples" / "quickstart"
 # What the tests make once per checkout and share (pytest-xdist workers and later runs too):
 # the tiny model. Ignored by git.
@@ -183,3 +184,14 @@ def marked_pids(marker: str, *, prefix: bool = False) -> list[int]:
         if any(v.startswith(want) for v in values) if prefix else want in values:
             found.append(int(entry.name))
     return found
+
+
+def install_smi(cluster, host: str, sample: str, metrics: str | None = None) -> None:
+    """The nvidia-smi stand-in (tests/assets/nvidia-smi-replay) on ``host``, replaying ``sample``
+    (tests/data/nvidia-smi, recorded/ included) and, for a run's GPU readings, ``metrics``
+    (<metrics>.metrics.csv; default: the sample's own)."""
+    box = cluster.host(host).container
+    cluster.exec(host, "mkdir -p /etc/ftb-smi")
+    subprocess.run(["docker", "cp", f"{SMI}/.", f"{box}:/etc/ftb-smi/"], check=True)
+    subprocess.run(["docker", "cp", str(ASSETS / "nvidia-smi-replay"), f"{box}:/usr/bin/nvidia-smi"], check=True)
+    cluster.exec(host, f"echo {sample} > /etc/ftb-smi/sample" + (f" && echo {metrics} > /etc/ftb-smi/metrics" if metrics else ""))

@@ -227,8 +227,8 @@ def test_the_last_line_the_summary_and_runs_show_one_samples_per_second_and_the_
     row = run_row(plan.run_id, {"plan.json": json.dumps({"job": "j", "nodes": [{"host": "node0"}, {"host": "node1"}]}),
                                 "summary.json": json.dumps(record)})
     header, line = format_runs([row]).splitlines()
-    assert header.split()[6:] == ["FINAL", "LOSS", "SAMPLES/S", "TOKENS/S", "PER", "RANK", "MFU", "OUTPUT", "DIR"]
-    assert line.split()[-6:] == ["6.2293", "115.0", "-", "-", "-", "-"], line  # (a log without token counts)
+    assert header.split()[6:] == ["FINAL", "LOSS", "SAMPLES/S", "TOKENS/S", "PER", "RANK", "MFU", "GPU", "OUTPUT", "DIR"]
+    assert line.split()[-7:] == ["6.2293", "115.0", "-", "-", "-", "-", "-"], line  # (no GPU read: a CPU run)  # (a log without token counts)
 
 
 def test_samples_per_second_is_over_the_steps_this_attempt_trained():

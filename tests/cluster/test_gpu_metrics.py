@@ -1,0 +1,120 @@
+"""Live GPU metrics from every host (issue 47 item 2) on containerized SSH hosts: real sshd, real
+torchrun, and on each host the nvidia-smi stand-in replaying readings (tests/data/nvidia-smi:
+a busy 8-GPU H100 fleet, one host idle, one GPU near its memory).
+
+While the run goes, the idle host and the full GPU are named on the right host and GPU, and
+`ftbundle status` shows every host's GPUs and the same two; the summary, summary.json, `runs`,
+`runs --json` and metrics.jsonl (for `plot`) carry each node's mean utilization and peak memory.
+A CPU job on the same hosts reads no GPU at all (nvidia-smi is never asked while it runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.support.helpers import REPO, base_job, ftbundle, install_smi, only_run_dir, write_job
+
+pytestmark = pytest.mark.cluster
+
+HOLD = """\
+import os, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+time.sleep(float(os.environ["HOLD_S"]))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+SAMPLES = {"node0": "h100-x8", "node1": "h100-x8-idle", "node2": "h100-x8-near-memory"}
+
+
+def test_an_idle_host_and_a_full_gpu_are_named_while_the_run_goes(make_cluster, tmp_path):
+    cluster = make_cluster(3)
+    shared = cluster.shared_dir
+    for host, metrics in SAMPLES.items():
+        install_smi(cluster, host, "h100-x8", metrics)
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    (shared / "hold.py").write_text(HOLD)
+    job = write_job(tmp_path / "job.yaml", base_job("gpus", shared, inventory, {"script": "hold.py"},
+                                                    workdir=str(shared),
+                                                    env={**base_job("x", shared, inventory, {})["env"], "HOLD_S": "45"}))
+    env = {**os.environ, "FTB_GPU_SAMPLE_S": "1"}  # (a reading a second: the 30 s window fills within the run)
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: err.extend((time.monotonic(), line) for line in proc.stderr), daemon=True)
+    reader.start()
+    status = None
+    try:
+        deadline = time.monotonic() + 120
+        while not any("node1's GPUs idle" in line for _, line in err):
+            assert proc.poll() is None, "".join(line for _, line in err)
+            assert time.monotonic() < deadline, "".join(line for _, line in err)
+            time.sleep(0.5)
+        status = ftbundle("status", str(job), timeout=60)
+        out = proc.stdout.read()
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    reader.join(5)
+    said = "".join(line for _, line in err)
+    assert code == 0, said + out
+
+    # named while it ran: the idle host (no step clock in a script: said so), the full GPU
+    ended = next(at for at, line in err if "finished run" in line) if any("finished run" in line for _, line in err) \
+        else time.monotonic()
+    warned = [(at, line) for at, line in err if line.startswith("ftbundle: warning: ")]
+    idle = [(at, line) for at, line in warned if "node1's GPUs idle well below the fleet's" in line]
+    full = [(at, line) for at, line in warned if "node2 GPU 1 holds" in line and "out-of-memory risk" in line]
+    assert len(idle) == 1 and len(full) == 1, said
+    assert idle[0][0] < ended and full[0][0] < ended
+    assert "no step times to tell whether it is input-bound or waiting" in idle[0][1]
+    assert not any(h in line for _, line in err for h in ("node0's GPUs", "node2's GPUs", "node0 GPU", "throttled"))
+
+    # status, read while the run went: every host's GPUs, the idle one and the full GPU
+    assert status is not None and status.returncode == 0, status.stdout + status.stderr
+    rows = [line for line in status.stdout.splitlines() if line.startswith("  gpu  ")]
+    assert len(rows) == 24 and {line.split()[1] for line in rows} == {"node0", "node1", "node2"}, status.stdout
+    assert "idle: node1's GPUs" in status.stdout and "memory: node2 GPU 1 holds" in status.stdout, status.stdout
+
+    # the summary, summary.json, runs and runs --json, metrics.jsonl
+    everything = said + out
+    assert "GPUs         node1 " in everything and "named        node1's GPUs idle" in everything, everything
+    run = only_run_dir(shared)
+    record = json.loads((run / "summary.json").read_text())["gpus"]
+    nodes = record["nodes"]
+    assert set(nodes) == {"node0", "node1", "node2"} and all(n["gpus"] == 8 for n in nodes.values())
+    assert nodes["node1"]["util_mean"] < 10 and nodes["node0"]["util_mean"] > 88, nodes
+    assert nodes["node2"]["mem_peak_mib"] >= 78400 and nodes["node0"]["mem_peak_mib"] < 63000, nodes
+    assert len(record["named"]) == 2
+    runs = ftbundle("runs", str(job), timeout=60)
+    assert runs.returncode == 0 and " GPU " in runs.stdout.splitlines()[0], runs.stdout
+    assert "77/80G" in runs.stdout, runs.stdout  # (the fleet's mean utilization, the fullest GPU's peak)
+    as_json = json.loads(ftbundle("runs", str(job), "--json", timeout=60).stdout)
+    assert as_json[-1]["gpus"]["nodes"]["node2"]["mem_peak_mib"] == nodes["node2"]["mem_peak_mib"]
+    curve = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in curve if "gpu_util" in r]) >= 3, curve
+    png = tmp_path / "gpus.png"
+    plotted = ftbundle("plot", str(job), "-o", str(png), timeout=120)
+    assert plotted.returncode == 0 and png.stat().st_size > 0, plotted.stdout + plotted.stderr
+
+    # a CPU job on the same hosts: nvidia-smi never asked while it runs, nothing of GPUs said or kept
+    for host in SAMPLES:
+        cluster.exec(host, "rm -f /etc/ftb-smi/calls")
+    cpu = write_job(tmp_path / "cpu.yaml", base_job("cpu", shared, inventory, {"script": "hold.py"}, workdir=str(shared),
+                                                    gpus_per_node=0,
+                                                    env={**base_job("x", shared, inventory, {})["env"], "HOLD_S": "4"}))
+    done = ftbundle("run", str(cpu), "--no-check", timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "GPU" not in done.stdout + done.stderr
+    cpu_run = next(p for p in (shared / "runs").iterdir() if p.name.startswith("cpu-"))
+    assert json.loads((cpu_run / "summary.json").read_text())["gpus"] is None
+    asked = "".join(cluster.exec(h, "cat /etc/ftb-smi/calls 2>/dev/null || true").stdout for h in SAMPLES)
+    assert "utilization.gpu" not in asked, asked

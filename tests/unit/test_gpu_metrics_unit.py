@@ -1,0 +1,255 @@
+"""The GPUs while a run goes (issue 47 item 2, ftbundle/gpu_metrics.py): the real node program's
+sampler with the nvidia-smi stand-in replaying readings (one process for the run, none for a CPU
+job), and the fleet's rules on readings: who is named, when, and that a healthy busy fleet of 256
+hosts (the recorded H100 at its power cap among them) names nobody. No containers."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ftbundle import gpu_metrics, protocol
+from ftbundle.gpu_metrics import GpuFleet, parse_line, runs_cell, status_lines, summary_lines
+from ftbundle.launch.node import program
+from ftbundle.ui.progress import Progress, status_line
+from ftbundle.ui.stragglers import NodeSteps, idle_cause
+
+ROOT = Path(__file__).resolve().parents[2]
+SMI = ROOT / "tests" / "data" / "nvidia-smi"
+REPLAY = ROOT / "tests" / "assets" / "nvidia-smi-replay"
+RECORDED = SMI / "h100-under-load-recorded.metrics.csv"
+
+
+def readings_of(path: Path) -> list[str]:
+    """A metrics sample's readings, each as the node sends it (its GPUs joined by ';')."""
+    return [";".join(block.strip().splitlines()) for block in path.read_text().split("\n\n") if block.strip()]
+
+
+# -- the node program's sampler, for real ------------------------------------------------------
+
+def run_node(tmp_path: Path, every_ms: int, ids: str = "", seconds: float = 2.0) -> tuple[list[bytes], Path]:
+    """The real node program running `sleep` on a host whose nvidia-smi is the stand-in replaying
+    the busy 8-GPU sample; its stderr lines and the stand-in's folder (its `calls`)."""
+    bin_dir, smi = tmp_path / "bin", tmp_path / "smi"
+    bin_dir.mkdir()
+    smi.mkdir()
+    shutil.copy(REPLAY, bin_dir / "nvidia-smi")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    shutil.copy(SMI / "h100-x8.metrics.csv", smi)
+    (smi / "sample").write_text("h100-x8\n")
+    env = {"FTB_RUN_DIR": str(tmp_path), "FTB_WORKDIR": str(tmp_path), "FTB_LOG": str(tmp_path / "job.log"),
+           "FTB_EXIT": str(tmp_path / "node.exit"), "FTB_PIDFILE": str(tmp_path / "node.pid"),
+           "FTB_STOPPED_FILE": str(tmp_path / "node.stopped"), "FTB_MARKER": f"ftb-test-gpus-{time.time_ns()}",
+           "FTB_ATTEMPT": "1", "FTB_WATCHDOG": "30", "FTB_HEARTBEAT": "0.5", "FTB_STOP_GRACE": "1",
+           "FTB_DETACH": "0", "FTB_SHARED_DIR": str(tmp_path), "FTB_GPU_EVERY_MS": str(every_ms),
+           "FTB_GPU_FIELDS": gpu_metrics.QUERY, "FTB_GPU_IDS": ids}
+    proc = subprocess.Popen(["bash", "-c", program(), "ftb", "node", "sleep", str(seconds)],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "FTB_SMI_DIR": str(smi)})
+    raw: list[bytes] = []
+    reader = threading.Thread(target=lambda: raw.extend(line.rstrip(b"\n") for line in proc.stderr), daemon=True)
+    reader.start()
+    proc.stdin.write(protocol.env_payload(env))
+    proc.stdin.flush()
+    try:
+        assert proc.wait(timeout=30) == 0, raw
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    reader.join(5)
+    return raw, smi
+
+
+def still_running(marker: str) -> list[str]:
+    """Processes whose command line holds ``marker`` (the stand-in's folder)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def test_the_node_program_sends_its_gpus_readings_from_one_nvidia_smi_loop(tmp_path):
+    raw, smi = run_node(tmp_path, every_ms=300, ids="0,1", seconds=2.5)
+    lines = [protocol.parse_line(line) for line in raw]
+    readings = [parse_line(line.text) for line in lines if line.kind == protocol.SMI_LINE]
+    assert len(readings) >= 4, raw  # about one every 0.3 s over 2.5 s
+    assert all([r.index for r in reading] == ["0", "1"] for reading in readings), readings  # the job's GPUs only
+    assert protocol.MESSAGE not in {line.kind for line in lines}, raw
+    first = readings[0][0]
+    assert first.mem_total_mib == 81559 and 90 <= first.util <= 99 and first.reasons in (0, 4)
+    # one nvidia-smi for the whole run (-lms), not one a sample; gone when the job is
+    calls = [c for c in (smi / "calls").read_text().splitlines() if "utilization.gpu" in c]
+    assert len(calls) == 1 and "-lms 300" in calls[0] and "-i 0,1" in calls[0], calls
+    deadline = time.monotonic() + 5
+    while still_running(str(smi)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not still_running(str(smi))
+
+
+def test_a_cpu_job_reads_no_gpu(tmp_path):
+    """FTB_GPU_EVERY_MS 0 (gpus_per_node 0): nothing sampled, no ftb-smi line, nvidia-smi never asked."""
+    raw, smi = run_node(tmp_path, every_ms=0, seconds=1.0)
+    assert not [line for line in raw if line.startswith(b"ftb-smi")], raw
+    assert not (smi / "calls").exists() or "utilization.gpu" not in (smi / "calls").read_text()
+
+
+# -- the fleet's rules ---------------------------------------------------------------------
+
+BUSY = readings_of(SMI / "h100-x8.metrics.csv")
+IDLE = readings_of(SMI / "h100-x8-idle.metrics.csv")
+NEAR = readings_of(SMI / "h100-x8-near-memory.metrics.csv")
+
+
+def feed(fleet: GpuFleet, samples: dict[str, list[str]], seconds: float, *, start: float = 0.0, every: float = 2.0,
+         steps: dict | None = None) -> list[str]:
+    """Each host's readings in turn (cycled), every ``every`` s for ``seconds``; what was named."""
+    said, t, i = [], start, 0
+    while t < start + seconds:
+        for host, readings in samples.items():
+            fleet.observe(host, readings[i % len(readings)], t)
+        said += fleet.tick(t, step=i, first_step=start,
+                           cause=None if steps is None else (lambda host: idle_cause(host, steps)))
+        t += every
+        i += 1
+    return said
+
+
+def test_an_idle_host_is_named_once_and_said_input_bound_or_waiting_from_its_step_times():
+    fleet = GpuFleet()
+    said = feed(fleet, {"node0": BUSY, "node1": IDLE, "node2": BUSY}, 60)
+    idle = [s for s in said if "idle" in s]
+    assert len(idle) == 1 and idle[0].startswith("node1's GPUs idle well below the fleet's"), said
+    assert "no step times to tell" in idle[0]
+    # its own steps the slowest: input-bound; its compute the fastest: waiting on the others
+    slow = {"node0": NodeSteps("node0", 40, 0.10, 0.11), "node1": NodeSteps("node1", 40, 0.16, 0.17),
+            "node2": NodeSteps("node2", 40, 0.10, 0.11)}
+    said = feed(GpuFleet(), {"node0": BUSY, "node1": IDLE, "node2": BUSY}, 60, steps=slow)
+    assert "looks input-bound" in next(s for s in said if "idle" in s) and "1.60x" in said[0]
+    fast = {**slow, "node1": NodeSteps("node1", 40, 0.05, 0.06)}
+    said = feed(GpuFleet(), {"node0": BUSY, "node1": IDLE, "node2": BUSY}, 60, steps=fast)
+    assert "looks like it waits" in next(s for s in said if "idle" in s)
+
+
+def test_an_idle_host_is_not_judged_before_the_window_spans_nor_while_the_fleet_itself_idles():
+    fleet = GpuFleet()
+    assert feed(fleet, {"node0": BUSY, "node1": IDLE, "node2": BUSY}, gpu_metrics.MIN_SPAN_S - 2) == []
+    # start-up: every node loading, the fleet idle: nobody is below a busy fleet
+    assert feed(GpuFleet(), {"node0": IDLE, "node1": IDLE, "node2": IDLE}, 120) == []
+    # readings from before the first step do not count against a node
+    fleet = GpuFleet()
+    fleet.training_since = 100.0
+    for t in range(0, 100, 2):
+        fleet.observe("node0", BUSY[0], t)
+        fleet.observe("node1", IDLE[0], t)
+        fleet.observe("node2", BUSY[0], t)
+    assert fleet.said(100.0) == []
+
+
+def test_a_gpu_near_its_memory_is_named_once_on_its_host_and_index():
+    said = feed(GpuFleet(), {"node0": BUSY, "node1": BUSY, "node2": NEAR}, 40)
+    near = [s for s in said if "out-of-memory" in s]
+    assert len(near) == 1, said
+    assert near[0].startswith("node2 GPU 1 holds 76.7 of 79.6 GiB (96%)"), near
+
+
+def test_a_throttled_gpu_is_named_but_the_power_cap_of_a_busy_gpu_is_not():
+    hot = [";".join(("0, 97, 62000, 81559, 420.0, 87, 1155, 0x0000000000000040" if part.startswith("0,") else part)
+                    for part in reading.split(";")) for reading in BUSY]
+    said = feed(GpuFleet(), {"node0": BUSY, "node1": hot}, 20)
+    assert len(said) == 1 and said[0].startswith("node1 GPU 0 is throttled: HW thermal slowdown, SM clock 1155 MHz, 87 C"), said
+
+
+@pytest.mark.parametrize("idle", [None, "gpu-077"])
+def test_a_healthy_busy_fleet_of_256_hosts_names_nobody(idle):
+    """256 hosts, noisy utilization (80-100%), memory below 95%, the SW power cap on and off, the
+    real H100's recorded under-load readings on some (at its power cap), readings late and out of
+    step as on a loaded launcher: nothing named over 10 minutes; with one host idle, that host alone."""
+    rnd = random.Random(256)
+    recorded = [r for r in readings_of(RECORDED) if ", 100, " in r]
+    assert len(recorded) >= 40 and any(r.endswith("0x0000000000000004") for r in recorded)  # (at its power cap)
+    fleet = GpuFleet()
+    said = []
+    for tick in range(300):
+        t = tick * 2.0
+        for h in range(256):
+            if rnd.random() < 0.1:  # a reading that did not come this time (late, dropped)
+                continue
+            at = t + rnd.uniform(0, 1.5)
+            if h % 16 == 0:  # (its readings under load, in the order recorded: its idle start and end were not a run)
+                reading = recorded[(tick + h) % len(recorded)]
+            else:
+                reading = ";".join(f"{g}, {rnd.randint(80, 100)}, {rnd.randint(50000, 77000)}, 81559, "
+                                   f"{rnd.uniform(500, 700):.1f}, {rnd.randint(50, 75)}, 1980, "
+                                   f"{rnd.choice(['0x0000000000000004', '0x0000000000000000'])}" for g in range(8))
+            if f"gpu-{h:03d}" == idle:
+                reading = IDLE[tick % len(IDLE)]
+            fleet.observe(f"gpu-{h:03d}", reading, at)
+        said += fleet.tick(t + 1.6, step=tick, first_step=0.0)
+    if idle is not None:
+        assert len(said) == 1 and said[0].startswith(f"{idle}'s GPUs idle well below"), said[:5]
+        return
+    assert said == [], said[:5]
+    assert len(fleet.nodes) == 256
+    assert fleet.live() is not None and fleet.live().endswith("GiB")
+
+
+def test_the_summary_record_the_live_field_and_the_curve():
+    fleet = GpuFleet()
+    feed(fleet, {"node0": BUSY, "node1": NEAR}, 30)
+    record = fleet.record()
+    node1 = record["nodes"]["node1"]
+    assert node1["gpus"] == 8 and node1["mem_total_mib"] == 81559 and 78450 <= node1["mem_peak_mib"] <= 78650
+    assert 90 <= node1["util_mean"] <= 99 and node1["readings"] == 15
+    assert record["named"] and "node1 GPU 1" in record["named"][0]
+    lines = summary_lines(record)
+    assert lines[0].startswith("  GPUs         node0 9") and "busy on average, peak" in lines[0]
+    assert any(line.startswith("  named        node1 GPU 1 holds") for line in lines)
+    assert runs_cell(record).endswith("77/80G") and runs_cell(None) == "-"
+    p = Progress(gpus=fleet)
+    p.step, p.total = 3, 10
+    assert " GPU 9" in status_line(p, 2, 2) and "/80 GiB" in status_line(p, 2, 2)
+    assert status_line(Progress(), 1, 1).count("GPU") == 0  # (a CPU job: nothing of it)
+    assert fleet.curve and all(set(c) == {"current_steps", "gpu_util", "gpu_mem_gib"} for c in fleet.curve)
+    assert [c["current_steps"] for c in fleet.curve] == sorted(c["current_steps"] for c in fleet.curve)
+
+
+def test_the_curve_stays_small_over_a_week():
+    fleet = GpuFleet()
+    fleet.observe("node0", BUSY[0], 0.0)
+    for t in range(0, 7 * 24 * 3600, 10):
+        fleet.point(float(t), t // 10)
+    assert len(fleet.curve) <= gpu_metrics.CURVE_MAX
+    assert fleet.curve[-1]["current_steps"] > 0.9 * (7 * 24 * 360)  # (thinned, not cut: it reaches the end)
+
+
+def test_status_names_what_one_reading_shows():
+    readings = {"node0": parse_line(BUSY[0]), "node1": parse_line(IDLE[0]), "node2": parse_line(NEAR[0])}
+    lines = status_lines(readings)
+    assert lines[0].startswith("GPUs now")
+    assert sum(1 for line in lines if line.startswith("  gpu  ")) == 24
+    assert any(line.startswith("  idle: node1's GPUs") for line in lines), lines
+    assert any(line.startswith("  memory: node2 GPU 1 holds") for line in lines), lines
+    assert not any("node0" in line for line in lines if not line.startswith("  gpu  "))
+    assert status_lines({}) == []
+
+
+@pytest.mark.parametrize("text", ["", "No devices were found", "0, [N/A], [N/A], 81559, [N/A], 40, 1980, [N/A]"])
+def test_readings_that_say_nothing_break_nothing(text):
+    found = parse_line(text)
+    assert all(r.util is None for r in found)
+    fleet = GpuFleet()
+    fleet.observe("node0", text, 0.0)
+    assert fleet.tick(5.0, step=None, first_step=None) == []
