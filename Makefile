@@ -41,7 +41,7 @@ model: venv
 
 bench: venv engine image model  ## the benchmarks under bench/; writes docs/PERFORMANCE.md (about 60 min)
 	@. .ci/apt.sh && ftb_need pdsh:pdsh rsync:rsync tc:iproute2
-	cd bench && $(CURDIR)/$(PY) launch.py && $(CURDIR)/$(PY) launch.py --simulate 1024 && $(CURDIR)/$(PY) check.py && $(CURDIR)/$(PY) health.py && $(CURDIR)/$(PY) chatty.py && $(CURDIR)/$(PY) teardown.py && $(CURDIR)/$(PY) teardown.py --scale 128 && $(CURDIR)/$(PY) stall.py && $(CURDIR)/$(PY) node_loss.py && $(CURDIR)/$(PY) overhead.py --unbuffered && $(CURDIR)/$(PY) provision.py && $(CURDIR)/$(PY) stage.py
+	cd bench && $(CURDIR)/$(PY) launch.py && $(CURDIR)/$(PY) launch.py --simulate 1024 && $(CURDIR)/$(PY) check.py && $(CURDIR)/$(PY) health.py && $(CURDIR)/$(PY) chatty.py && $(CURDIR)/$(PY) teardown.py && $(CURDIR)/$(PY) teardown.py --scale 128 && $(CURDIR)/$(PY) stall.py && $(CURDIR)/$(PY) node_loss.py && $(CURDIR)/$(PY) overhead.py --unbuffered && $(CURDIR)/$(PY) provision.py && $(CURDIR)/$(PY) stage.py && $(CURDIR)/$(PY) gpu_metrics.py
 	cd bench && $(CURDIR)/$(PY) report.py
 
 clean:

@@ -7,7 +7,7 @@ import time
 from common import OUT_DIR, REPO, machine
 
 ORDER = ["launch", "launch_sim", "check", "health", "chatty", "teardown", "teardown_scale", "stall", "node_loss",
-         "overhead", "provision", "stage"]
+         "overhead", "provision", "stage", "gpu_metrics"]
 
 
 def main() -> None:

@@ -374,7 +374,8 @@ mode_node() {
 ftb_gpu_sampler() {  # smipid smiloop: the job's GPUs (FTB_GPU_IDS) read every FTB_GPU_EVERY_MS by one
   # nvidia-smi loop (-lms: one process for the run), a reading (a line a GPU) sent as one `ftb-smi`
   # line, ';' between GPUs (ftbundle/gpu_metrics.py). A reading is whole when the first GPU's index
-  # comes again or after 0.2 s without a line; between readings the loop waits in `read`.
+  # comes again or after 0.2 s without a line; between readings the loop waits in `read`. (Not
+  # awk: mawk holds a pipe's lines until its buffer fills.)
   local fd line all
   exec {fd}< <(exec nvidia-smi --query-gpu="$FTB_GPU_FIELDS" --format=csv,noheader,nounits \
     ${FTB_GPU_IDS:+-i "$FTB_GPU_IDS"} -lms "$FTB_GPU_EVERY_MS" </dev/null 2>/dev/null)
