@@ -151,7 +151,7 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   step_times=summary.get("step_times") or steps_of(files, plan, attempt),
                   gpu_faults=summary.get("gpu_faults") or fold_findings(faults_of(files, plan, attempt)),
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []),
-                  gpus=summary.get("gpus") if isinstance(summary.get("gpus"), dict) else None)
+                  gpus=summary.get("gpus") if isinstance(summary.get("gpus"), dict) else gpus_of(files, plan, attempt))
 
 
 def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]:
@@ -170,6 +170,22 @@ def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]
 def steps_of(files: dict[str, str], plan: dict, attempt) -> dict | None:
     """A detached run's ``step_times`` record, as an attached run's summary.json holds it. Pure."""
     return stragglers.as_record(*step_nodes(files, plan, attempt))
+
+
+def gpus_of(files: dict[str, str], plan: dict, attempt) -> dict | None:
+    """A detached run's ``gpus`` record (as an attached run's summary.json holds it: each node's
+    mean utilization and peak memory; nothing named, no launcher watched) from what each node's
+    watcher kept (node-R.aN.gpumetrics: remote/watch.py keep_gpus). Pure."""
+    nodes = {}
+    for entry in plan.get("nodes", []):
+        try:
+            kept = json.loads(files.get(node_name(entry.get("rank"), attempt, "gpumetrics")) or "null")
+        except ValueError:
+            continue
+        if isinstance(kept, dict):
+            nodes[entry.get("host", "?")] = {k: kept.get(k) for k in ("gpus", "util_mean", "mem_peak_mib",
+                                                                         "mem_total_mib", "readings")}
+    return {"nodes": nodes, "named": []} if nodes else None
 
 
 def faults_of(files: dict[str, str], plan: dict, attempt) -> list:
@@ -244,7 +260,7 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
     """Every run of ``job_name`` (every job's, with None), oldest first."""
     files = read_run_files(cluster, host, runs_dir(shared_dir),
                            (PLAN, SUMMARY, node_glob("*", "exit"), node_glob("*", "stopped"), ATTEMPT, ATTEMPTS,
-                            node_glob("*", "steps"), node_glob("*", "xids")))
+                            node_glob("*", "steps"), node_glob("*", "xids"), node_glob("*", "gpumetrics")))
     rows = []
     for run_id in sorted(files):
         row = run_row(run_id, files[run_id])

@@ -22,7 +22,7 @@ Layout (``aN``: attempt N, a restart's files beside the first's; ``R``: node ran
     stacks.py                   the stack collector, staged for detached nodes
     ranks/node-R/               torchrun's --log-dir of node R
     node-R-HOST.aN.log          node R's log (rank 0's is the one the terminal shows)
-    node-R.aN.{pid,exit,hb,stopped,steps,xids,progress,stacked}
+    node-R.aN.{pid,exit,hb,stopped,steps,xids,progress,stacked,gpumetrics}
     llamafactory.yaml, ftb_llamafactory.py, ftb_steptimes.py, deepspeed.json, nccl-trace-rank-*
                                 staged for the ranks (and the burn-in's and net check's own)
 
@@ -62,7 +62,7 @@ NET_BENCH_RESULT = "allreduce.json"  # rank 0's result
 SHELL_NODE_FILE = "ftb-node.sh"  # `export --to shell`: the script every node runs
 
 # each node's files of one attempt: node-R.aN.<kind>
-NODE_KINDS = ("pid", "exit", "hb", "stopped", "steps", "xids", "progress", "stacked")
+NODE_KINDS = ("pid", "exit", "hb", "stopped", "steps", "xids", "progress", "stacked", "gpumetrics")
 _NODE_FILE = re.compile(r"node-(\d+)\.a(\d+)\.([a-z]+)$")
 _NODE_LOG = re.compile(r"node-(\d+)-(.+)\.a(\d+)\.log$")
 
@@ -153,6 +153,7 @@ class NodeFiles:
     xids: str  # the GPU faults its kernel logged while a detached job ran
     progress: str  # a detached node's ranks' progress (its stall watchdog)
     stacked: str  # a detached node collected its ranks' stacks
+    gpumetrics: str  # a detached GPU node's mean utilization and peak memory, kept by its watcher
     marker: str  # FTB_JOB of every process of the job: how stop finds them all
 
     @classmethod
@@ -165,7 +166,8 @@ class NodeFiles:
         """The node program's and the watcher's names for this node's files."""
         return {"FTB_LOG": self.log, "FTB_EXIT": self.exit, "FTB_PIDFILE": self.pid, "FTB_HBFILE": self.hb,
                 "FTB_MARKER": self.marker, "FTB_STOPPED_FILE": self.stopped, "FTB_KEPT_STEPS_FILE": self.steps,
-                "FTB_XIDS_FILE": self.xids, "FTB_PROGRESS_FILE": self.progress, "FTB_STACKED_FILE": self.stacked}
+                "FTB_XIDS_FILE": self.xids, "FTB_PROGRESS_FILE": self.progress, "FTB_STACKED_FILE": self.stacked,
+                "FTB_KEPT_GPUS_FILE": self.gpumetrics}
 
 
 @dataclass(frozen=True)

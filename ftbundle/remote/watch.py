@@ -39,6 +39,7 @@ filesystem. (docs/launcher.md, "Detached runs".)
 """
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -47,12 +48,13 @@ import time
 
 if __package__:  # imported (tests); shipped, the parts' texts come before this one (launch/stall.py WATCH_PARTS)
     from .stallclock import StallClock
-    from .watch_host import (Host, Task, Worker, append, environ_of, read_text, release_claims, write_plain,
-                             write_whole)
+    from .watch_host import (Host, Task, Worker, append, environ_of, read_text, release_claims, which,
+                             write_plain, write_whole)
     from .watch_rules import (MOVED, Follower, Referee, first_line, observe_progress,  # noqa: F401 (tests)
                               progress_value, waiting_for_step, wildcard)
 
 STALL_LOOK_S = 2  # the stall watchdog reads the progress this often
+GPUS_EVERY_S = 30  # a detached GPU node's figures are kept this often (and at the job's end)
 STEPS_EVERY_S = 10  # the kept step times are written at most this often (and at the job's end)
 COLLECT_PEERS_S = 60  # rank 0 waits this long at most for the other nodes' stacks before the stop
 
@@ -78,6 +80,9 @@ class Watcher:
         self.decided = threading.Event()  # the watching decided to stop the job
         self.steps_kept = ""
         self.steps_at = None
+        self.smi = None  # a GPU job's nvidia-smi loop (sampling)
+        self.gpus = {"sum": 0.0, "n": 0, "peak": {}, "total": {}, "latest": ""}
+        self.gpus_lock = threading.Lock()
 
     def path(self, name):
         return self.env.get(name, "")
@@ -128,6 +133,63 @@ class Watcher:
             except OSError:
                 pass
 
+    # -- the GPUs (a GPU job's: one nvidia-smi loop, as the attached node program's) ------------
+    def sampling(self):
+        """Read the job's GPUs (FTB_GPU_EVERY_MS, FTB_GPU_FIELDS, FTB_GPU_IDS: ftbundle/gpu_metrics.py)
+        from one `nvidia-smi -lms` for the job's life; keep the node's mean utilization (its GPUs'
+        mean, over the readings), each GPU's peak memory and the latest reading in FTB_KEPT_GPUS_FILE
+        every GPUS_EVERY_S (its own thread: a write that waits on the storage holds only this)."""
+        argv = ["nvidia-smi", "--query-gpu=" + self.path("FTB_GPU_FIELDS"), "--format=csv,noheader,nounits",
+                "-lms", self.path("FTB_GPU_EVERY_MS")]
+        if self.path("FTB_GPU_IDS"):
+            argv += ["-i", self.path("FTB_GPU_IDS")]
+        try:
+            self.smi = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return
+        kept, reading = None, {}
+        for line in self.smi.stdout:
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) < 4 or not cells[0].isdigit():
+                continue
+            if cells[0] in reading:  # (the first GPU again: the reading before is whole)
+                self.gpus_reading(reading)
+                reading = {}
+            reading[cells[0]] = cells
+            if kept is None or time.monotonic() - kept >= GPUS_EVERY_S:
+                kept = time.monotonic()
+                self.keep_gpus()
+
+    def gpus_reading(self, reading):
+        with self.gpus_lock:
+            self._gpus_reading(reading)
+
+    def _gpus_reading(self, reading):
+        utils, g = [], self.gpus
+        for index, cells in reading.items():
+            try:
+                utils.append(float(cells[1]))
+                g["peak"][index] = max(g["peak"].get(index, 0.0), float(cells[2]))
+                g["total"][index] = float(cells[3])
+            except ValueError:
+                continue
+        if utils:
+            g["sum"] += sum(utils) / len(utils)
+            g["n"] += 1
+        g["latest"] = ";".join(", ".join(cells) for cells in reading.values())
+
+    def keep_gpus(self):
+        with self.gpus_lock:
+            g = self.gpus
+            if not g["n"] or not g["peak"] or not g["total"]:
+                return
+            text = json.dumps({
+                "gpus": len(g["peak"]), "util_mean": round(g["sum"] / g["n"], 1),
+                "mem_peak_mib": round(max(g["peak"].values())), "mem_total_mib": round(max(g["total"].values())),
+                "readings": g["n"], "latest": g["latest"]})
+        write_whole(self.path("FTB_KEPT_GPUS_FILE"), text)
+
     # -- the watching (its own thread: the one that may wait on the storage) ---------------------
     def beat(self, n):
         write_whole(self.path("FTB_HBFILE"), str(n))
@@ -142,6 +204,9 @@ class Watcher:
                 self.following()
         finally:
             self.keep_steps(last=True)
+            if self.smi is not None:  # (the job is over: its GPUs' last figures)
+                self.smi.kill()
+                self.keep_gpus()
             self.decided.set()
             self.steps_away()
             # the GPU faults the kernel logged while the job ran, for `ftbundle status` (no launcher to read them)
@@ -346,6 +411,8 @@ class Watcher:
         watching.start()
         if self.stall_timeout:
             threading.Thread(target=self.stall_watch, name="stall-watch").start()
+        if self.path("FTB_GPU_EVERY_MS") not in ("", "0") and which("nvidia-smi", os.environ.get("PATH", "")):
+            threading.Thread(target=self.sampling, name="gpus", daemon=True).start()
         # the main thread: the watching decided to stop the job, or the job ended by itself
         while self.host.alive():
             if self.decided.wait(1):

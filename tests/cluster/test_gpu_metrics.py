@@ -118,3 +118,38 @@ def test_an_idle_host_and_a_full_gpu_are_named_while_the_run_goes(make_cluster, 
     assert json.loads((cpu_run / "summary.json").read_text())["gpus"] is None
     asked = "".join(cluster.exec(h, "cat /etc/ftb-smi/calls 2>/dev/null || true").stdout for h in SAMPLES)
     assert "utilization.gpu" not in asked, asked
+
+
+def test_a_detached_runs_gpus_are_kept_by_each_nodes_watcher(make_cluster, tmp_path):
+    """No launcher stays: each node's watcher reads its GPUs (one nvidia-smi loop) and keeps its
+    mean utilization and peak memory beside its files; `status` shows the GPUs while it runs and
+    `runs --json` carries each node's figures once it is over."""
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    install_smi(cluster, "node0", "h100-x8", "h100-x8-near-memory")
+    install_smi(cluster, "node1", "h100-x8", "h100-x8-idle")
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    (shared / "hold.py").write_text(HOLD)
+    job = write_job(tmp_path / "job.yaml", base_job("gpus-detached", shared, inventory, {"script": "hold.py"},
+                                                    workdir=str(shared),
+                                                    env={**base_job("x", shared, inventory, {})["env"], "HOLD_S": "15"}))
+    env = {**os.environ, "FTB_GPU_SAMPLE_S": "1"}
+    started = ftbundle("run", "--detach", str(job), timeout=180, env=env)
+    assert started.returncode == 0, started.stdout + started.stderr
+    time.sleep(6)
+    status = ftbundle("status", str(job), timeout=60)
+    assert sum(1 for line in status.stdout.splitlines() if line.startswith("  gpu  ")) == 16, status.stdout
+    assert "memory: node0 GPU 1 holds" in status.stdout, status.stdout
+    deadline = time.monotonic() + 120
+    while True:
+        rows = json.loads(ftbundle("runs", str(job), "--json", timeout=60).stdout)
+        if rows[-1]["state"] == "finished" and rows[-1]["gpus"] and len(rows[-1]["gpus"]["nodes"]) == 2:
+            break
+        assert time.monotonic() < deadline, rows[-1]
+        time.sleep(2)
+    nodes = rows[-1]["gpus"]["nodes"]
+    assert nodes["node1"]["util_mean"] < 10 and nodes["node0"]["util_mean"] > 88, nodes
+    assert nodes["node0"]["mem_peak_mib"] >= 78400 and nodes["node0"]["gpus"] == 8 and nodes["node0"]["readings"] >= 5
+    run = only_run_dir(shared)
+    assert not cluster.exec("node0", "pgrep -f '[u]tilization.gpu' || true").stdout.strip()  # (its loop went with the job)
+    assert (run / "node-0.a1.gpumetrics").exists()

@@ -118,7 +118,7 @@ def test_the_environment_the_node_program_gets_names_paths_in_the_run_directory(
         assert value.startswith(run.path + "/"), (name, value)
     assert env["FTB_PEER_EXIT_GLOB"] == "/s/runs/r1/node-*.a2.exit"
     node_vars = {"FTB_EXIT", "FTB_PIDFILE", "FTB_HBFILE", "FTB_STOPPED_FILE", "FTB_KEPT_STEPS_FILE", "FTB_XIDS_FILE",
-                 "FTB_PROGRESS_FILE", "FTB_STACKED_FILE"}
+                 "FTB_PROGRESS_FILE", "FTB_STACKED_FILE", "FTB_KEPT_GPUS_FILE"}
     assert node_vars <= set(env)
     assert {posixpath_kind(env[v]) for v in node_vars} == set(NODE_KINDS)
 
