@@ -282,6 +282,9 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         files[LLAMAFACTORY_CONFIG] = yaml.safe_dump(staged, sort_keys=False)
         speed = basis_of(facts, sum(counts), padding, uses_gpus=job.gpus_per_node != 0 and bool(
             facts is not None and any(f.gpus for f in facts.reached)))
+    elif job.train.mode == "script":  # (tokens/s when the script counts its own: shims/steptimes.py StepClock)
+        speed = basis_of(facts, sum(counts), None, uses_gpus=job.gpus_per_node != 0 and bool(
+            facts is not None and any(f.gpus for f in facts.reached)))
 
     lf_env = llamafactory.credential_env(layout.lf_secrets)
     nccl = _uses_nccl(job, facts, any(gpus.values()))

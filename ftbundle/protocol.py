@@ -18,7 +18,8 @@ stderr (node -> launcher), a line each::
     ftb-pid PID                    the job runs (PID of its session leader)
     ftb-hb [BYTES [STEP_BYTES]]    a heartbeat; with the stall watchdog on, the ranks' output
                                    size (and rank 0's trainer log's): :func:`parse_progress`
-    ftb-steps R N MED P90[;...]    the local ranks' step times, when they changed
+    ftb-steps R N MED P90 [TOK S][;...]
+                                   the local ranks' step times (and a script's tokens), when they changed
     ftb-storage SECONDS [STATE WCHAN LOAD]
                                    a reading of shared storage unanswered that long (with how
                                    its process waits when that is not the storage: starved)
@@ -129,18 +130,22 @@ class RankSteps:
     steps: int
     median_s: float
     p90_s: float
+    tokens: int | None = None  # a script's count (StepClock.step_done(tokens=N)), since its first counted step
+    tokens_s: float | None = None  # ... over this many seconds of its own clock
 
 
 def parse_steps(text: str) -> list[RankSteps]:
-    """The ranks' parts an ``ftb-steps`` line carries ("LOCAL_RANK STEPS MEDIAN P90", ';'
-    between ranks); a part that is not one is skipped (a file caught mid-write)."""
+    """The ranks' parts an ``ftb-steps`` line carries ("LOCAL_RANK STEPS MEDIAN P90", then
+    "TOKENS SECONDS" where the script counts its tokens; ';' between ranks); a part that is not
+    one is skipped (a file caught mid-write)."""
     ranks = []
     for part in text.split(";"):
         fields = part.split()
-        if len(fields) != 4:
+        if len(fields) not in (4, 6):
             continue
         try:
-            rank = RankSteps(int(fields[0]), int(fields[1]), float(fields[2]), float(fields[3]))
+            counted = (int(fields[4]), float(fields[5])) if len(fields) == 6 else (None, None)
+            rank = RankSteps(int(fields[0]), int(fields[1]), float(fields[2]), float(fields[3]), *counted)
         except ValueError:
             continue
         if rank.steps > 0 and rank.median_s >= 0 and rank.p90_s >= 0:

@@ -86,7 +86,7 @@ class SpeedBasis:
         if not self.gpus:
             return "no GPUs: no MFU"
         if not self.params:
-            return "MFU unknown: the model's parameters were not counted (a hub id, or not safetensors)"
+            return "MFU unknown: the model's parameters were not counted (a script's model, a hub id, or not safetensors)"
         if not self.peak_tflops:
             return f"MFU unknown: no dense bf16 peak known for {self.gpu or 'these GPUs'}"
         return (f"6 x {self.params / 1e9:.2f}B parameters per token (attention's own FLOPs not counted; with "

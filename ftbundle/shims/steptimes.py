@@ -8,7 +8,10 @@ Staged into the run directory as ``ftb_steptimes.py``. The LlamaFactory entry ad
 
 and a script with a training loop of its own calls ``clock = StepClock(); clock.watch(model)``
 once (the model itself, not its DDP wrapper), ``clock.step_done()`` after each optimizer step
-and ``clock.finish()`` once training ends.
+and ``clock.finish()`` once training ends. ``clock.step_done(tokens=N)``, N the tokens this rank
+computed in that step (its batch's, padding left out if you want it left out), also gives the
+run its tokens/s: every rank's count over its own clock from its first counted step on, summed
+(the live line, the summary, summary.json and ``runs``; ftbundle/ui/progress.py).
 
 What is timed: the rank's own compute of each optimizer step, from its model's forward pass to
 the last gradient its backward pass computes (every micro-batch of the step, summed). In
@@ -19,7 +22,7 @@ beside the backward (asynchronously) and is waited for after the last gradient. 
 same two moments are CUDA events, read once the GPU has passed them (no wait added). Under ZeRO-3
 or FSDP the forward and backward gather parameters: a slow network then shows in it too.
 
-Every second at most, the rank writes "LOCAL_RANK STEPS MEDIAN_S P90_S" to
+Every second at most, the rank writes "LOCAL_RANK STEPS MEDIAN_S P90_S [TOKENS SECONDS]" to
 ``$FTB_STEPS_FILE.<LOCAL_RANK>`` (a local file the node program reads with each heartbeat and
 forwards on its control channel); without FTB_STEPS_FILE (outside ftbundle) nothing is written.
 No import of ftbundle: the ranks' interpreter may not have it.
@@ -48,6 +51,9 @@ class StepClock:
         self._events: list = []  # CUDA (start, end) event pairs of this step, read later
         self._waiting: list[list] = []  # CUDA: steps' event pairs the GPU has not passed yet
         self._written = 0.0
+        self.tokens = 0  # counted since its first counted step (whose own tokens came before the clock)
+        self._tokens_from: float | None = None  # when its first counted step ended
+        self._tokens_at = 0.0  # when its latest one did
 
     # -- a micro-batch: its forward begins, its gradients come -------------------------------
     def begin(self, cuda: bool = False) -> None:
@@ -95,8 +101,16 @@ class StepClock:
         self._step, self._began, self._marked = 0.0, None, None
         self._events.clear()
 
-    def step_done(self) -> None:
-        """The optimizer step ended: this step's compute joins the others."""
+    def step_done(self, tokens: int | None = None) -> None:
+        """The optimizer step ended: this step's compute joins the others (``tokens``: how many
+        this rank computed in it, for the run's tokens/s)."""
+        if tokens is not None:
+            now = time.monotonic()
+            if self._tokens_from is None:
+                self._tokens_from = now
+            else:
+                self.tokens += int(tokens)
+            self._tokens_at = now
         self._close()
         if self._events:  # CUDA: read once the GPU has passed them, a step or two later (no wait)
             self._waiting.append(self._events)
@@ -133,7 +147,8 @@ class StepClock:
         mid = n // 2
         median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
         p90 = ordered[max(0, -(-9 * n // 10) - 1)]
-        return f"{self.local_rank} {n} {median:.6f} {p90:.6f}"
+        counted = "" if self._tokens_from is None else f" {self.tokens} {self._tokens_at - self._tokens_from:.6f}"
+        return f"{self.local_rank} {n} {median:.6f} {p90:.6f}{counted}"
 
     def write(self) -> None:
         line = self.line()

@@ -195,6 +195,8 @@ class Progress:
     tokens_first: tuple[float, int] | None = None
     tokens_rate: float | None = None  # the trainer log's own tokens/s (LlamaFactory's "throughput")
     speed: SpeedBasis | None = None  # ranks, GPUs' peak, parameters: per rank and MFU (ftbundle.speed)
+    # a script's ranks' own token counts, (host, local rank) -> (tokens, seconds of its clock)
+    rank_tokens: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
     # every node's GPU readings while the run goes (ftbundle.gpu_metrics: the live line's GPU field)
     gpus: GpuFleet = field(default_factory=GpuFleet)
     # parts of the start-up that came before the launch: ("staging data", seconds) (ftbundle.stage)
@@ -242,10 +244,14 @@ class Progress:
         """A node's ``ftb-steps`` line; True when it changed what is shown (who is slowest). The
         fleet is judged again at most every STRAGGLERS_EVERY_S: every node says its figure about
         once a second, and at 1,024 nodes a judgement per line would be a sort per millisecond."""
-        node = stragglers.node_steps(host, parse_steps(text))
+        ranks = parse_steps(text)
+        node = stragglers.node_steps(host, ranks)
         if node is None:
             return False
         self.node_steps[host] = node
+        for rank in ranks:  # a script's own token count (StepClock.step_done(tokens=N))
+            if rank.tokens is not None:
+                self.rank_tokens[(host, rank.local_rank)] = (rank.tokens, rank.tokens_s or 0.0)
         now = time.monotonic() if now is None else now
         if self._judged_at is not None and now - self._judged_at < STRAGGLERS_EVERY_S:
             return False
@@ -392,9 +398,13 @@ class Progress:
     def tokens_per_s(self) -> float | None:
         """Tokens a second by the trainer's clock: its count over its elapsed time on a fresh
         start (as LlamaFactory's own throughput), and from this attempt's first record on a
-        resumed one (whose count and clock hold the steps before it differently)."""
+        resumed one (whose count and clock hold the steps before it differently); for a script
+        that counts its own (StepClock), the sum of its ranks' rates."""
         if not self.start_step and self.tokens_rate:
             return self.tokens_rate  # (its elapsed_time is in whole seconds: this is to the ms)
+        if self.tokens is None and self.rank_tokens:  # a script's ranks: each one's count over its own clock
+            rates = [tokens / seconds for tokens, seconds in self.rank_tokens.values() if seconds > 0]
+            return sum(rates) if rates else None
         if self.tokens is None or not self.elapsed_s:
             return None
         if not self.start_step:

@@ -100,3 +100,41 @@ def test_a_resumed_attempt_counts_from_its_own_first_record():
     fresh.feed_record({**record(11, 55_000, "0:00:11"), "throughput": 5123.45})  # (LlamaFactory's, to the ms)
     assert fresh.tokens_per_s() == 5123.45
     assert "tok/s" not in dict(status_fields(Progress(), 1, 1))
+
+
+def test_a_script_counts_its_tokens_through_the_step_clock(tmp_path):
+    """StepClock.step_done(tokens=N): each rank's count (from its first counted step on) and its
+    own clock travel in its step-times line; the launcher sums the ranks' rates. Without tokens
+    the line is as before (four fields)."""
+    import time as _time
+
+    from ftbundle.protocol import parse_steps
+    from ftbundle.shims.steptimes import StepClock
+    from ftbundle.ui.progress import Progress
+
+    lines = []
+    for rank in ("0", "1"):
+        clock = StepClock(str(tmp_path / "a1.steps"), rank)
+        for _ in range(6):
+            clock.begin()
+            clock.mark()
+            _time.sleep(0.02)
+            clock.step_done(tokens=512)
+        clock.finish()
+        lines.append((tmp_path / f"a1.steps.{rank}").read_text().strip())
+    ranks = parse_steps(";".join(lines))
+    assert [(r.local_rank, r.steps, r.tokens) for r in ranks] == [(0, 6, 2560), (1, 6, 2560)]  # (5 steps after the first)
+    assert all(0.09 <= r.tokens_s <= 0.5 for r in ranks), ranks
+    p = Progress()
+    p.feed_steps("node0", lines[0])
+    p.feed_steps("node1", lines[1])
+    rate = p.tokens_per_s()
+    assert rate == pytest.approx(sum(r.tokens / r.tokens_s for r in ranks))
+    assert 2 * 512 / 0.5 <= rate <= 2 * 512 / 0.02  # about 2 x 512 tokens every 20 ms
+    plain = StepClock(str(tmp_path / "b.steps"), "0")
+    plain.begin()
+    plain.mark()
+    plain.step_done()
+    plain.finish()
+    assert len((tmp_path / "b.steps.0").read_text().split()) == 4
+    assert Progress().tokens_per_s() is None

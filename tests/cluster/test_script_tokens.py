@@ -1,0 +1,51 @@
+"""A script that counts its own tokens (issue 47 item 1, script jobs): ``StepClock.step_done(tokens=N)``
+on two containerized hosts, real torchrun, gloo. The run's tokens are every rank's count, its tokens/s
+the sum of the ranks' rates, per rank half of it: in the summary, summary.json and `runs`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.helpers import base_job, ftbundle, only_run_dir, write_job
+
+pytestmark = pytest.mark.cluster
+
+COUNTING = """\
+import os, sys, time
+import torch.distributed as dist
+sys.path.insert(0, os.environ["FTB_RUN_DIR"])
+from ftb_steptimes import StepClock
+
+dist.init_process_group("gloo")
+clock = StepClock()
+for step in range(41):
+    clock.begin()
+    time.sleep(0.05)  # (its compute)
+    clock.mark()
+    dist.barrier()
+    clock.step_done(tokens=256)
+clock.finish()
+dist.destroy_process_group()
+"""
+
+
+def test_a_scripts_own_token_count_gives_the_runs_tokens_per_second(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    (shared / "counting.py").write_text(COUNTING)
+    job = write_job(tmp_path / "job.yaml", base_job("tokens", shared, inventory, {"script": "counting.py"},
+                                                    workdir=str(shared)))
+    proc = ftbundle("run", str(job), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((only_run_dir(shared) / "summary.json").read_text())
+    assert summary["tokens"] == 2 * 40 * 256, summary  # every rank's 40 counted steps after its first
+    rate, per = summary["tokens_per_s"], summary["tokens_per_s_per_rank"]
+    # each rank: 256 tokens a step of a little over 50 ms (its sleep, the barrier, a loaded machine)
+    assert 2 * 256 / 0.5 <= rate <= 2 * 256 / 0.05, summary
+    assert per == pytest.approx(rate / 2, rel=0.01)
+    assert "tokens       " in proc.stdout + proc.stderr and "per rank" in proc.stdout + proc.stderr
+    runs = ftbundle("runs", str(job), timeout=60)
+    assert f"{rate:,.0f}" in runs.stdout, runs.stdout
