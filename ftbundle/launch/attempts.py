@@ -19,6 +19,7 @@ import dataclasses
 import posixpath
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -371,8 +372,24 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             print(f"ftbundle: {message}", file=err, flush=True)
 
     curve: list[dict] = []  # every attempt's trainer records, each with its attempt: one curve per run
+    telling: list[threading.Thread] = []  # a lost host told (notify) while the run goes on
+
+    def tell_lost(nxt: NextAttempt, outcome: Outcome, attempt: int) -> None:
+        """A host lost and the run going on without it (or with a spare): told once, now, in a thread
+        of its own (the restart never waits on a notifier; the run's end waits for it within its limit)."""
+        if plan.notify is None:
+            return
+        from ..notify import send
+
+        told = {"run_id": plan.run_id, "job": plan.job_name, "state": "host lost", "attempt": attempt + 1,
+                "hosts": list(nxt.hosts), "lost": dict(nxt.lost), "replaced": dict(nxt.replaced), "line": nxt.line,
+                "failure": failure_said(outcome)}
+        telling.append(threading.Thread(target=send, args=(plan.notify, told, say), daemon=True))
+        telling[-1].start()
 
     def finish(outcome: Outcome, attempt: int) -> int:
+        for thread in telling:  # (a lost host's word, still on its way: within its own limit)
+            thread.join(timeout=15)
         if ui is not None:
             summary = record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
                                  duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries,
@@ -435,6 +452,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             if nxt.stop is not None:
                 outcome = dataclasses.replace(outcome, exit_code=nxt.stop)
                 return finish(outcome, attempt)
+            tell_lost(nxt, outcome, attempt)
             _fence_lost(supervisor, plan, lost, say)
             pending["waited"] = time.monotonic()
             plan, layout = new_plan, new_layout

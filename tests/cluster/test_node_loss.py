@@ -20,6 +20,7 @@ from ftbundle.recovery import RECOVERY_PARTS
 
 from tests.support.helpers import (REPO, base_job, ftbundle, job_processes, only_run_dir, quickstart_lora, start_ftbundle,
                            write_job)
+from tests.unit.test_notify_unit import Hook
 
 pytestmark = [pytest.mark.cluster, pytest.mark.train]
 
@@ -302,8 +303,9 @@ def test_a_command_job_is_told_its_new_world_and_the_hosts_left_out(make_cluster
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
     command = ('echo "world $FTB_ATTEMPT $NNODES $NODE_RANK [${FTB_EXCLUDED_HOSTS:-}] $(hostname)" '
                '>> "$FTB_RUN_DIR/world.txt"; if [ "$FTB_ATTEMPT" = 1 ]; then sleep 120; fi')
+    hook = Hook()  # (told once of the lost host while the run goes on, once of its end: issue 47 item 3)
     job = write_job(tmp_path / "job.yaml", base_job("told", cluster.shared_dir, inventory, {"command": command},
-                                                    restarts=1, on_node_loss="exclude"))
+                                                    restarts=1, on_node_loss="exclude", notify={"webhook": hook.url}))
     proc = start_ftbundle("run", str(job))
     try:
         wait_for(proc, lambda: len(list(cluster.shared_dir.glob("runs/*/world.txt"))) == 1 and len(
@@ -317,3 +319,8 @@ def test_a_command_job_is_told_its_new_world_and_the_hosts_left_out(make_cluster
     lines = (only_run_dir(cluster.shared_dir) / "world.txt").read_text().splitlines()
     assert sorted(lines[3:]) == ["world 2 2 0 [node1] node0", "world 2 2 1 [node1] node2"], lines
     assert job_processes(cluster) == {}
+    hook.close()
+    assert [summary["state"] for _, summary in hook.posts] == ["host lost", "finished"], hook.posts
+    lost = hook.posts[0][1]
+    assert list(lost["lost"]) == ["node1"] and lost["hosts"] == ["node0", "node2"] and lost["attempt"] == 2, lost
+    assert "notify: webhook" in err and "told (host lost)" in err
