@@ -42,16 +42,12 @@
 #   FTB_RUN_DIR FTB_LOG FTB_EXIT FTB_PIDFILE FTB_HBFILE FTB_STOPPED_FILE FTB_KEPT_STEPS_FILE
 #   FTB_XIDS_FILE FTB_PROGRESS_FILE FTB_STACKED_FILE FTB_VERDICT_FILE FTB_STALLED_FILE FTB_STACKS_OUT
 #   FTB_STACKS_PROGRAM FTB_PEER_{EXIT,HB,PROGRESS,STACKED}_GLOB FTB_REFEREE
-#   FTB_WORKDIR FTB_MARKER FTB_ATTEMPT
-#   FTB_ENV_FILE FTB_PATH_PREPEND FTB_CONTAINER FTB_SECRET_NAMES FTB_MIN_SECRET_LEN
-#   FTB_WATCHDOG FTB_HEARTBEAT FTB_STOP_GRACE FTB_DETACH FTB_STALE FTB_STOP_REQUEST
-#   FTB_PROGRESS_FILES (space-separated paths and globs: the heartbeat carries their total size,
-#   every FTB_PROGRESS_EVERY beats)
-#   FTB_STALL_TIMEOUT (detached runs: the stall watchdog's limit; 0 or empty: off)
-#   FTB_PROGRESS_STEPS (rank 0 of a LlamaFactory job: trainer_log.jsonl, the first step starts the stall clock)
+#   FTB_WORKDIR FTB_MARKER FTB_ATTEMPT FTB_ENV_FILE FTB_PATH_PREPEND FTB_CONTAINER FTB_SECRET_NAMES
+#   FTB_MIN_SECRET_LEN FTB_WATCHDOG FTB_HEARTBEAT FTB_STOP_GRACE FTB_DETACH FTB_STALE FTB_STOP_REQUEST
+#   FTB_PROGRESS_FILES (paths and globs: the heartbeat carries their size every FTB_PROGRESS_EVERY beats)
+#   FTB_STALL_TIMEOUT (detached: the stall watchdog's limit) FTB_PROGRESS_STEPS (trainer_log.jsonl)
 #   FTB_GPU_EVERY_MS FTB_GPU_FIELDS FTB_GPU_IDS (a GPU job: its GPUs read this often, `ftb-smi ...`)
-#   FTB_SHARED_DIR FTB_STORAGE_SLOW (a reading of shared storage not answered for this many seconds
-#   is said on stderr: `ftb-storage SECONDS`, then `ftb-storage ok` once it answers; see ftb_ask)
+#   FTB_SHARED_DIR FTB_STORAGE_SLOW (shared storage unanswered this long: `ftb-storage`; see ftb_ask)
 set -u
 
 ftb_pids() { grep -lzxF "FTB_JOB=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
@@ -277,7 +273,8 @@ mode_node() {
   [ ! -e "$FTB_EXIT" ] || rm -f -- "$FTB_EXIT"  # (rm is a process: only when there is one)
   # the stall watchdog's baseline, read before the job can write anything (empty when it is off)
   local base=""; [ -z "${FTB_PROGRESS_FILES:-}" ] || { ftb_progress; base=$FTB_P; }
-  FTB_JOB=$FTB_MARKER setsid bash -c "$BASH_EXECUTION_STRING" ftb job "$@" </dev/null >/dev/null 2>&1 &
+  FTB_NOTIFY_WEBHOOK='' FTB_NOTIFY_COMMAND='' FTB_JOB=$FTB_MARKER \
+    setsid bash -c "$BASH_EXECUTION_STRING" ftb job "$@" </dev/null >/dev/null 2>&1 &  # (the watcher's, not the job's)
   local pid=$!
   echo "$pid $FTB_MARKER $(hostname)" >"$FTB_PIDFILE"
   # the run's claims on this host hold while its job runs (remote/claims.py): marked started

@@ -52,6 +52,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
                              write_plain, write_whole)
     from .watch_rules import (MOVED, Follower, Referee, first_line, observe_progress,  # noqa: F401 (tests)
                               progress_value, waiting_for_step, wildcard)
+    from .notifier import send
 
 STALL_LOOK_S = 2  # the stall watchdog reads the progress this often
 GPUS_EVERY_S = 30  # a detached GPU node's figures are kept this often (and at the job's end)
@@ -200,6 +201,7 @@ class Watcher:
         try:
             if self.referee:
                 beat = self.refereeing()
+                self.tell()
             else:
                 self.following()
         finally:
@@ -262,6 +264,24 @@ class Watcher:
         # our own job ended: a failure stops the others, a success frees them
         write_whole(verdict, "%d %s" % (beat + 1, Referee.final(read_text(self.path("FTB_EXIT")))))
         return beat
+
+    def tell(self):
+        """Rank 0's watcher, the run decided: the job's ``notify:`` told once (FTB_NOTIFY_WEBHOOK,
+        FTB_NOTIFY_COMMAND: given to this watcher alone, never to the job), as the launcher tells an
+        attached run's end (remote/notifier.py), with what this watcher knows of it."""
+        webhook, command = self.path("FTB_NOTIFY_WEBHOOK"), self.path("FTB_NOTIFY_COMMAND")
+        if not (webhook or command):
+            return
+        verdict = (read_text(self.path("FTB_VERDICT_FILE")) or "").split(" ", 1)[-1].strip()
+        code = first_line(read_text(self.path("FTB_EXIT")) or "")
+        stalled = bool(read_text(self.path("FTB_STALLED_FILE")))
+        state = ("finished" if verdict == "done" else "stalled" if stalled else
+                 "stopped" if verdict == "stop stop requested" else "failed")
+        summary = {"run_id": self.path("FTB_RUN_ID"), "state": state, "detached": True,
+                   "exit_code": int(code) if code.lstrip("-").isdigit() else None,
+                   "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes,
+                   "failure": None if state == "finished" else {"line": verdict[len("stop "):] or verdict}}
+        send(webhook, command, summary, lambda line: append(self.path("FTB_LOG"), "ftbundle: " + line))
 
     # -- the stall watchdog (its own thread, which never touches the storage) ---------------------
     def reading(self):

@@ -61,3 +61,26 @@ def test_a_hanging_webhook_does_not_hold_the_runs_end_beyond_its_limit(make_clus
     assert result.returncode == 0, result.stderr
     assert len(h.posts) == 1 and took < plain + N.LIMIT_S + 3, (took, plain)
     assert f"notify: webhook {N.shown(h.url)} " in result.stderr and "SECRETTOKEN" not in result.stderr
+
+
+def test_a_detached_runs_end_is_told_by_rank_0s_watcher(make_cluster, tmp_path, hooks):
+    """No launcher stays: rank 0's watcher tells the end, once, with the same sender; the job
+    itself never sees the webhook (its environment holds it empty)."""
+    cluster = make_cluster(2)
+    h = hooks(address=str(cluster.subnet.network_address + 1))  # (the hosts reach this machine there)
+    job = command_job(cluster, tmp_path, "told-detached",
+                      'echo "seen: [${FTB_NOTIFY_WEBHOOK:-}]" > "$FTB_RUN_DIR/seen-$NODE_RANK"; sleep 3',
+                      notify={"webhook": h.url})
+    result = ftbundle("run", "--detach", str(job), timeout=120)
+    assert result.returncode == 0, result.stderr
+    deadline = time.monotonic() + 60
+    while not h.posts and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # (a second POST would come now)
+    [(_, summary)] = h.posts
+    assert summary["state"] == "finished" and summary["detached"] and summary["exit_code"] == 0, summary
+    assert summary["run_id"].startswith("told-detached-") and summary["failure"] is None
+    run = next((cluster.shared_dir / "runs").iterdir())
+    assert (run / "seen-0").read_text() == "seen: []\n" and (run / "seen-1").read_text() == "seen: []\n"
+    log = (run / "node-0-node0.a1.log").read_text()
+    assert "notify: webhook" in log and "told (finished)" in log and "SECRETTOKEN" not in log, log

@@ -17,10 +17,10 @@ from ftbundle.job import parse_job
 
 
 class Hook:
-    """An HTTP server on 127.0.0.1 that keeps every POST; ``status`` what it answers, ``hang``:
+    """An HTTP server on 127.0.0.1 (or ``address``: a test network's gateway, for its hosts) that keeps every POST; ``status`` what it answers, ``hang``:
     it reads the request and never answers."""
 
-    def __init__(self, status: int = 200, hang: bool = False):
+    def __init__(self, status: int = 200, hang: bool = False, address: str = "127.0.0.1"):
         self.posts: list[tuple[str, dict]] = []
         self.release = threading.Event()
         hook = self
@@ -38,10 +38,10 @@ class Hook:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer((address, 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/services/T000/B000/SECRETTOKEN"
+        self.url = f"http://{address}:{self.server.server_port}/services/T000/B000/SECRETTOKEN"
 
     def close(self):
         self.release.set()
