@@ -36,6 +36,12 @@ def cmd_check(args: argparse.Namespace) -> int:
                 report.checks.append(staged)
         print_report(report)
         if not report.ok:
+            not_run = [flag for flag, asked in (("--net", args.net), ("--burn-in", args.burn_in is not None)) if asked]
+            if not_run:  # (a host that fails the check is never left out of a measurement in silence)
+                failed = [c for c in report.checks if not c.ok]
+                say(f"{' and '.join(not_run)} not run: the check failed first ({'; '.join(c.failure for c in failed)}); "
+                    "nothing was loaded or measured on any host. Fix it, or take the host(s) out of the job's "
+                    "hosts, and check again")
             return EXIT_USAGE
         failed = False
         net_figures = None

@@ -299,6 +299,13 @@ def test_unreachable_host_is_named_and_the_others_still_checked(cluster3, tmp_pa
         assert "master_port" not in [c.name for c in report.checks]
     assert took < 20, took
     assert leftovers(cluster3) == {}
+    if down == "node2":  # a burn-in asked for is not run on the others in silence (issue 45's walk)
+        job = write_job(tmp_path / "burn.yaml", base_job("burn", cluster3.shared_dir, cluster3.write_inventory(
+            tmp_path / "hosts-b.yml"), {"command": "true"}, on_node_loss="exclude", restarts=1))
+        proc = ftbundle("check", str(job), "--burn-in", "5", timeout=120)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "--burn-in not run: the check failed first (hosts not reachable); nothing was loaded" in proc.stderr
+        assert "burn-in done" not in proc.stdout and "median" not in proc.stdout
 
 
 @pytest.mark.cluster
