@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import math
 import re
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -109,15 +110,12 @@ def parse_line(text: str) -> list[GpuReading]:
 
 def _mean(values: Iterable[float]) -> float | None:
     values = list(values)
-    return sum(values) / len(values) if values else None
+    return statistics.fmean(values) if values else None
 
 
 def _median(values: Iterable[float]) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    values = list(values)
+    return statistics.median(values) if values else None
 
 
 def gib(mib: float | None) -> str:

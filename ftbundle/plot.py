@@ -82,24 +82,13 @@ def plot_terminal(metrics: dict[str, list[dict]], *, title: str = "") -> None:
     plt.clear_figure()
     gpus = has_gpus(metrics)
     plt.subplots(3 if gpus else 2, 1)
-    plt.subplot(1, 1)
-    for run_id, records in metrics.items():
-        xs, ys = series(records, "loss")
-        if xs:
-            plt.plot(xs, ys, label=run_id)
-    plt.title(f"{title}: loss" if title else "loss")
-    plt.subplot(2, 1)
-    for run_id, records in metrics.items():
-        xs, ys = series(records, "lr")
-        if xs:
-            plt.plot(xs, ys, label=run_id)
-    plt.title("learning rate")
-    if gpus:
-        plt.subplot(3, 1)
+    panels = [("loss", f"{title}: loss" if title else "loss"), ("lr", "learning rate")]
+    for row, (key, heading) in enumerate(panels + ([("gpu_util", "GPU utilization %")] if gpus else []), start=1):
+        plt.subplot(row, 1)
         for run_id, records in metrics.items():
-            xs, ys = series(records, "gpu_util")
+            xs, ys = series(records, key)
             if xs:
                 plt.plot(xs, ys, label=run_id)
-        plt.title("GPU utilization %")
+        plt.title(heading)
     plt.xlabel("step")
     plt.show()
