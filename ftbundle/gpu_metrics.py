@@ -135,6 +135,7 @@ class NodeGpus:
     peak_mib: dict[str, float] = field(default_factory=dict)  # per GPU index
     total_mib: dict[str, float] = field(default_factory=dict)
     streak: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpu, verdict) -> readings in a row
+    judged_at: float | None = None  # the reading the memory and clock verdicts last looked at
 
     def add(self, readings: list[GpuReading], at: float) -> None:
         self.latest, self.at = readings, at
@@ -231,7 +232,9 @@ class GpuFleet:
         """What is to be named now (``cause``: as :meth:`tick`'s)."""
         out = []
         for node in self.nodes.values():
-            out += self._memory_and_clocks(node)
+            if node.at != node.judged_at:  # (a new reading: one held over two looks counts once)
+                node.judged_at = node.at
+                out += self._memory_and_clocks(node)
         out += self._idle(cause or (lambda host: "no step times to tell whether it is input-bound or waiting"))
         self.named += out
         return out

@@ -165,6 +165,18 @@ def test_a_gpu_near_its_memory_is_named_once_on_its_host_and_index():
     assert near[0].startswith("node2 GPU 1 holds 76.7 of 79.6 GiB (96%)"), near
 
 
+def test_one_odd_reading_names_nothing_however_often_it_is_looked_at():
+    """A reading counts once in a verdict's streak: looked at on three ticks (the launcher looks
+    every second, a node reads every two), one GPU at 96% of its memory is not yet named."""
+    fleet = GpuFleet()
+    fleet.observe("node0", NEAR[0], 0.0)
+    said = [line for t in (0.0, 1.1, 2.2) for line in fleet.tick(t, step=None, first_step=None)]
+    assert said == []
+    fleet.observe("node0", NEAR[1], 3.0)
+    said = fleet.tick(3.3, step=None, first_step=None)
+    assert len(said) == 1 and said[0].startswith("node0 GPU 1 holds")
+
+
 def test_a_throttled_gpu_is_named_but_the_power_cap_of_a_busy_gpu_is_not():
     hot = [";".join(("0, 97, 62000, 81559, 420.0, 87, 1155, 0x0000000000000040" if part.startswith("0,") else part)
                     for part in reading.split(";")) for reading in BUSY]
