@@ -242,6 +242,12 @@ def _connection():
         Connection = load_fabric().Connection
 
         class LowLatencyConnection(Connection):
+            # A class attribute, so that Fabric's __init__ sets it on the connection: a name the
+            # class lacks is stored into the Config (invoke's DataProxy), and every connection shares
+            # one (_config), whose merge then empties it for a moment under the other threads:
+            # "No attribute or config key found for 'forward_agent'" in a parallel open.
+            inline_ssh_env = None
+
             def open(self):
                 if self.is_connected or self.gateway:
                     return super().open()

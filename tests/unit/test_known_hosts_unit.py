@@ -94,3 +94,34 @@ def test_connections_share_one_read_and_see_a_changed_file(tmp_path, pubkeys, mo
     assert len(reads) == 2
     assert set(conn.client.get_host_keys().lookup("[198.18.9.9]:2200").keys()) == {ed_t}
     assert ssh.connect(host("198.18.9.10", known_hosts=str(path))).client.get_host_keys().lookup("198.18.9.10") is None
+
+
+def test_a_connection_leaves_the_shared_config_untouched(tmp_path):
+    """Every connection shares one Fabric Config (ssh._config). Fabric's Connection.__init__ sets
+    `inline_ssh_env`, and a name its class lacks is stored into that Config, whose merge empties it
+    for a moment: another thread opening a connection then read no 'forward_agent' (CI, a bastion's
+    parallel opens). Making connections must leave the shared Config as it was, and a hundred made
+    at once by 8 threads all read their settings."""
+    import threading
+
+    shared = ssh._config()
+    before = dict(shared._modifications)
+    host = Host(name="h", address="192.0.2.1", port=22, user="root", key_file=str(tmp_path / "k"),
+                known_hosts=str(tmp_path / "known_hosts"))
+    errors: list[BaseException] = []
+
+    def make():
+        try:
+            for _ in range(100):
+                conn = ssh.connect(host)
+                assert conn.forward_agent is False
+        except BaseException as exc:  # noqa: BLE001 - collected for the assert
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert shared._modifications == before
