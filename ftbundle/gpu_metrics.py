@@ -122,6 +122,12 @@ def gib(mib: float | None) -> str:
     return "?" if mib is None else f"{mib * GIB_PER_MIB:.1f}"
 
 
+def near_memory(host: str, r: GpuReading) -> str:
+    """A GPU within 5% of its memory, in words (the run's warning and `status`'s line)."""
+    return (f"{host} GPU {r.index} holds {gib(r.mem_used_mib)} of {gib(r.mem_total_mib)} GiB ({r.mem_share:.0%}): "
+            f"within {1 - NEAR_MEMORY:.0%} of its memory, an out-of-memory risk")
+
+
 @dataclass
 class NodeGpus:
     """One node's readings: the latest, a window for the verdicts, and the run's totals."""
@@ -187,10 +193,14 @@ class GpuFleet:
             self.nodes.setdefault(host, NodeGpus(host)).add(readings, at)
 
     # -- the live line and the plot ------------------------------------------------------------
+    def _now(self) -> tuple[list[GpuReading], float | None]:
+        """Every node's latest reading, and the fleet's mean utilization in them (None: none said)."""
+        latest = [r for n in self.nodes.values() for r in n.latest]
+        return latest, _mean(r.util for r in latest if r.util is not None)
+
     def live(self) -> str | None:
         """"94% 61/80 GiB": the fleet's mean utilization, the fullest GPU's memory."""
-        latest = [r for n in self.nodes.values() for r in n.latest]
-        util = _mean(r.util for r in latest if r.util is not None)
+        latest, util = self._now()
         if util is None:
             return None
         fullest = max((r for r in latest if r.mem_share is not None), key=lambda r: r.mem_share, default=None)
@@ -203,8 +213,7 @@ class GpuFleet:
         CURVE_EVERY_S (thinned by halves past CURVE_MAX points, every other one kept)."""
         if self._curve_at is not None and at - self._curve_at < self._curve_every:
             return
-        latest = [r for n in self.nodes.values() for r in n.latest]
-        util = _mean(r.util for r in latest if r.util is not None)
+        latest, util = self._now()
         if util is None:
             return
         self._curve_at = at
@@ -260,9 +269,8 @@ class GpuFleet:
             near = share is not None and share >= NEAR_MEMORY
             if self._once((f"{node.host}/{r.index}", "memory"), self._streak(node, r.index, "memory", near) >= REPEATS,
                           share is not None and share < MEMORY_CLEAR):
-                out.append(f"{node.host} GPU {r.index} holds {gib(r.mem_used_mib)} of {gib(r.mem_total_mib)} GiB "
-                           f"({share:.0%}): within {1 - NEAR_MEMORY:.0%} of its memory, an out-of-memory risk "
-                           "(a longer batch, an evaluation or a checkpoint's copy can tip it over)")
+                out.append(near_memory(node.host, r) + " (a longer batch, an evaluation or a checkpoint's copy can "
+                           "tip it over)")
             slow = r.slowdowns
             held = self._streak(node, r.index, "clocks", bool(slow))
             if self._once((f"{node.host}/{r.index}", "clocks"), held >= REPEATS, not slow and held == 0):
@@ -358,8 +366,7 @@ def status_lines(readings: dict[str, list[GpuReading]]) -> list[str]:
                          "(this reading; the run's own line says it over 30 s)")
         for r in readings[host]:
             if r.mem_share is not None and r.mem_share >= NEAR_MEMORY:
-                lines.append(f"  memory: {host} GPU {r.index} holds {gib(r.mem_used_mib)} of {gib(r.mem_total_mib)} "
-                             f"GiB ({r.mem_share:.0%}): within {1 - NEAR_MEMORY:.0%} of its memory, an out-of-memory risk")
+                lines.append(f"  memory: {near_memory(host, r)}")
             if r.slowdowns:
                 lines.append(f"  throttled: {host} GPU {r.index}: {', '.join(r.slowdowns)}")
     return lines

@@ -280,11 +280,9 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         import yaml
 
         files[LLAMAFACTORY_CONFIG] = yaml.safe_dump(staged, sort_keys=False)
-        speed = basis_of(facts, sum(counts), padding, uses_gpus=job.gpus_per_node != 0 and bool(
-            facts is not None and any(f.gpus for f in facts.reached)))
+        speed = basis_of(facts, sum(counts), padding, uses_gpus=uses_gpus(job, facts))
     elif job.train.mode == "script":  # (tokens/s when the script counts its own: shims/steptimes.py StepClock)
-        speed = basis_of(facts, sum(counts), None, uses_gpus=job.gpus_per_node != 0 and bool(
-            facts is not None and any(f.gpus for f in facts.reached)))
+        speed = basis_of(facts, sum(counts), None, uses_gpus=uses_gpus(job, facts))
 
     lf_env = llamafactory.credential_env(layout.lf_secrets)
     nccl = _uses_nccl(job, facts, any(gpus.values()))
@@ -350,11 +348,16 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
     )
 
 
+def uses_gpus(job: Job, facts: ClusterFacts | None) -> bool:
+    """The job's ranks use GPUs: not a CPU job (gpus_per_node 0), and the check found some."""
+    return job.gpus_per_node != 0 and facts is not None and any(f.gpus for f in facts.reached)
+
+
 def gpu_sample_every(job: Job, facts: ClusterFacts | None) -> float:
     """How often a node reads its GPUs during the run: never for a CPU job (gpus_per_node 0) or
     on hosts the check found without GPUs (a CPU job costs nothing); else every few seconds (a
-    host without nvidia-smi reads nothing)."""
-    if job.gpus_per_node == 0 or (facts is not None and facts.reached and not any(f.gpus for f in facts.reached)):
+    host without nvidia-smi reads nothing; with the check off, the hosts are not known)."""
+    if job.gpus_per_node == 0 or (facts is not None and facts.reached and not uses_gpus(job, facts)):
         return 0.0
     return gpu_metrics.SAMPLE_EVERY_S
 

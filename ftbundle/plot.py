@@ -48,21 +48,20 @@ def plot_png(metrics: dict[str, list[dict]], path: str, *, title: str = "") -> N
     fig, axes = plt.subplots(3 if gpus else 2, 1, figsize=(9, 8.5 if gpus else 6.5), sharex=True,
                              gridspec_kw={"height_ratios": [2, 1, 1] if gpus else [2, 1]})
     ax_loss, ax_lr = axes[0], axes[1]
-    if gpus:
+
+    def lines(ax, key: str, width: float) -> None:  # (one line per run that has ``key``)
         for run_id, records in metrics.items():
-            xs, ys = series(records, "gpu_util")
+            xs, ys = series(records, key)
             if xs:
-                axes[2].plot(xs, ys, label=run_id, linewidth=1.2)
+                ax.plot(xs, ys, label=run_id, linewidth=width)
+
+    if gpus:
+        lines(axes[2], "gpu_util", 1.2)
         axes[2].set_ylabel("GPU utilization %")
         axes[2].set_ylim(0, 105)
         axes[2].grid(True, alpha=0.3)
-    for run_id, records in metrics.items():
-        xs, ys = series(records, "loss")
-        if xs:
-            ax_loss.plot(xs, ys, label=run_id, linewidth=1.4)
-        xs, ys = series(records, "lr")
-        if xs:
-            ax_lr.plot(xs, ys, label=run_id, linewidth=1.2)
+    lines(ax_loss, "loss", 1.4)
+    lines(ax_lr, "lr", 1.2)
     ax_loss.set_ylabel("loss")
     ax_loss.set_title(f"{title}: training loss" if title else "training loss")
     ax_loss.grid(True, alpha=0.3)
