@@ -17,8 +17,14 @@ def check_storage(facts: list[HostFacts], name: str, path: str, *, fail: bool) -
     if len(asked) < 2:
         return None
     writers = {f.rank: f.host for f in asked if f.storage[name].written}
-    values = {f.host: f"sees {fold(writers[r] for r in f.storage[name].seen if r in writers) or 'no sentinel'}"
-              for f in asked}
+    said: dict[tuple[int, ...], str] = {}  # (a healthy fleet's hosts all see the same: folded once, not once a host)
+
+    def sees(seen: tuple[int, ...]) -> str:
+        if seen not in said:
+            said[seen] = f"sees {fold(writers[r] for r in seen) or 'no sentinel'}"
+        return said[seen]
+
+    values = {f.host: sees(tuple(r for r in f.storage[name].seen if r in writers)) for f in asked}
     check = Check(name, group_by_value(values), label=f"{name} {path}")
     found = []
     for f in asked:

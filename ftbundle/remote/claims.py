@@ -16,9 +16,12 @@ whose run has no process left is stale and is taken over (a finished run, a laun
 A refused run's launcher removes the claims it took. Standard library only."""
 
 import fcntl
-import json
 import os
 import time
+
+# the probe's json (probe_common.py's, shipped before this text); the json package when imported,
+# or shipped without it (the stage program: ftbundle/stage.py)
+json = globals().get("json") or __import__("json")
 
 CLAIMS_LOCK = ".lock"
 

@@ -38,15 +38,13 @@ question, not their sum:
   node-local model (probe_files.py: each file's digest remembered while it is unchanged).
 """
 
-import json
 import os
-import socket
 import sys
-import threading
 import time
 
 if __package__:  # imported (tests); shipped, the parts' texts come before this one (probe_source)
-    from .probe_common import guarded, have, last_line, pauses, run, which
+    from .probe_common import (TIMED_OUT, Task, accepted, connected, guarded, have, hostname, ipv4_of, json, last_line,
+                               listening, pauses, run, which)
     from .probe_gpus import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY, gpus, health  # noqa: F401 (tests)
     from .probe_storage import StorageReport, cleanup, storage_apart
     from .probe_files import cache_read, cache_write, fingerprint, fingerprints, model_size
@@ -62,7 +60,7 @@ ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for
 # -- the facts -------------------------------------------------------------------------
 
 def system(spec, out):
-    out["hostname"] = socket.gethostname()
+    out["hostname"] = hostname()
     uname = os.uname()  # (what platform.system()/release() return, without importing platform)
     out["kernel"] = f"{uname.sysname} {uname.release}"
     try:
@@ -75,7 +73,7 @@ def system(spec, out):
     if not addr:
         return
     try:
-        resolved = socket.getaddrinfo(addr, None, socket.AF_INET)[0][4][0]
+        resolved = ipv4_of(addr)
     except OSError:
         out["route"] = {"error": f"cannot resolve {addr}"}
         return
@@ -205,6 +203,9 @@ def env_view(spec, out):
     """What the job will see: the login environment, then the env file as the node
     program sources it (`set -a; . FILE`)."""
     env_file = spec.get("env_file") or "/dev/null"
+    if not os.access(env_file, os.R_OK):  # (no file to source: the login environment, no bash to ask)
+        out["env"] = {name: os.environ[name] for name in ENV_NAMES if os.environ.get(name)}
+        return
     code, text, _, _ = run(["bash", "-c", ENV_VIEW_SH, "ftb", env_file, *ENV_NAMES], 10)
     view = {}
     for pair in (text or "").split("\0"):
@@ -240,24 +241,19 @@ def claim_then_port(spec, out):
 
 
 def listen(port_number, want, wait, token=None):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore does
     try:
-        s.bind(("", port_number))
+        s = listening(port_number, want)
     except OSError as exc:
-        s.close()
         code, text, _, _ = run(["ss", "-Htlnp", f"( sport = :{port_number} )"], 5)
         return {"role": "listen", "busy": exc.strerror, "holders": (text or "").strip().splitlines()[:3]}
-    s.listen(64)
     peers, end = [], time.monotonic() + wait
     while len(peers) < want and time.monotonic() < end:
-        s.settimeout(max(0.05, end - time.monotonic()))
-        try:
-            conn, addr = s.accept()
-        except socket.timeout:
+        knock = accepted(s, max(0.05, end - time.monotonic()))
+        if knock is None:
             break
+        conn, addr = knock
         if token is None or _said(conn, token, end):  # (another check's host knocking is not ours)
-            peers.append(addr[0])
+            peers.append(addr)
         conn.close()
     s.close()
     return {"role": "listen", "accepted": peers}
@@ -282,12 +278,15 @@ def connect(addr, port_number, wait, token=None):
     end, last, waits = time.monotonic() + wait, "no answer", pauses()
     while True:
         try:
-            with socket.create_connection((addr, port_number), timeout=2) as conn:
+            conn = connected(addr, port_number, 2)
+            try:
                 if token is not None:
                     conn.sendall(token.encode() + b"\n")
-                return {"role": "connect", "reachable": True}
+            finally:
+                conn.close()
+            return {"role": "connect", "reachable": True}
         except OSError as exc:
-            last = "timed out" if isinstance(exc, socket.timeout) else exc.strerror or str(exc)
+            last = "timed out" if isinstance(exc, TIMED_OUT) else exc.strerror or str(exc)
         if time.monotonic() >= end:  # the last try's error, and how long it kept trying
             return {"role": "connect", "reachable": False, "error": f"{last}; kept trying for {wait:g} s"}
         time.sleep(min(next(waits), max(0.0, end - time.monotonic())))  # (refused: rank 0 has not bound it yet)
@@ -377,14 +376,14 @@ def main():
     ordered = spec.get("claim") and (spec.get("port") or {}).get("role") == "listen"
     tasks = (([versions] if spec.get("python") else []) + [system, env_view, gpus, health, image]
              + ([claim_then_port] if ordered else [port] + ([claim] if spec.get("claim") else [])))
-    threads = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
+    threads = [Task(guarded, (t, spec, out), t.__name__)
                for t in tasks]
     for t in threads:
         t.start()
     # what lives on the (often shared) workdir, only once the storage has answered
     stuck = report.answered(spec.get("storage_answer_s", 5), spec.get("storage_patience_s", 30)) if report else None
     if stuck is None:
-        late = [threading.Thread(target=guarded, args=(t, spec, out), daemon=True, name=t.__name__)
+        late = [Task(guarded, (t, spec, out), t.__name__)
                 for t in (dirs, datasets, paths, fingerprints, model_size)]
         for t in late:
             t.start()

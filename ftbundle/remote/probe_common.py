@@ -1,10 +1,27 @@
 """What every part of the probe uses (ftbundle/remote/probe.py, which is shipped after this text,
 one program: ftbundle/check/__init__.py, ``probe_source``): commands under time limits, the
 waits between looks at what the other hosts' probes do, a fact that could not be had.
-Standard library only."""
+Standard library only.
 
+The probe runs on every host at every check, and on a loaded host (or 128 containers on two
+cores) its CPU is the check's cost. Most of a plain probe's CPU was importing: json, socket,
+threading and subprocess import enum, re, collections, selectors and contextlib, 14 ms of a
+33 ms probe (and an address given to getaddrinfo as text, the idna codec: 2-6 ms more). So the
+probe uses their C halves (_json, _socket, _thread) and os.posix_spawn, each below with the
+module itself as the fallback where an interpreter lacks the C half: :data:`json`,
+:class:`Task`, :func:`run`, :func:`hostname`, :func:`ipv4_of`, :func:`listening`,
+:func:`accepted` and :func:`connected` (tests/unit/test_probe_cost_unit.py holds both: no heavy import,
+the same results). bench/launch.py's "check on" column is what it buys."""
+
+import _thread
 import os
-import subprocess
+import time
+
+try:
+    import _socket
+except ImportError:  # (socket.socket is a subclass of _socket.socket: the same calls)
+    import socket as _socket
+TIMED_OUT = _socket.timeout  # (socket.timeout: TimeoutError since 3.10, an OSError before)
 
 # How often a host looks again for what its peers' probes do at the same moment (their
 # sentinels, rank 0's master port): the probes start within milliseconds of each other, and
@@ -32,7 +49,82 @@ def pauses():
 def run(argv, timeout, env=None):
     """(returncode, stdout, stderr, timed_out); returncode None when not runnable or timed
     out. A command that times out is killed and not waited for: a process stuck in the
-    kernel (a hung GPU driver) cannot be reaped, and must not hang the probe with it."""
+    kernel (a hung GPU driver) cannot be reaped, and must not hang the probe with it.
+    What subprocess.Popen(text=True, start_new_session=True, stdin=DEVNULL).communicate()
+    gives, with os.posix_spawn, select.poll and waitpid (subprocess where they are missing)."""
+    import select
+
+    spawn = getattr(os, "posix_spawn", None)
+    if spawn is None or not hasattr(select, "poll"):
+        return _run_popen(argv, timeout, env)
+    environ = os.environ if env is None else env
+    exe = argv[0] if os.sep in argv[0] else which(argv[0], environ.get("PATH", os.defpath))
+    if exe is None:
+        return None, "", os.strerror(2), False  # (what Popen says: "No such file or directory")
+    out_r, out_w = os.pipe()  # (not inheritable: only what the actions dup2 reaches the command)
+    err_r, err_w = os.pipe()
+    try:
+        import _signal
+        pid = spawn(exe, list(argv), environ, setsid=True, setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),
+                    file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                                  (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+    except NotImplementedError:  # (no setsid in this libc's posix_spawn)
+        pid = None
+    except OSError as exc:
+        pid = exc
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    if pid is None or isinstance(pid, OSError):
+        os.close(out_r)
+        os.close(err_r)
+        return _run_popen(argv, timeout, env) if pid is None else (None, "", pid.strerror or str(pid), False)
+    deadline = time.monotonic() + timeout
+    chunks = {out_r: [], err_r: []}
+    reading = set(chunks)
+    poller = select.poll()
+    for fd in reading:
+        poller.register(fd, select.POLLIN)
+    status, pause = None, 0.0005
+    try:
+        while reading:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            for fd, _ in poller.poll(left * 1000):
+                data = os.read(fd, 65536)
+                if data:
+                    chunks[fd].append(data)
+                else:  # (the stream's end)
+                    poller.unregister(fd)
+                    reading.discard(fd)
+        while status is None:  # both streams ended: the command's exit follows
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if not done:
+                status = None
+                if time.monotonic() >= deadline:
+                    raise TimeoutError
+                time.sleep(pause)
+                pause = min(0.05, pause * 2)
+    except TimeoutError:
+        try:
+            os.killpg(pid, 9)
+        except OSError:
+            pass
+        return None, "", "", True
+    finally:
+        os.close(out_r)
+        os.close(err_r)
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    text = [b"".join(chunks[fd]).decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+            for fd in (out_r, err_r)]
+    return code, text[0], text[1], False
+
+
+def _run_popen(argv, timeout, env=None):
+    """:func:`run` with subprocess (an interpreter without os.posix_spawn, or a libc without setsid in it)."""
+    import subprocess
+
     try:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              stdin=subprocess.DEVNULL, start_new_session=True)
@@ -58,10 +150,11 @@ def have(program):
     return which(program) is not None
 
 
-def which(program):
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        if d and os.access(os.path.join(d, program), os.X_OK):
-            return os.path.join(d, program)
+def which(program, path=None):
+    for d in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep):
+        candidate = os.path.join(d, program)
+        if d and os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+            return candidate
     return None
 
 
@@ -71,3 +164,153 @@ def guarded(task, *args):
         task(*args)
     except Exception as exc:  # a fact that could not be had is reported, never a crash
         out.setdefault("errors", []).append(f"{task.__name__}: {type(exc).__name__}: {exc}")
+
+
+class Task:
+    """threading.Thread's few calls the probe makes (start, join with a limit, is_alive, name),
+    on _thread: threading imports collections and functools for much it does not use. A task
+    never holds the probe's end (the probe leaves with os._exit)."""
+
+    def __init__(self, target, args=(), name=None):
+        self.target, self.args = target, args
+        self.name = name or target.__name__
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+
+    def start(self):
+        _thread.start_new_thread(self._run, ())
+        return self
+
+    def _run(self):
+        try:
+            self.target(*self.args)
+        finally:
+            self._done.release()
+
+    def join(self, timeout=None):
+        if self._done.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+            self._done.release()
+
+    def is_alive(self):
+        if self._done.acquire(False):
+            self._done.release()
+            return False
+        return True
+
+
+class _Json:
+    """json.loads, load, dumps (sort_keys) and dump on the json package's own C scanner and
+    encoder (_json), the package itself not imported (it imports re and enum): the same text
+    out, the same values in (plain JSON: what the probe reads and writes). Malformed text raises
+    a ValueError (json.JSONDecodeError, imported then)."""
+
+    def __init__(self, c):
+        # the scanner's settings, read from this object (json.decoder.JSONDecoder's defaults)
+        self.strict, self.object_hook, self.object_pairs_hook = True, None, None
+        self.parse_float, self.parse_int, self.memo = float, int, {}
+        self.parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+        self._scan = c.make_scanner(self)
+
+        def default(o):
+            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+        # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys, allow_nan)
+        self._encoders = {sort: c.make_encoder(None, default, c.encode_basestring_ascii, None, ": ", ", ",
+                                               sort, False, True) for sort in (False, True)}
+
+    def loads(self, text):
+        if isinstance(text, (bytes, bytearray)):
+            text = text.decode("utf-8")
+        start = len(text) - len(text.lstrip(" \t\n\r"))
+        try:
+            value, end = self._scan(text, start)
+        except StopIteration:
+            raise ValueError(f"Expecting value: char {start}") from None
+        if text[end:].strip(" \t\n\r"):
+            raise ValueError(f"Extra data: char {end}")
+        return value
+
+    def load(self, f):
+        return self.loads(f.read())
+
+    def dumps(self, value, sort_keys=False):
+        return "".join(self._encoders[bool(sort_keys)](value, 0))
+
+    def dump(self, value, f, sort_keys=False):
+        f.write(self.dumps(value, sort_keys))
+
+
+def _json():
+    try:
+        import _json as c
+
+        light = _Json(c)
+        if light.dumps(light.loads('{"a": [1, 2.5, "\\u00e9", null, true]}')) == '{"a": [1, 2.5, "\\u00e9", null, true]}':
+            return light
+    except (ImportError, AttributeError, TypeError, ValueError):
+        pass
+    import json as module  # (an interpreter whose _json is not CPython's)
+
+    return module
+
+
+json = _json()
+
+
+def hostname():
+    return _socket.gethostname()
+
+
+def ipv4_of(addr):
+    """The IPv4 address ``addr`` names (an address, or a name resolved). A name in ASCII goes to
+    getaddrinfo as bytes: as text it imports the idna codec, 2-6 ms of a probe."""
+    try:
+        host = addr.encode("ascii")
+    except UnicodeEncodeError:
+        host = addr
+    return _socket.getaddrinfo(host, None, _socket.AF_INET)[0][4][0]
+
+
+def listening(port_number, peers=0):
+    """A TCP socket bound to ``port_number`` on every address, listening (OSError: not free),
+    with room for every one of ``peers`` to knock at once: a full backlog drops a knock's SYN,
+    and the peer's kernel sends it again only a second later (128 hosts: 1 s of every check)."""
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)  # as torch's TCPStore does
+    try:
+        s.bind(("", port_number))
+        s.listen(max(64, peers + 8))  # (the kernel caps it at net.core.somaxconn)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def accepted(s, timeout):
+    """(the next connection to ``s``, its peer's address), or None after ``timeout``."""
+    s.settimeout(timeout)
+    try:
+        fd, addr = s._accept()
+    except TIMED_OUT:
+        return None
+    return _socket.socket(s.family, s.type, s.proto, fd), addr[0]
+
+
+def connected(addr, port_number, timeout):
+    """A TCP connection to ``addr``:``port_number`` (each address it resolves to, in turn, as
+    socket.create_connection); OSError (``_socket.timeout``: timed out) when none answers."""
+    try:
+        host = addr.encode("ascii")
+    except UnicodeEncodeError:
+        host = addr
+    last = OSError("no address")
+    for family, kind, proto, _, where in _socket.getaddrinfo(host, port_number, 0, _socket.SOCK_STREAM):
+        s = _socket.socket(family, kind, proto)
+        try:
+            s.settimeout(timeout)
+            s.connect(where)
+            return s
+        except OSError as exc:
+            s.close()
+            last = exc
+    raise last

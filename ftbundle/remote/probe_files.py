@@ -19,10 +19,13 @@ in ftbundle/check/__init__.py). Standard library only.
   files it finished are kept, the next check goes on from there).
 """
 
-import json
 import os
 import sys
 import time
+
+# the probe's json (probe_common.py's, shipped before this text); the json package when imported,
+# or shipped without it (the stage program: ftbundle/stage.py)
+json = globals().get("json") or __import__("json")
 
 CACHE_ROOT = "/tmp"
 HASH_CHUNK = 1 << 20

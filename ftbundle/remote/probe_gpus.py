@@ -41,11 +41,10 @@ def health(spec, out):
     is asked under its newer name, else left out), the temperature thresholds, and the kernel
     log's Xid lines with the uptime they are stamped against. Read first, the kernel log: a
     wedged driver that hangs nvidia-smi has usually said why there."""
-    import re
-
     h = spec.get("health")
     if not h or not have("nvidia-smi"):
         return
+    import re
     limit = spec.get("nvidia_smi_timeout_s", 10)
     result = {"kernel_log": kernel_log(h.get("window_s", 86400), limit)}
     fields, aliases = list(h["fields"]), h.get("aliases", {})

@@ -7,14 +7,12 @@ in the kernel (D state, deaf to kill -9), so the probe itself never touches it (
 decides what a slow answer is). And the `clean` mode, which removes the sentinels. Shipped
 within the probe (``probe_source``); standard library only."""
 
-import json
 import os
-import socket
 import time
 
 if __package__:  # imported (tests); shipped, the texts of these come before this one
     from .evidence import HUNG, WAITING, read_load, read_process, storage_verdict
-    from .probe_common import guarded, pauses
+    from .probe_common import guarded, hostname, json, pauses
 
 def storage_apart(spec, started):
     """Fork the child that asks the storage (before any thread starts: a fork is safe then);
@@ -173,7 +171,7 @@ def storage(spec, out, started):
         try:
             os.makedirs(sdir, exist_ok=True)
             with open(os.path.join(sdir, f"rank-{rank}"), "w") as f:
-                f.write(socket.gethostname() + "\n")
+                f.write(hostname() + "\n")
             res["written"] = True
             pending.append((res, sdir))
             fs = os.statvfs(sdir)  # (what a checkpoint written there may use: check/checkpoint_rules.py)

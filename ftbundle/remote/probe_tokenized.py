@@ -14,10 +14,10 @@ one is never used). Complete: datasets' own layout, ``dataset_dict.json`` naming
 each with the ``state.json`` and ``dataset_info.json`` that save_to_disk writes last.
 """
 
-import json
 import os
 
 if __package__:  # imported (tests); shipped, the texts of these come before this one
+    from .probe_common import json
     from .probe_files import TOKENIZER_NAMES, fingerprint, listing
 
 
