@@ -88,13 +88,14 @@ def probe_loader() -> tuple[str, str]:
     return shipped.read_text("remote", "probe_loader.py"), hashlib.sha256(probe_source()).hexdigest()[:16]
 
 
-def probe_argv(host: Host, spec: str) -> list[str]:
+def probe_argv(host: Host, spec: str, *, sized: bool = False) -> list[str]:
     """The probe's command line: its interpreter with -S (the probe is standard library only;
     the host's site.py, .pth files and sitecustomize are not its business and cost a few ms),
     the loader (its compiled code kept on the host), the JSON spec and the source's digest as its
-    arguments; the program on stdin."""
+    arguments; the program on stdin (``sized``: its length too, and the probe reads what follows
+    it: the ranks taking part, see :func:`probe_hosts`)."""
     loader, digest = probe_loader()
-    return [probe_python(host), "-S", "-c", loader, spec, digest]
+    return [probe_python(host), "-S", "-c", loader, spec, digest] + ([str(len(probe_source()))] if sized else [])
 
 
 def probe_python(host: Host) -> str:
@@ -106,12 +107,14 @@ def probe_python(host: Host) -> str:
     return value if value and not value.startswith("auto") and "{{" not in value else "python3"
 
 
-def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int],
-               port_peers: int | None, create: bool = True, claim: bool = False) -> dict:
+def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int] | None,
+               port_peers: int | None, create: bool = True, claim: bool = False, told: bool = False) -> dict:
     """What host ``rank`` is asked (pure). ``token``: the sentinel name (None: no storage
     sentinels, a light probe); ``expect``: the ranks whose sentinels each host waits for;
     ``port_peers``: how many hosts rank 0 waits for on the master port (None: no port test);
-    ``create``: rank 0 creates a missing shared_dir (not in a read-only probe: --dry-run)."""
+    ``create``: rank 0 creates a missing shared_dir (not in a read-only probe: --dry-run).
+    ``told``: the ranks taking part are not known yet (their hosts still connecting) and come on
+    stdin (remote/probe.py ``told``): ``expect`` is None, ``port_peers`` any number but None."""
     job = layout.job
     extra = scale_s(len(layout.hosts))
     spec: dict = {
@@ -131,7 +134,7 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         "storage_patience_s": STORAGE_PATIENCE_S + extra,
         "command_s": COMMAND_S + extra,
         "token": token,
-        "expect": expect,
+        "expect": None if told else expect,
         "storage": [{"name": "shared_dir", "path": layout.shared_dir, "create": create and rank == 0,
                      "wait": create and rank != 0}],
     }
@@ -139,7 +142,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         spec["storage"].append({"name": "output_dir", "path": layout.checkpoint_dir, "nearest": True})
     if port_peers is not None:
         # (the run's id on every knock: rank 0 counts only its own check's hosts, not another's at once)
-        spec["port"] = ({"role": "listen", "port": layout.master_port, "peers": port_peers, "listen_s": LISTEN_S + extra,
+        spec["port"] = ({"role": "listen", "port": layout.master_port, "peers": None if told else port_peers,
+                         "listen_s": LISTEN_S + extra,
                          "token": layout.run_id}
                         if rank == 0 else
                         {"role": "connect", "addr": layout.master_addr, "port": layout.master_port,
@@ -162,6 +166,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         spec["fingerprints"] = compared
     if rank == 0 and create and layout.checkpoint_dir and "model_name_or_path" in wanted:
         spec["model"] = wanted["model_name_or_path"]  # (its size: what a checkpoint holds)
+    if told:
+        spec["told"] = True
     if rank == 0 and create and layout.dataset_dir and job.tokenize_once:  # (ftbundle/tokenized.py)
         asked = tokenized.request(layout.lf_config, layout.shared_dir, wanted.get("model_name_or_path"))
         if asked is not None:
@@ -191,12 +197,25 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
                 on_hashing: Callable[[str], None] | None = None) -> ClusterFacts:
     """Every host's facts, asked at once. ``full``: also the master port, and the storage
     sentinels named ``token`` (the check); otherwise only what the plan needs (``--no-check``
-    with ``auto``). ``on_hashing``: a line on the files being hashed, while they are."""
+    with ``auto``). ``on_hashing``: a line on the files being hashed, while they are.
+
+    On a cluster still connecting (a background open), each host's probe starts as soon as its
+    own connection is made, not once all of them are: the probes' start-up and the facts that
+    need no other host overlap the other hosts' handshakes (at 128 hosts, most of the round).
+    What does need them (whose sentinels to wait for, rank 0's peers on the master port) is
+    sent to every probe on its stdin once every host has been tried (``told``): the same
+    questions as a round that starts after the connections, asked sooner."""
     hashing = Hashing(on_hashing) if on_hashing is not None else None
+    told = cluster.opening() and full  # (a light probe asks nothing of the other hosts)
     reachable = [rank for rank, h in enumerate(layout.hosts) if h.name not in cluster.errors]
     token = token if full else None
     sentinels = token is not None
     port_peers = len(reachable) - 1 if full and 0 in reachable else None
+
+    def taking_part() -> bytes:  # (told: once every host was tried)
+        cluster.wait_tried()
+        ranks = [rank for rank, h in enumerate(layout.hosts) if h.name not in cluster.errors]
+        return json.dumps({"reachable": ranks}).encode() + b"\n"
     done = [0]
     lock = threading.Lock()
     if on_progress is not None:
@@ -205,14 +224,17 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
     def ask(rank: int) -> HostFacts:
         host = layout.hosts[rank]
         try:
+            if told:
+                cluster.wait_tried(host)
             if host.name in cluster.errors:
                 return HostFacts(host.name, rank, error=cluster.errors[host.name])
             spec = probe_spec(layout, rank, token=token, expect=reachable if sentinels else [rank],
-                              port_peers=port_peers, create=full, claim=claim and full)
+                              port_peers=0 if told else port_peers, create=full, claim=claim and full, told=told)
             try:
-                proc = cluster.start(host, probe_argv(host, json.dumps(spec)), timeout=PROBE_TIMEOUT_S)
+                proc = cluster.start(host, probe_argv(host, json.dumps(spec), sized=told), timeout=PROBE_TIMEOUT_S)
                 result = proc.communicate(probe_source(), timeout=PROBE_TIMEOUT_S,
-                                          on_err=None if hashing is None else partial(hashing.feed, host.name))
+                                          on_err=None if hashing is None else partial(hashing.feed, host.name),
+                                          then=taking_part if told else None)
             except Exception as exc:  # connection dropped, timed out: this host's failure
                 return HostFacts(host.name, rank, error=f"probe failed: {first_line(exc)}")
             try:

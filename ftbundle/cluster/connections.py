@@ -62,6 +62,7 @@ class Cluster:
         self._conns: dict[str, object] = {}
         self._lock = threading.Lock()
         self._opening: threading.Thread | None = None
+        self._tried: dict[str, threading.Event] = {}  # host name -> set once its connection was tried
 
     def __enter__(self) -> Cluster:
         return self
@@ -127,6 +128,30 @@ class Cluster:
         groups = sorted(by_reason.items(), key=lambda item: -len(item[1]))
         return f"{len(self.errors)} hosts: " + "; ".join(f"{fold(names)}: {reason}" for reason, names in groups)
 
+    def opening(self) -> bool:
+        """Whether a background :meth:`open` is still trying hosts."""
+        opening = self._opening
+        return opening is not None and opening.is_alive()
+
+    def wait_tried(self, host: Host | None = None, timeout: float | None = None) -> bool:
+        """Wait until ``host`` (None: every host) of a background :meth:`open` has been tried:
+        connected, or found unreachable. Unlike :meth:`wait_open`, any number of threads may
+        wait at once (a check whose probes start as their hosts connect)."""
+        if host is not None:
+            if host.local or host.name in self._conns or host.name in self.errors:
+                return True
+            with self._lock:
+                tried = self._tried.setdefault(host.name, threading.Event())
+            end = None if timeout is None else time.monotonic() + timeout
+            while not tried.wait(0.1):  # (a host this open never tries: done when the open is)
+                if not self.opening() or (end is not None and time.monotonic() >= end):
+                    return tried.is_set() or not self.opening()
+            return True
+        opening = self._opening
+        if opening is not None:
+            opening.join(timeout)
+        return not self.opening()
+
     def wait_open(self) -> Cluster:
         """Wait (interruptibly) until a background :meth:`open` has tried every host."""
         opening, self._opening = self._opening, None
@@ -154,11 +179,13 @@ class Cluster:
                 with self._lock:
                     self.errors[host.name] = f"cannot SSH to {where}: {reason}{tries}"
                     self._why[host.name] = reason
+                    self._tried.setdefault(host.name, threading.Event()).set()
                 return
             with self._lock:
                 self.errors.pop(host.name, None)
                 self._why.pop(host.name, None)
                 self._conns[host.name] = conn
+                self._tried.setdefault(host.name, threading.Event()).set()
             return
 
     def _open_one(self, host: Host):

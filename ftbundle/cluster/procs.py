@@ -63,9 +63,10 @@ class Proc:
         return False
 
     def communicate(self, data: bytes = b"", timeout: float | None = None,
-                    on_err: Callable[[bytes], None] | None = None) -> Result:
+                    on_err: Callable[[bytes], None] | None = None, then: Callable[[], bytes] | None = None) -> Result:
         """Send ``data``, close stdin, collect all output and the exit code; ``on_err``: each
-        chunk of stderr as it comes (a command's progress lines)."""
+        chunk of stderr as it comes (a command's progress lines); ``then``: what to send after
+        ``data``, once it is known (it is called after ``data`` went, while the command runs)."""
         out: list[bytes] = []
         err: list[bytes] = []
 
@@ -80,6 +81,8 @@ class Proc:
             t.start()
         if data:
             self.send(data)
+        if then is not None:
+            self.send(then())
         self.close_stdin()
         code = self.wait(timeout)
         if code is None:

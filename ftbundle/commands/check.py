@@ -22,8 +22,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             raise UserError(f"{flag} only applies with {needs}: add {needs}, or drop {flag}", key=flag)
     job, layout = load_layout(args.job, args.inventory)
     refuse_contradictions(job, layout, args.inventory)
-    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys) as cluster:
-        report, facts = run_checks(layout, cluster, on_hashing=say)
+    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys, wait=False) as cluster:
+        report, facts = run_checks(layout, cluster, on_hashing=say)  # (its probes start as their hosts connect)
+        cluster.wait_open()
         plan = make_plan(layout, facts) if report.ok else None
         if plan is not None:
             said = output_dir_check(plan, cluster)

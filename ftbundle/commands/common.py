@@ -56,20 +56,24 @@ def refuse_contradictions(job: Job, layout: Layout, inventory: str | None) -> No
                         file=str(job.path), key="spares")
 
 
-def open_cluster(hosts, *, accept_new_host_keys: bool = False, meanwhile=None):
+def open_cluster(hosts, *, accept_new_host_keys: bool = False, meanwhile=None, wait: bool = True):
     """One connection to every host, opened at once. ``meanwhile(cluster)`` runs here while the
     handshakes wait on the network (the launch path imports what it needs next; status says a
-    host that is slow to answer)."""
+    host that is slow to answer). ``wait=False``: return while they do; what comes next is the
+    check, whose probes start host by host as each connects (check/__init__.py probe_hosts),
+    and the caller waits (``wait_open``) after it."""
     from ..cluster import Cluster
 
     cluster = Cluster(hosts, accept_new_host_keys=accept_new_host_keys)
-    if meanwhile is None:
+    if meanwhile is None and wait:
         return cluster.open()
     cluster.open(background=True)
     try:
-        meanwhile(cluster)
+        if meanwhile is not None:
+            meanwhile(cluster)
     finally:
-        cluster.wait_open()
+        if wait:
+            cluster.wait_open()
     return cluster
 
 

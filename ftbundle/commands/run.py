@@ -52,6 +52,7 @@ def checked_plan(layout: Layout, cluster, *, skip_check: bool = False, ui=None, 
         report, facts = run_checks(layout, cluster, keep_sentinels=True, claim=True,
                                    on_progress=ui.checking if ui is not None else None,
                                    on_hashing=ui.hashing if ui is not None else say)
+        cluster.wait_open()  # (a cluster still connecting when the check began: every host tried by now)
         if ui is not None:
             ui.stop()
         sentinels = sentinel_cleanup(layout, facts)
@@ -150,7 +151,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run and not needs_facts(layout):
         print(format_plan(make_plan(layout)))
         return 0
-    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys,
+    checking = job.check and not args.no_check and not args.dry_run  # (its probes start as their hosts connect)
+    with open_cluster(layout.hosts, accept_new_host_keys=args.accept_new_host_keys, wait=not checking,
                       meanwhile=lambda _: _launch_imports(layout, skip_check=args.no_check)) as cluster:
         if args.dry_run:  # starts nothing; the hosts are asked (read-only) what the plan needs
             plan, _, _, _ = checked_plan(layout, cluster, skip_check=True, stage=False)

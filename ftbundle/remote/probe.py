@@ -43,7 +43,7 @@ import sys
 import time
 
 if __package__:  # imported (tests); shipped, the parts' texts come before this one (probe_source)
-    from .probe_common import (TIMED_OUT, Task, accepted, connected, guarded, have, hostname, ipv4_of, json, last_line,
+    from .probe_common import (TIMED_OUT, Latch, Task, accepted, connected, guarded, have, hostname, ipv4_of, json, last_line,
                                listening, pauses, run, which)
     from .probe_gpus import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY, gpus, health  # noqa: F401 (tests)
     from .probe_storage import StorageReport, cleanup, storage_apart
@@ -221,6 +221,9 @@ def dirs(spec, out):
 
 
 def port(spec, out):
+    heard = spec.get("heard")
+    if heard is not None:  # (who takes part is said after the start: told)
+        heard.wait()
     p = spec.get("port")
     if not p:
         return
@@ -359,6 +362,41 @@ def iperf_client(spec, out):
         time.sleep(0.3)
 
 
+def told(spec, end):
+    """The ranks whose probes run, when the launcher started this one before every host's
+    connection was made (spec ``told``): one JSON line after the source on stdin,
+    ``{"reachable": [RANK, ...]}``. They are what every host waits for: the others' sentinels
+    (``expect``), and on the master port rank 0's peers (none when rank 0 is not among them).
+    Read while the facts that need no one else are being gathered; handed to the storage child
+    (its pipe, ``told_fd``) and to the port's task (``heard``). No line (the launcher gone): no
+    one else is waited for."""
+    import select
+
+    got = b""
+    while b"\n" not in got:
+        ready, _, _ = select.select([0], [], [], max(0.0, end - time.monotonic()))
+        chunk = os.read(0, 65536) if ready else b""
+        if not chunk:
+            break
+        got += chunk
+    try:
+        reachable = [int(r) for r in json.loads(got.split(b"\n")[0])["reachable"]]
+    except (ValueError, KeyError, TypeError):
+        reachable = [spec["rank"]]
+    spec["expect"] = reachable if spec.get("token") else [spec["rank"]]
+    if spec.get("port") and 0 not in reachable:
+        del spec["port"]
+    elif spec.get("port", {}).get("role") == "listen":
+        spec["port"]["peers"] = len(reachable) - 1
+    if spec.get("told_fd") is not None:
+        try:
+            os.write(spec["told_fd"][1], json.dumps(spec["expect"]).encode() + b"\n")
+        except OSError:  # (the child is gone: its report says what it could)
+            pass
+        os.close(spec["told_fd"][1])
+    spec["heard"].set()
+
+
 MODES = {"clean": cleanup, "iperf-server": iperf_server, "iperf-client": iperf_client}
 
 
@@ -370,6 +408,10 @@ def main():
         MODES[spec["mode"]](spec, out)
         print(json.dumps(out))
         return
+    if spec.get("told"):  # (the ranks taking part come on stdin: told)
+        spec["heard"] = Latch()
+        if spec.get("storage"):
+            spec["told_fd"] = os.pipe()
     report = StorageReport(spec, *storage_apart(spec, started)) if spec.get("storage") else None
     spec["fingerprint_deadline"] = started + spec.get("deadline_s", 150) - 2  # (what it has by then)
     # the slowest first (it starts the job's interpreter): its head start is the round's
@@ -380,6 +422,8 @@ def main():
                for t in tasks]
     for t in threads:
         t.start()
+    if spec.get("told"):
+        told(spec, started + spec.get("deadline_s", 150))
     # what lives on the (often shared) workdir, only once the storage has answered
     stuck = report.answered(spec.get("storage_answer_s", 5), spec.get("storage_patience_s", 30)) if report else None
     if stuck is None:

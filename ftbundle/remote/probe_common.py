@@ -314,3 +314,21 @@ def connected(addr, port_number, timeout):
             s.close()
             last = exc
     raise last
+
+
+class Latch:
+    """threading.Event's set and wait, on _thread: a task waits until what it needs is known."""
+
+    def __init__(self):
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+
+    def set(self):
+        try:
+            self._lock.release()
+        except RuntimeError:  # (set already)
+            pass
+
+    def wait(self):
+        self._lock.acquire()
+        self._lock.release()

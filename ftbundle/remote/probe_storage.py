@@ -20,14 +20,19 @@ def storage_apart(spec, started):
     NAME}`` once a name never used under that path has been stat'ed (no cache answers that: the
     server did), then ``{"storage": ...}``, :func:`storage`'s result. First of all ``{"control":
     true}``, once it has stat'ed a name never used under /tmp: the host runs it, and its own disk
-    answers (the control of :func:`storage_verdict`)."""
+    answers (the control of :func:`storage_verdict`). With ``told_fd`` in the spec (a pipe's
+    ends), the ranks whose sentinels to wait for come on it (probe.py's told)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid:
         os.close(w)
+        if spec.get("told_fd") is not None:  # (the child's end of the ranks' pipe)
+            os.close(spec["told_fd"][0])
         return pid, r
     try:  # the child: nothing of the SSH session's streams, so a child stuck for good holds none
         os.close(r)
+        if spec.get("told_fd") is not None:  # (the parent's end of the pipe the ranks come on: told)
+            os.close(spec["told_fd"][1])
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
@@ -179,6 +184,8 @@ def storage(spec, out, started):
         except OSError as exc:
             res["written"] = False
             res["write_error"] = exc.strerror
+    if expect is None:  # the ranks whose probes run come after the start (probe.py, told): our own is written
+        expect = told_ranks(spec, rank) if pending else []
     deadline = time.monotonic() + wait_s
     for res, sdir in pending:
         unseen, waits = list(expect), pauses()
@@ -189,6 +196,22 @@ def storage(spec, out, started):
             time.sleep(min(next(waits), max(0.0, deadline - time.monotonic())))
         res["seen"] = [r for r in expect if r not in unseen]
     out["storage"] = results
+
+
+def told_ranks(spec, rank):
+    """The storage child's copy of the ranks whose probes run (probe.py's told, on the pipe
+    ``told_fd``), waited for until the probe's deadline; only its own when none came."""
+    import select
+
+    fd = spec["told_fd"][0]
+    got, end = b"", time.monotonic() + spec.get("deadline_s", 150)
+    while b"\n" not in got:
+        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            return [rank]
+        got += chunk
+    return json.loads(got.split(b"\n")[0])
 
 
 def sees(path):
