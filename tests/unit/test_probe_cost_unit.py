@@ -142,3 +142,65 @@ def test_a_listener_takes_more_knocks_at_once_than_the_old_backlog_and_a_dead_po
             PC.listening(busy.getsockname()[1])
         finally:
             busy.close()
+
+
+def told_probe(tmp_path, *, rank: int = 0, port: dict | None = None):
+    """The real loader and probe, started as a check on a cluster still connecting starts it:
+    spec ``told``, the source's length an argument, who takes part still to come on stdin."""
+    from ftbundle.check import probe_argv
+    from ftbundle.inventory import Host
+
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    spec = local_spec(tmp_path, rank=rank, token="t2", expect=None, told=True, sentinel_wait_s=1,
+                      storage=[{"name": "shared_dir", "path": str(shared), "create": True}])
+    if port is not None:
+        spec["port"] = port
+    argv = probe_argv(Host("localhost", "127.0.0.1", local=True), json.dumps(spec), sized=True)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(probe_source())
+    proc.stdin.flush()
+    return proc, shared / ".ftb-check-t2"
+
+
+def test_a_probe_started_while_the_others_connect_waits_for_who_takes_part_then_asks_it(tmp_path):
+    import socket
+    import threading
+
+    port = 29000 + (os.getpid() + 7) % 1000
+    proc, sentinels = told_probe(tmp_path, port={"role": "listen", "port": port, "peers": None, "listen_s": 5,
+                                                 "token": "run"})
+    time.sleep(1.0)
+    assert proc.poll() is None  # no answer yet: whose sentinels and how many peers are not known
+    assert (sentinels / "rank-0").is_file()  # (its own sentinel is written meanwhile)
+    (sentinels / "rank-3").write_text("node3\n")  # rank 3's host (shared storage) has written its own
+
+    def peer():  # rank 3 knocks with its run's token, once the listener is up
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"run\n")
+                    return
+            except OSError:
+                time.sleep(0.05)
+
+    knock = threading.Thread(target=peer, daemon=True)
+    knock.start()
+    began = time.monotonic()
+    out, err = proc.communicate(b'{"reachable": [0, 3]}\n', timeout=60)
+    knock.join(5)
+    facts = json.loads(out.decode().strip().splitlines()[-1])
+    assert facts["storage"]["shared_dir"]["seen"] == [0, 3], (facts, err)  # it waited for rank 3's, and saw it
+    assert facts["port"] == {"role": "listen", "accepted": ["127.0.0.1"]}  # and for one peer on the port
+    assert time.monotonic() - began < 5 and not facts.get("errors"), facts
+
+
+def test_a_told_probe_that_hears_nothing_waits_for_no_one(tmp_path):
+    proc, _ = told_probe(tmp_path, rank=2, port={"role": "connect", "addr": "127.0.0.1", "port": 9,
+                                                 "connect_s": 5, "token": "run"})
+    began = time.monotonic()
+    out, err = proc.communicate(b"", timeout=60)  # (the launcher gone: stdin ends after the source)
+    facts = json.loads(out.decode().strip().splitlines()[-1])
+    assert facts["storage"]["shared_dir"]["seen"] == [2], (facts, err)  # its own sentinel only
+    assert "port" not in facts  # no rank 0 among those taking part: no port to try
+    assert time.monotonic() - began < 3, facts
