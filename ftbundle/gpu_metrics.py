@@ -304,6 +304,33 @@ class GpuFleet:
                 "named": list(self.named)}
 
 
+def over_attempts(records: list[dict | None]) -> dict | None:
+    """summary.json's ``gpus`` over a run's attempts (each attempt's :meth:`GpuFleet.record`, in
+    order): a node's mean utilization over all its readings, its highest memory, its GPUs as the
+    last attempt that read them saw them; everything named, in order, once. Pure."""
+    kept = [r for r in records if r and r.get("nodes")]
+    if len(kept) <= 1:
+        return kept[0] if kept else None
+    nodes: dict[str, dict] = {}
+    for record in kept:
+        for host, n in record["nodes"].items():
+            was = nodes.get(host)
+            if was is None:
+                nodes[host] = dict(n)
+                continue
+            readings = (was.get("readings") or 0) + (n.get("readings") or 0)
+            util = sum((r.get("util_mean") or 0.0) * (r.get("readings") or 0) for r in (was, n))
+            nodes[host] = {"gpus": n.get("gpus") or was.get("gpus"),
+                           "util_mean": round(util / readings, 1) if readings else None,
+                           "mem_peak_mib": max((v for v in (was.get("mem_peak_mib"), n.get("mem_peak_mib"))
+                                                if v is not None), default=None),
+                           "mem_total_mib": max((v for v in (was.get("mem_total_mib"), n.get("mem_total_mib"))
+                                                 if v is not None), default=None),
+                           "readings": readings}
+    named = list(dict.fromkeys(said for record in kept for said in record.get("named", [])))
+    return {"nodes": dict(sorted(nodes.items(), key=lambda kv: natural(kv[0]))), "named": named}
+
+
 SUMMARY_ROWS_MAX = 16
 
 

@@ -27,7 +27,7 @@ from typing import Callable, TextIO
 
 import yaml
 
-from .. import rundir
+from .. import gpu_metrics, rundir
 from ..cluster import Cluster, HostUnreachable, first_line, parallel
 from ..errors import UserError
 from ..hostlist import fold
@@ -372,6 +372,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             print(f"ftbundle: {message}", file=err, flush=True)
 
     curve: list[dict] = []  # every attempt's trainer records, each with its attempt: one curve per run
+    gpu_records: list[dict | None] = []  # every attempt's GPU figures (gpu_metrics.over_attempts: the summary's)
     telling: list[threading.Thread] = []  # a lost host told (notify) while the run goes on
 
     def tell_lost(nxt: NextAttempt, outcome: Outcome, attempt: int) -> None:
@@ -393,7 +394,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         if ui is not None:
             summary = record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
                                  duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries,
-                                 curve=curve)
+                                 curve=curve, gpus=gpu_metrics.over_attempts(gpu_records))
             if plan.notify is not None:  # (once, at the run's end: ftbundle/notify.py)
                 from ..notify import send
 
@@ -416,6 +417,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         outcome = supervisor.run(before if attempt == 1 else None)
         curve += [{**r, "attempt": attempt} for r in (outcome.progress.records + outcome.progress.gpus.curve
                                                       if outcome.progress else [])]
+        gpu_records.append(outcome.progress.gpus.record() if outcome.progress else None)
         if pending:  # (a restart: where the time from the failure to this attempt's first step went)
             parts = recovery({**pending, **outcome.marks}, wall_offset=wall_offset)
             recoveries.append({"attempt": attempt, **parts})
@@ -425,7 +427,8 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         if outcome.exit_code == 0:
             if ui is not None:
                 ui.final_progress()
-                ui.done(closing_lines(plan, outcome, time.monotonic() - started, attempt, history, recoveries))
+                ui.done(closing_lines(plan, outcome, time.monotonic() - started, attempt, history, recoveries,
+                                      gpus=gpu_metrics.over_attempts(gpu_records)))
             else:
                 say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)"
                     + (f" (attempt {attempt})" if attempt > 1 else ""))
@@ -483,7 +486,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
 
 
 def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
-                  history: list[dict] = (), recoveries: list[dict] = ()) -> list[str]:
+                  history: list[dict] = (), recoveries: list[dict] = (), gpus: dict | None = None) -> list[str]:
     from ..ui.summary import closing_summary
 
     adapter = None
@@ -491,7 +494,7 @@ def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
         adapter = posixpath.join(plan.checkpoint_dir, "adapter_model.safetensors")
     lines = closing_summary(run_id=plan.run_id, run_dir=plan.run_dir, duration_s=duration_s,
                             progress=outcome.progress or Progress(), output_dir=plan.checkpoint_dir,
-                            adapter=adapter, nnodes=plan.nnodes, staged=plan.staged)
+                            adapter=adapter, nnodes=plan.nnodes, staged=plan.staged, gpus=gpus)
     if attempt > 1:
         lines[0] += f" (attempt {attempt})"
     told = {r["attempt"] for r in history if r.get("why")}  # (a loss's attempt says its recovery with its line)
@@ -501,7 +504,7 @@ def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
 
 def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, started_wall: float,
                duration_s: float, attempts: list[dict] = (), recoveries: list[dict] = (),
-               curve: list[dict] | None = None) -> dict:
+               curve: list[dict] | None = None, gpus: dict | None = None) -> dict:
     """The run's record beside its logs (returned: summary.json's content): summary.json (state, exit, duration, final loss,
     each attempt's hosts) and metrics.jsonl (the trainer's log records of every attempt, each
     with its attempt: ``curve``; else this outcome's), for `ftbundle runs` and `ftbundle plot`.
@@ -515,6 +518,8 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
                           stalled=outcome.stalled,
                           attempt=attempt, started=started_wall, duration_s=duration_s, progress=progress,
                           failed_host=outcome.failure.host if outcome.failure else None)
+    if gpus is not None:  # (every attempt's readings, not the last one's alone: gpu_metrics.over_attempts)
+        summary["gpus"] = gpus
     if len(attempts) > 1:
         summary["attempts"] = list(attempts)
     if recoveries:

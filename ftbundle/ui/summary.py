@@ -151,9 +151,11 @@ def hint(code: int | None, text: str) -> str | None:
 
 
 def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: Progress,
-                    output_dir: str | None, adapter: str | None, nnodes: int, staged=()) -> list[str]:
+                    output_dir: str | None, adapter: str | None, nnodes: int, staged=(),
+                    gpus: dict | None = None) -> list[str]:
     """The lines shown when every node finished; ``staged``: what `stage:` did before it
-    (Staged.record of ftbundle/stage.py), a line each."""
+    (Staged.record of ftbundle/stage.py), a line each; ``gpus``: the GPUs' figures over every
+    attempt (gpu_metrics.over_attempts; else this attempt's)."""
     lines = [f"finished run {run_id} on {nnodes} node(s) in {clock(duration_s)}"]
     if progress.start_step:
         lines.append(f"  resumed at   step {progress.start_step} ({progress.steps_done} step(s) this run)")
@@ -185,7 +187,7 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
             lines.append(f"  MFU          " + (f"{mfu:.1%}: {progress.speed.mfu_basis()}" if mfu is not None
                                                else progress.speed.mfu_basis()))
     lines += stragglers.summary_lines(progress.node_steps.values(), progress.straggler_factor)
-    lines += gpu_metrics.summary_lines(progress.gpus.record())
+    lines += gpu_metrics.summary_lines(gpus if gpus is not None else progress.gpus.record())
     if output_dir:
         lines.append(f"  output dir   {output_dir}")
     if adapter:

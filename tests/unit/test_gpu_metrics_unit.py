@@ -265,3 +265,35 @@ def test_readings_that_say_nothing_break_nothing(text):
     fleet = GpuFleet()
     fleet.observe("node0", text, 0.0)
     assert fleet.tick(5.0, step=None, first_step=None) == []
+
+
+def test_a_runs_gpu_figures_cover_every_attempt_not_the_last_alone():
+    """A restart makes a new attempt, with a fleet of its own: the summary's figures (summary.json,
+    the closing lines) are over the whole run, a node's mean over all its readings."""
+    busy, idle = readings_of(SMI / "h100-x8.metrics.csv"), readings_of(SMI / "h100-x8-idle.metrics.csv")
+    first, second = GpuFleet(), GpuFleet()
+    for i, text in enumerate(busy[:6]):  # attempt 1: node0 and node1 busy, then node1 is lost
+        first.observe("node0", text, float(i))
+        first.observe("node1", text, float(i))
+    first.named.append("node1 GPU 3 holds 79.0 of 80.0 GiB")
+    for i, text in enumerate(idle[:2]):  # attempt 2: node0 and a spare, idle (the restart's loading)
+        second.observe("node0", text, 10.0 + i)
+        second.observe("spare0", text, 10.0 + i)
+
+    def means(texts):
+        per = [sum(r.util for r in parse_line(t)) / len(parse_line(t)) for t in texts]
+        return per
+
+    whole = gpu_metrics.over_attempts([first.record(), None, second.record()])
+    node0 = whole["nodes"]["node0"]
+    expected = means(busy[:6]) + means(idle[:2])
+    assert node0["readings"] == 8 and node0["util_mean"] == pytest.approx(sum(expected) / 8, abs=0.1)
+    assert node0["util_mean"] != second.record()["nodes"]["node0"]["util_mean"]  # (the last attempt alone: idle)
+    assert node0["mem_peak_mib"] == max(first.record()["nodes"]["node0"]["mem_peak_mib"],
+                                        second.record()["nodes"]["node0"]["mem_peak_mib"])
+    assert list(whole["nodes"]) == ["node0", "node1", "spare0"]  # every node that ran, the lost one too
+    assert whole["named"] == ["node1 GPU 3 holds 79.0 of 80.0 GiB"]
+    assert any(line.startswith("  GPUs         node1 ") for line in summary_lines(whole))
+    # one attempt: its own record, as it was; none read: None
+    assert gpu_metrics.over_attempts([first.record()]) == first.record()
+    assert gpu_metrics.over_attempts([None, None]) is None
