@@ -57,9 +57,7 @@ def speed_record(progress) -> dict:
     tokens = progress.tokens_per_s()
     basis = progress.speed
     per = tokens / basis.ranks if tokens is not None and basis is not None and basis.ranks else None
-    counted = progress.tokens if progress.tokens is not None or not progress.rank_tokens else \
-        sum(t for t, _ in progress.rank_tokens.values())
-    return {"tokens": counted, "tokens_per_s": None if tokens is None else round(tokens, 1),
+    return {"tokens": progress.tokens_counted, "tokens_per_s": None if tokens is None else round(tokens, 1),
             "tokens_per_s_per_rank": None if per is None else round(per, 1),
             "tokens_padding": None if basis is None else basis.padding,
             "mfu": None if progress.mfu() is None else round(progress.mfu(), 4),

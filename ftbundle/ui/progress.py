@@ -395,6 +395,14 @@ class Progress:
         rate = self.steps_per_s(now)
         return rate * self.effective_batch if rate and self.effective_batch else None
 
+    @property
+    def tokens_counted(self) -> int | None:
+        """The tokens computed so far: the trainer's count, or a script's ranks' counts summed
+        (StepClock's; None when neither says)."""
+        if self.tokens is None and self.rank_tokens:
+            return sum(tokens for tokens, _ in self.rank_tokens.values())
+        return self.tokens
+
     def tokens_per_s(self) -> float | None:
         """Tokens a second by the trainer's clock: its count over its elapsed time on a fresh
         start (as LlamaFactory's own throughput), and from this attempt's first record on a
