@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from .gpu_health import SLOWDOWN_REASONS
 from .hostlist import fold, natural
+from .remote.gpu_tally import GpuTally
 
 # what the node's loop asks (the fields' order is the parser's); clocks_throttle_reasons.active is
 # still known by drivers that print it as clocks_event_reasons.active (the recorded H100's 580)
@@ -136,10 +137,7 @@ class NodeGpus:
     latest: list[GpuReading] = field(default_factory=list)
     at: float | None = None
     window: collections.deque = field(default_factory=collections.deque)  # (at, mean utilization)
-    util_sum: float = 0.0
-    util_n: int = 0
-    peak_mib: dict[str, float] = field(default_factory=dict)  # per GPU index
-    total_mib: dict[str, float] = field(default_factory=dict)
+    tally: GpuTally = field(default_factory=GpuTally)  # the run's totals (a detached run's watcher keeps the same)
     streak: dict[tuple[str, str], int] = field(default_factory=dict)  # (gpu, verdict) -> readings in a row
     judged_at: float | None = None  # the reading the memory and clock verdicts last looked at
 
@@ -148,15 +146,9 @@ class NodeGpus:
         util = _mean(r.util for r in readings if r.util is not None)
         if util is not None:
             self.window.append((at, util))
-            self.util_sum += util
-            self.util_n += 1
         while self.window and self.window[0][0] < at - WINDOW_S:
             self.window.popleft()
-        for r in readings:
-            if r.mem_used_mib is not None:
-                self.peak_mib[r.index] = max(self.peak_mib.get(r.index, 0.0), r.mem_used_mib)
-            if r.mem_total_mib:
-                self.total_mib[r.index] = r.mem_total_mib
+        self.tally.add([(r.index, r.util, r.mem_used_mib, r.mem_total_mib) for r in readings])
 
     def window_util(self, since: float | None = None) -> float | None:
         """The mean utilization over the window (from ``since`` on), None until it spans MIN_SPAN_S."""
@@ -167,10 +159,7 @@ class NodeGpus:
 
     def record(self) -> dict:
         """summary.json's figures of this node."""
-        return {"gpus": len(self.latest), "util_mean": None if not self.util_n else round(self.util_sum / self.util_n, 1),
-                "mem_peak_mib": round(max(self.peak_mib.values())) if self.peak_mib else None,
-                "mem_total_mib": round(max(self.total_mib.values())) if self.total_mib else None,
-                "readings": self.util_n}
+        return self.tally.record()
 
 
 class GpuFleet:

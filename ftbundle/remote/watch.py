@@ -47,6 +47,7 @@ import threading
 import time
 
 if __package__:  # imported (tests); shipped, the parts' texts come before this one (launch/stall.py WATCH_PARTS)
+    from .gpu_tally import GpuTally
     from .stallclock import StallClock
     from .watch_host import (Host, Task, Worker, append, environ_of, read_text, release_claims, which,
                              write_plain, write_whole)
@@ -82,7 +83,8 @@ class Watcher:
         self.steps_kept = ""
         self.steps_at = None
         self.smi = None  # a GPU job's nvidia-smi loop (sampling)
-        self.gpus = {"sum": 0.0, "n": 0, "peak": {}, "total": {}, "latest": ""}
+        self.gpus = GpuTally()  # (the launcher's NodeGpus keeps the same: remote/gpu_tally.py)
+        self.gpus_latest = ""
         self.gpus_lock = threading.Lock()
 
     def path(self, name):
@@ -167,28 +169,21 @@ class Watcher:
             self._gpus_reading(reading)
 
     def _gpus_reading(self, reading):
-        utils, g = [], self.gpus
+        gpus = []
         for index, cells in reading.items():
             try:
-                utils.append(float(cells[1]))
-                g["peak"][index] = max(g["peak"].get(index, 0.0), float(cells[2]))
-                g["total"][index] = float(cells[3])
-            except ValueError:
+                gpus.append((index, float(cells[1]), float(cells[2]), float(cells[3])))
+            except ValueError:  # ([N/A] and the like: this GPU is not counted in this reading)
                 continue
-        if utils:
-            g["sum"] += sum(utils) / len(utils)
-            g["n"] += 1
-        g["latest"] = ";".join(", ".join(cells) for cells in reading.values())
+        self.gpus.add(gpus)
+        self.gpus_latest = ";".join(", ".join(cells) for cells in reading.values())
 
     def keep_gpus(self):
         with self.gpus_lock:
             g = self.gpus
-            if not g["n"] or not g["peak"] or not g["total"]:
+            if not g.readings or not g.peak_mib or not g.total_mib:
                 return
-            text = json.dumps({
-                "gpus": len(g["peak"]), "util_mean": round(g["sum"] / g["n"], 1),
-                "mem_peak_mib": round(max(g["peak"].values())), "mem_total_mib": round(max(g["total"].values())),
-                "readings": g["n"], "latest": g["latest"]})
+            text = json.dumps({**g.record(), "latest": self.gpus_latest})
         write_whole(self.path("FTB_KEPT_GPUS_FILE"), text)
 
     # -- the watching (its own thread: the one that may wait on the storage) ---------------------
