@@ -143,12 +143,11 @@ class NodeGpus:
 
     def add(self, readings: list[GpuReading], at: float) -> None:
         self.latest, self.at = readings, at
-        util = _mean(r.util for r in readings if r.util is not None)
+        util = self.tally.add([(r.index, r.util, r.mem_used_mib, r.mem_total_mib) for r in readings])
         if util is not None:
             self.window.append((at, util))
         while self.window and self.window[0][0] < at - WINDOW_S:
             self.window.popleft()
-        self.tally.add([(r.index, r.util, r.mem_used_mib, r.mem_total_mib) for r in readings])
 
     def window_util(self, since: float | None = None) -> float | None:
         """The mean utilization over the window (from ``since`` on), None until it spans MIN_SPAN_S."""
@@ -293,31 +292,20 @@ class GpuFleet:
                 "named": list(self.named)}
 
 
-def over_attempts(records: list[dict | None]) -> dict | None:
-    """summary.json's ``gpus`` over a run's attempts (each attempt's :meth:`GpuFleet.record`, in
-    order): a node's mean utilization over all its readings, its highest memory, its GPUs as the
-    last attempt that read them saw them; everything named, in order, once. Pure."""
-    kept = [r for r in records if r and r.get("nodes")]
+def over_attempts(fleets: list[GpuFleet | None]) -> dict | None:
+    """summary.json's ``gpus`` over a run's attempts (each attempt's fleet, in order): each node's
+    tallies added up (remote/gpu_tally.py: its mean utilization over all its readings, its highest
+    memory, its GPUs as the last attempt that read them saw them); everything named, in order,
+    once. None when no attempt read a GPU."""
+    kept = [f for f in fleets if f is not None and f.nodes]
     if len(kept) <= 1:
-        return kept[0] if kept else None
-    nodes: dict[str, dict] = {}
-    for record in kept:
-        for host, n in record["nodes"].items():
-            was = nodes.get(host)
-            if was is None:
-                nodes[host] = dict(n)
-                continue
-            readings = (was.get("readings") or 0) + (n.get("readings") or 0)
-            util = sum((r.get("util_mean") or 0.0) * (r.get("readings") or 0) for r in (was, n))
-            nodes[host] = {"gpus": n.get("gpus") or was.get("gpus"),
-                           "util_mean": round(util / readings, 1) if readings else None,
-                           "mem_peak_mib": max((v for v in (was.get("mem_peak_mib"), n.get("mem_peak_mib"))
-                                                if v is not None), default=None),
-                           "mem_total_mib": max((v for v in (was.get("mem_total_mib"), n.get("mem_total_mib"))
-                                                 if v is not None), default=None),
-                           "readings": readings}
-    named = list(dict.fromkeys(said for record in kept for said in record.get("named", [])))
-    return {"nodes": dict(sorted(nodes.items(), key=lambda kv: natural(kv[0]))), "named": named}
+        return kept[0].record() if kept else None
+    tallies: dict[str, GpuTally] = {}
+    for fleet in kept:
+        for host, node in fleet.nodes.items():
+            tallies.setdefault(host, GpuTally()).absorb(node.tally)
+    return {"nodes": {host: t.record() for host, t in sorted(tallies.items(), key=lambda kv: natural(kv[0]))},
+            "named": list(dict.fromkeys(said for fleet in kept for said in fleet.named))}
 
 
 SUMMARY_ROWS_MAX = 16

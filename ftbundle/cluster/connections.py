@@ -143,9 +143,11 @@ class Cluster:
             with self._lock:
                 tried = self._tried.setdefault(host.name, threading.Event())
             end = None if timeout is None else time.monotonic() + timeout
-            while not tried.wait(0.1):  # (a host this open never tries: done when the open is)
-                if not self.opening() or (end is not None and time.monotonic() >= end):
-                    return tried.is_set() or not self.opening()
+            while not tried.wait(0.1):
+                if not self.opening():  # (a host this open never tries: done when the open is)
+                    return True
+                if end is not None and time.monotonic() >= end:
+                    return False
             return True
         opening = self._opening
         if opening is not None:

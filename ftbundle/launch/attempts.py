@@ -372,7 +372,8 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             print(f"ftbundle: {message}", file=err, flush=True)
 
     curve: list[dict] = []  # every attempt's trainer records, each with its attempt: one curve per run
-    gpu_records: list[dict | None] = []  # every attempt's GPU figures (gpu_metrics.over_attempts: the summary's)
+    fleets: list = []  # every attempt's GPUs (gpu_metrics.GpuFleet); the run's figures over them: run_gpus
+    run_gpus: dict | None = None
     telling: list[threading.Thread] = []  # a lost host told (notify) while the run goes on
 
     def tell_lost(nxt: NextAttempt, outcome: Outcome, attempt: int) -> None:
@@ -394,7 +395,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         if ui is not None:
             summary = record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
                                  duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries,
-                                 curve=curve, gpus=gpu_metrics.over_attempts(gpu_records))
+                                 curve=curve, gpus=run_gpus)
             if plan.notify is not None:  # (once, at the run's end: ftbundle/notify.py)
                 from ..notify import send
 
@@ -417,7 +418,8 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         outcome = supervisor.run(before if attempt == 1 else None)
         curve += [{**r, "attempt": attempt} for r in (outcome.progress.records + outcome.progress.gpus.curve
                                                       if outcome.progress else [])]
-        gpu_records.append(outcome.progress.gpus.record() if outcome.progress else None)
+        fleets.append(outcome.progress.gpus if outcome.progress else None)
+        run_gpus = gpu_metrics.over_attempts(fleets)
         if pending:  # (a restart: where the time from the failure to this attempt's first step went)
             parts = recovery({**pending, **outcome.marks}, wall_offset=wall_offset)
             recoveries.append({"attempt": attempt, **parts})
@@ -428,7 +430,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             if ui is not None:
                 ui.final_progress()
                 ui.done(closing_lines(plan, outcome, time.monotonic() - started, attempt, history, recoveries,
-                                      gpus=gpu_metrics.over_attempts(gpu_records)))
+                                      gpus=run_gpus))
             else:
                 say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)"
                     + (f" (attempt {attempt})" if attempt > 1 else ""))

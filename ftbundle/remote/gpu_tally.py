@@ -19,17 +19,28 @@ class GpuTally:
 
     def add(self, gpus):
         """One reading: ``(index, utilization %, memory used MiB, memory total MiB)`` for each of
-        the node's GPUs, None for what it did not say."""
+        the node's GPUs, None for what it did not say. Its mean utilization (None: none said)."""
         utils = [util for _, util, _, _ in gpus if util is not None]
         self.gpus = len(gpus)
-        if utils:
-            self.util_sum += sum(utils) / len(utils)
+        util = sum(utils) / len(utils) if utils else None
+        if util is not None:
+            self.util_sum += util
             self.readings += 1
         for index, _, used, total in gpus:
             if used is not None:
                 self.peak_mib[index] = max(self.peak_mib.get(index, 0.0), used)
             if total:
                 self.total_mib[index] = total
+        return util
+
+    def absorb(self, later):
+        """Add a later tally of the same node (a run's next attempt) to this one."""
+        self.util_sum += later.util_sum
+        self.readings += later.readings
+        self.gpus = later.gpus or self.gpus
+        for index, used in later.peak_mib.items():
+            self.peak_mib[index] = max(self.peak_mib.get(index, 0.0), used)
+        self.total_mib.update(later.total_mib)
 
     def record(self):
         """summary.json's figures of the node."""

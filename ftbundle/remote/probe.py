@@ -44,7 +44,7 @@ import time
 
 if __package__:  # imported (tests); shipped, the parts' texts come before this one (probe_source)
     from .probe_common import (TIMED_OUT, Latch, Task, accepted, connected, guarded, have, hostname, ipv4_of, json, last_line,
-                               listening, pauses, run, which)
+                               line_from, listening, pauses, run, which)
     from .probe_gpus import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY, gpus, health  # noqa: F401 (tests)
     from .probe_storage import StorageReport, cleanup, storage_apart
     from .probe_files import cache_read, cache_write, fingerprint, fingerprints, model_size
@@ -370,17 +370,8 @@ def told(spec, end):
     Read while the facts that need no one else are being gathered; handed to the storage child
     (its pipe, ``told_fd``) and to the port's task (``heard``). No line (the launcher gone): no
     one else is waited for."""
-    import select
-
-    got = b""
-    while b"\n" not in got:
-        ready, _, _ = select.select([0], [], [], max(0.0, end - time.monotonic()))
-        chunk = os.read(0, 65536) if ready else b""
-        if not chunk:
-            break
-        got += chunk
     try:
-        reachable = [int(r) for r in json.loads(got.split(b"\n")[0])["reachable"]]
+        reachable = [int(r) for r in json.loads(line_from(0, end))["reachable"]]
     except (ValueError, KeyError, TypeError):
         reachable = [spec["rank"]]
     spec["expect"] = reachable if spec.get("token") else [spec["rank"]]

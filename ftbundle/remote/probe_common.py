@@ -261,14 +261,18 @@ def hostname():
     return _socket.gethostname()
 
 
-def ipv4_of(addr):
-    """The IPv4 address ``addr`` names (an address, or a name resolved). A name in ASCII goes to
-    getaddrinfo as bytes: as text it imports the idna codec, 2-6 ms of a probe."""
+def _host(addr):
+    """``addr`` as getaddrinfo should get it: a name in ASCII as bytes (as text it imports the
+    idna codec, 2-6 ms of a probe)."""
     try:
-        host = addr.encode("ascii")
+        return addr.encode("ascii")
     except UnicodeEncodeError:
-        host = addr
-    return _socket.getaddrinfo(host, None, _socket.AF_INET)[0][4][0]
+        return addr
+
+
+def ipv4_of(addr):
+    """The IPv4 address ``addr`` names (an address, or a name resolved)."""
+    return _socket.getaddrinfo(_host(addr), None, _socket.AF_INET)[0][4][0]
 
 
 def listening(port_number, peers=0):
@@ -299,12 +303,8 @@ def accepted(s, timeout):
 def connected(addr, port_number, timeout):
     """A TCP connection to ``addr``:``port_number`` (each address it resolves to, in turn, as
     socket.create_connection); OSError (``_socket.timeout``: timed out) when none answers."""
-    try:
-        host = addr.encode("ascii")
-    except UnicodeEncodeError:
-        host = addr
     last = OSError("no address")
-    for family, kind, proto, _, where in _socket.getaddrinfo(host, port_number, 0, _socket.SOCK_STREAM):
+    for family, kind, proto, _, where in _socket.getaddrinfo(_host(addr), port_number, 0, _socket.SOCK_STREAM):
         s = _socket.socket(family, kind, proto)
         try:
             s.settimeout(timeout)
@@ -314,6 +314,21 @@ def connected(addr, port_number, timeout):
             s.close()
             last = exc
     raise last
+
+
+def line_from(fd, end):
+    """The first line that comes on ``fd``, without its newline, waited for until ``end``
+    (monotonic); what came before the stream ended or the time was up when no whole line did."""
+    import select
+
+    got = b""
+    while b"\n" not in got:
+        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            break
+        got += chunk
+    return got.split(b"\n")[0]
 
 
 class Latch:

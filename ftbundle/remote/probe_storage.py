@@ -12,7 +12,7 @@ import time
 
 if __package__:  # imported (tests); shipped, the texts of these come before this one
     from .evidence import HUNG, WAITING, read_load, read_process, storage_verdict
-    from .probe_common import guarded, hostname, json, pauses
+    from .probe_common import guarded, hostname, json, line_from, pauses
 
 def storage_apart(spec, started):
     """Fork the child that asks the storage (before any thread starts: a fork is safe then);
@@ -201,17 +201,8 @@ def storage(spec, out, started):
 def told_ranks(spec, rank):
     """The storage child's copy of the ranks whose probes run (probe.py's told, on the pipe
     ``told_fd``), waited for until the probe's deadline; only its own when none came."""
-    import select
-
-    fd = spec["told_fd"][0]
-    got, end = b"", time.monotonic() + spec.get("deadline_s", 150)
-    while b"\n" not in got:
-        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
-        chunk = os.read(fd, 65536) if ready else b""
-        if not chunk:
-            return [rank]
-        got += chunk
-    return json.loads(got.split(b"\n")[0])
+    line = line_from(spec["told_fd"][0], time.monotonic() + spec.get("deadline_s", 150))
+    return json.loads(line) if line else [rank]
 
 
 def sees(path):

@@ -284,7 +284,7 @@ def test_a_runs_gpu_figures_cover_every_attempt_not_the_last_alone():
         per = [sum(r.util for r in parse_line(t)) / len(parse_line(t)) for t in texts]
         return per
 
-    whole = gpu_metrics.over_attempts([first.record(), None, second.record()])
+    whole = gpu_metrics.over_attempts([first, None, second])
     node0 = whole["nodes"]["node0"]
     expected = means(busy[:6]) + means(idle[:2])
     assert node0["readings"] == 8 and node0["util_mean"] == pytest.approx(sum(expected) / 8, abs=0.1)
@@ -295,5 +295,5 @@ def test_a_runs_gpu_figures_cover_every_attempt_not_the_last_alone():
     assert whole["named"] == ["node1 GPU 3 holds 79.0 of 80.0 GiB"]
     assert any(line.startswith("  GPUs         node1 ") for line in summary_lines(whole))
     # one attempt: its own record, as it was; none read: None
-    assert gpu_metrics.over_attempts([first.record()]) == first.record()
+    assert gpu_metrics.over_attempts([first]) == first.record()
     assert gpu_metrics.over_attempts([None, None]) is None
