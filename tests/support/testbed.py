@@ -9,7 +9,8 @@ directory's *basename*, the same for two clones named alike).
 A checkout gets a **slot** (0-3) from a machine-wide table (``/var/lib/ftbundle-tests/slots.json``
 under a lock): the first checkout on a machine (CI's only one) gets slot 0, whose values are
 the historical ones (``ftb-mol-node0``, 198.18.250.0/24, registry port 5000); a second gets
-slot 1, and so on. A slot whose checkout no longer exists is given to the next one asking.
+slot 1, and so on. A slot whose checkout no longer exists, or is not running tests now (no
+process holds the slot's lock), is given to the next one asking.
 ``FTB_TEST_SLOT`` forces a slot (how the tests of this module prove that slot 1 works).
 
 Everything of slot *s* (``RESERVED_NETS`` in tests/support/cluster.py keeps other clusters off them):
@@ -134,9 +135,32 @@ class Testbed:
         return {"FTB_REGISTRY_PORT": str(self.registry_port), "FTB_REGISTRY_AUTH_PORT": str(self.auth_registry_port)}
 
 
+_HELD: dict[tuple[str, int], object] = {}  # (state dir, slot) -> its lock file, open (held) for the process's life
+
+
+def _slot_lock(state_dir: Path, slot: int):
+    return open(state_dir / f"slot{slot}.lock", "a")
+
+
+def _in_use(state_dir: Path, slot: int) -> bool:
+    """Some process (of any checkout) holds slot's lock: a test session is running on it."""
+    with _slot_lock(state_dir, slot) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
 def allocate_slot(repo: Path, state_dir: Path = STATE_DIR) -> int:
-    """This checkout's slot: the one it holds, else the lowest free (a checkout that no
-    longer exists frees its slot). Raises RuntimeError when all are held by live checkouts."""
+    """This checkout's slot: the one it holds, else the lowest one no checkout holds, else
+    the lowest one whose checkout is not running tests now (it is taken from that checkout,
+    whose next session gets another slot). A checkout that no longer exists frees its slot.
+    The process holds the slot's lock (shared, with the checkout's other processes: xdist's
+    workers) until it exits: that is what "running tests now" means, so a table left by
+    clones that are idle, or by a machine image copied with its /var/lib, never blocks a run.
+    Raises RuntimeError only when every slot has a test session running on it."""
     state_dir.mkdir(parents=True, exist_ok=True)
     table_path = state_dir / "slots.json"
     with open(state_dir / "slots.lock", "w") as lock:
@@ -147,11 +171,18 @@ def allocate_slot(repo: Path, state_dir: Path = STATE_DIR) -> int:
         key = str(repo.resolve())
         table = {path: slot for path, slot in table.items() if path == key or Path(path).is_dir()}
         if key not in table:
-            free = sorted(set(range(SLOTS)) - set(table.values()))
-            if not free:
-                raise RuntimeError(f"all {SLOTS} test slots of this machine are held by other checkouts: {table} "
-                                   f"(in {table_path}; remove a checkout or its line)")
-            table[key] = free[0]
+            # not running tests now; of those, first one no checkout holds (a checkout keeps its names)
+            idle = sorted((s in table.values(), s) for s in range(SLOTS) if not _in_use(state_dir, s))
+            if not idle:
+                raise RuntimeError(f"all {SLOTS} test slots of this machine have a test session running on them: "
+                                   f"{table} (in {table_path}); wait for one to end")
+            slot = idle[0][1]
+            table = {path: s for path, s in table.items() if s != slot}
+            table[key] = slot
+        if (str(state_dir), table[key]) not in _HELD:
+            held = _slot_lock(state_dir, table[key])
+            fcntl.flock(held, fcntl.LOCK_SH)
+            _HELD[(str(state_dir), table[key])] = held
         tmp = table_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
         tmp.replace(table_path)

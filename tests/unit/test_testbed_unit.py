@@ -6,7 +6,10 @@ tests/cluster/test_testbed.py."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import multiprocessing
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,19 +19,76 @@ from tests.support.cluster import RESERVED_NETS, TEST_NET
 from tests.support.testbed import REPO, SLOTS, Testbed, allocate_slot
 
 
-def test_each_checkout_keeps_its_slot_and_a_removed_checkout_frees_it(tmp_path):
+class Session:
+    """A process of a checkout's test session: it takes the checkout's slot and holds it until ended."""
+
+    def __init__(self, repo: Path, state: Path):
+        code = ("import sys; from pathlib import Path; from tests.support.testbed import allocate_slot\n"
+                "try:\n    print(allocate_slot(Path(sys.argv[1]), Path(sys.argv[2])), flush=True)\n"
+                "except RuntimeError as e:\n    print(e, flush=True)\n"
+                "sys.stdin.read()\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", code, str(repo), str(state)], cwd=REPO, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        line = self.proc.stdout.readline().strip()
+        self.slot = int(line) if line.isdigit() else line
+
+    def end(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def test_each_checkout_keeps_its_slot_and_a_slot_is_taken_only_from_a_checkout_not_running_tests(tmp_path):
     state = tmp_path / "state"
     clones = [tmp_path / f"clone{i}" for i in range(SLOTS + 1)]
     for clone in clones:
         clone.mkdir()
-    slots = [allocate_slot(clone, state) for clone in clones[:SLOTS]]
-    assert slots == list(range(SLOTS))
-    assert allocate_slot(clones[1], state) == 1  # asked again: the same
-    with pytest.raises(RuntimeError, match=f"all {SLOTS} test slots of this machine are held"):
-        allocate_slot(clones[SLOTS], state)
-    clones[2].rmdir()  # a deleted checkout: its slot goes to the next one asking
-    assert allocate_slot(clones[SLOTS], state) == 2
-    assert allocate_slot(clones[0], state) == 0
+    sessions = [Session(clone, state) for clone in clones[:SLOTS]]
+    try:
+        assert [s.slot for s in sessions] == list(range(SLOTS))
+        again = Session(clones[1], state)  # another process of a running checkout (an xdist worker): the same
+        assert again.slot == 1
+        again.end()
+        fifth = Session(clones[SLOTS], state)  # every slot has a session running: refused, and said why
+        assert f"all {SLOTS} test slots of this machine have a test session running" in fifth.slot
+        fifth.end()
+        sessions[2].end()  # clone2's session ended: its slot goes to the next checkout asking
+        fifth = Session(clones[SLOTS], state)
+        assert fifth.slot == 2
+        sessions[3].end()
+        back = Session(clones[2], state)  # clone2 runs again: it gets the slot no session runs on
+        assert back.slot == 3
+        back.end()
+        fifth.end()
+        assert json.loads((state / "slots.json").read_text())[str(clones[2])] == 3
+    finally:
+        for s in sessions:
+            if s.proc.poll() is None:
+                s.end()
+
+
+def test_a_table_of_idle_or_deleted_checkouts_never_blocks_a_run(tmp_path):
+    """What failed a CI run: the machine's table listed four clones that still exist, none running
+    tests (a machine image copied with its /var/lib). A new checkout takes the lowest slot, which
+    its old holder gives up; a deleted checkout's slot is free as before."""
+    state = tmp_path / "state"
+    state.mkdir()
+    old = [tmp_path / f"old{i}" for i in range(SLOTS)]
+    for clone in old:
+        clone.mkdir()
+    (state / "slots.json").write_text(json.dumps({str(c): i for i, c in enumerate(old)}))
+    fresh = Session(tmp_path, state)
+    try:
+        assert fresh.slot == 0
+        table = json.loads((state / "slots.json").read_text())
+        assert table == {str(tmp_path): 0, **{str(c): i for i, c in enumerate(old) if i}}
+        old[2].rmdir()
+        other = tmp_path / "other"
+        other.mkdir()
+        second = Session(other, state)  # slot 2's checkout is gone: free before an idle one is taken
+        assert second.slot == 2
+        second.end()
+    finally:
+        fresh.end()
 
 
 def _allocate(args):
@@ -37,7 +97,8 @@ def _allocate(args):
 
 
 def test_checkouts_asking_at_once_get_distinct_slots(tmp_path):
-    """The table is read and written under a lock: processes racing for slots never share one."""
+    """The table is read and written under a lock: processes racing for slots never share one
+    (each pool process holds what it took until the pool ends)."""
     state = tmp_path / "state"
     clones = [tmp_path / f"clone{i}" for i in range(SLOTS)]
     for clone in clones:
