@@ -425,12 +425,19 @@ ftb_follow() {  # MARKER STORAGE TAIL_ARGS...: `tail TAIL_ARGS` (a -F of files o
   # while the storage does not answer) then holds only that pipe, never the channel, and the
   # follow still ends. While the storage does not answer (a stat in a child never waited on, as
   # the heartbeat's: ftb_ask), stderr says so after FTB_STORAGE_SLOW seconds and every 30 s after,
-  # and once when it answers again. Exit 0; 3 when the log's end could not be read.
+  # and once when it answers again. The job's end ends tail through its --pid: a stand-in process,
+  # ended when the job's last process is gone, after which tail reads its files once more and
+  # exits (coreutils: "read the files once more to avoid a race"): the job's last line, written
+  # just before it ended, is always shown, where a kill after a sleep as long as tail's poll
+  # could lose it. Exit 0; 3 when the log's end could not be read.
   local marker=$1 FTB_SHARED_DIR=$2 FTB_PROGRESS_FILES="" FTB_PROGRESS_STEPS="" FTB_ASK_FD="" FTB_ASKED=0
-  local said=0 next=${FTB_STORAGE_SLOW:-5} waited fd tpid cpid st n
+  local said=0 next=${FTB_STORAGE_SLOW:-5} waited fd tpid cpid spid st n
   shift 2
   hash grep cut stat cat tail 2>/dev/null  # (looked up now: PATH may lead onto the storage)
-  exec {fd}< <(exec tail "$@" 2>/dev/null)
+  # the stand-in: a subshell that lives while this shell does (a killed follow leaves nothing)
+  ( while kill -0 "$$" 2>/dev/null; do ftb_sleep 1; done ) </dev/null >/dev/null 2>&1 &
+  spid=$!
+  exec {fd}< <(exec tail --pid="$spid" "$@" 2>/dev/null)
   tpid=$!
   cat <&"$fd" &
   cpid=$!
@@ -452,14 +459,14 @@ ftb_follow() {  # MARKER STORAGE TAIL_ARGS...: `tail TAIL_ARGS` (a -F of files o
   if [ "$said" = 1 ] && [ -n "$FTB_ASK_FD" ] && ftb_answered 3; then
     echo "ftbundle: shared storage $FTB_SHARED_DIR on $HOSTNAME answers again" >&2
   fi
-  ftb_sleep 1  # (tail's last read)
-  kill "$tpid" 2>/dev/null
-  for n in 1 2 3 4 5 6 7 8 9 10; do  # cat ends once tail has: a tail the storage holds does not
-    st=""; { read -r st </proc/"$cpid"/stat; } 2>/dev/null; st=${st##*) }
+  kill -KILL "$spid" 2>/dev/null
+  wait "$spid" 2>/dev/null  # (reaped: a zombie would still answer tail's kill -0)
+  for n in {1..15}; do  # cat ends once tail has (its next poll, a second, and its last read);
+    st=""; { read -r st </proc/"$cpid"/stat; } 2>/dev/null; st=${st##*) }  # a tail the storage holds does not
     case "${st%% *}" in ""|Z) return 0 ;; esac
     ftb_sleep 0.2
   done
-  kill "$cpid" 2>/dev/null
+  kill "$tpid" "$cpid" 2>/dev/null
   echo "ftbundle: the end of the log could not be read: shared storage $FTB_SHARED_DIR on $HOSTNAME does not answer" >&2
   return 3
 }
