@@ -425,17 +425,14 @@ ftb_follow() {  # MARKER STORAGE TAIL_ARGS...: `tail TAIL_ARGS` (a -F of files o
   # while the storage does not answer) then holds only that pipe, never the channel, and the
   # follow still ends. While the storage does not answer (a stat in a child never waited on, as
   # the heartbeat's: ftb_ask), stderr says so after FTB_STORAGE_SLOW seconds and every 30 s after,
-  # and once when it answers again. The job's end ends tail through its --pid: a stand-in process,
-  # ended when the job's last process is gone, after which tail reads its files once more and
-  # exits (coreutils: "read the files once more to avoid a race"): the job's last line, written
-  # just before it ended, is always shown, where a kill after a sleep as long as tail's poll
-  # could lose it. Exit 0; 3 when the log's end could not be read.
+  # and once when it answers again. tail ends by its --pid, a stand-in ended with the job: it reads
+  # its files once more first (coreutils), so the job's last line is never lost to a kill that
+  # comes before tail's next poll. Exit 0; 3 when the log's end could not be read.
   local marker=$1 FTB_SHARED_DIR=$2 FTB_PROGRESS_FILES="" FTB_PROGRESS_STEPS="" FTB_ASK_FD="" FTB_ASKED=0
   local said=0 next=${FTB_STORAGE_SLOW:-5} waited fd tpid cpid spid st n
   shift 2
   hash grep cut stat cat tail 2>/dev/null  # (looked up now: PATH may lead onto the storage)
-  # the stand-in: a subshell that lives while this shell does (a killed follow leaves nothing)
-  ( while kill -0 "$$" 2>/dev/null; do ftb_sleep 1; done ) </dev/null >/dev/null 2>&1 &
+  ( while kill -0 "$$" 2>/dev/null; do ftb_sleep 1; done ) </dev/null >/dev/null 2>&1 &  # (dies with us)
   spid=$!
   exec {fd}< <(exec tail --pid="$spid" "$@" 2>/dev/null)
   tpid=$!
