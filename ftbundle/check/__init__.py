@@ -27,7 +27,7 @@ from collections.abc import Callable
 from functools import cache, partial
 
 from .. import shipped, tokenized
-from ..cluster import Cluster, first_line, parallel
+from ..cluster import Cluster, Proc, first_line, parallel
 from ..facts import ClusterFacts, HostFacts, parse_facts
 from ..gpu_health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
 from ..inventory import Host
@@ -35,6 +35,7 @@ from ..layout import CLAIM_DIR, CLAIM_GRACE_S, Layout, claim_keys
 from ..plan import IMAGE_REF_FILE, shape_text
 from .claims import claim_check, claimed
 from .report import CheckReport, format_report, print_report
+from ..remote.probe_common import PORT_OFF
 from ..remote.probe_files import HASHING
 from ..units import size_text
 from .bytes_rules import FINGERPRINTED, on_shared_dir
@@ -203,19 +204,28 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
     own connection is made, not once all of them are: the probes' start-up and the facts that
     need no other host overlap the other hosts' handshakes (at 128 hosts, most of the round).
     What does need them (whose sentinels to wait for, rank 0's peers on the master port) is
-    sent to every probe on its stdin once every host has been tried (``told``): the same
-    questions as a round that starts after the connections, asked sooner."""
+    sent to every probe on its stdin once every host has been tried (``told``; at once on a
+    cluster already open): the same questions as a round that starts after the connections,
+    asked sooner. The probes' stdin stays open: when rank 0 will not listen on the master port
+    (:class:`PortNotice`), the others are told, and stop knocking."""
     hashing = Hashing(on_hashing) if on_hashing is not None else None
-    told = cluster.opening() and full  # (a light probe asks nothing of the other hosts)
-    reachable = [rank for rank, h in enumerate(layout.hosts) if h.name not in cluster.errors]
+    told = full  # (a light probe asks nothing of the other hosts)
     token = token if full else None
-    sentinels = token is not None
-    port_peers = len(reachable) - 1 if full and 0 in reachable else None
+    notice = PortNotice() if full else None
 
-    def taking_part() -> bytes:  # (told: once every host was tried)
+    def taking_part(rank: int, proc: Proc) -> None:  # (told: once every host was tried)
         cluster.wait_tried()
-        ranks = [rank for rank, h in enumerate(layout.hosts) if h.name not in cluster.errors]
-        return json.dumps({"reachable": ranks}).encode() + b"\n"
+        ranks = [r for r, h in enumerate(layout.hosts) if h.name not in cluster.errors]
+        notice.tell(proc, rank, json.dumps({"reachable": ranks}).encode() + b"\n")
+
+    def on_err(rank: int, host: Host) -> Callable[[bytes], None] | None:  # (what the probe says on stderr)
+        feeds = ([partial(hashing.feed, host.name)] if hashing is not None else []) + (
+            [notice.feed] if notice is not None and rank == 0 else [])
+
+        def each(chunk: bytes) -> None:
+            for feed in feeds:
+                feed(chunk)
+        return each if feeds else None
     done = [0]
     lock = threading.Lock()
     if on_progress is not None:
@@ -228,20 +238,19 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
                 cluster.wait_tried(host)
             if host.name in cluster.errors:
                 return HostFacts(host.name, rank, error=cluster.errors[host.name])
-            spec = probe_spec(layout, rank, token=token, expect=reachable if sentinels else [rank],
-                              port_peers=0 if told else port_peers, create=full, claim=claim and full, told=told)
+            spec = probe_spec(layout, rank, token=token, expect=[rank], port_peers=0 if full else None,
+                              create=full, claim=claim and full, told=told)
             try:
                 proc = cluster.start(host, probe_argv(host, json.dumps(spec), sized=told), timeout=PROBE_TIMEOUT_S)
-                result = proc.communicate(probe_source(), timeout=PROBE_TIMEOUT_S,
-                                          on_err=None if hashing is None else partial(hashing.feed, host.name),
-                                          then=taking_part if told else None)
+                result = proc.communicate(probe_source(), timeout=PROBE_TIMEOUT_S, on_err=on_err(rank, host),
+                                          then=partial(taking_part, rank) if told else None, keep_stdin=told)
             except Exception as exc:  # connection dropped, timed out: this host's failure
                 return HostFacts(host.name, rank, error=f"probe failed: {first_line(exc)}")
             try:
                 data = json.loads(result.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
                 said = [line for line in (result.stderr.strip() or result.stdout.strip()).splitlines()
-                        if not line.startswith(HASHING)][-1:] or [f"exit {result.code}"]
+                        if not line.startswith((HASHING, PORT_OFF))][-1:] or [f"exit {result.code}"]
                 return HostFacts(host.name, rank, error=f"probe did not finish: {said[0][:300]}")
             return parse_facts(host.name, rank, data)
         finally:
@@ -251,6 +260,44 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
                     on_progress(done[0], len(layout.hosts))
 
     return ClusterFacts(parallel(ask, range(len(layout.hosts))), token=token)
+
+
+class PortNotice:
+    """Rank 0's probe says at once when it will not listen on the master port (``ftb-port-off
+    WHY`` on its stderr: another run holds the host, or the port is in use); the probes that
+    knock on it are told on their stdin (``{"port_off": WHY}``) and stop knocking. Without it
+    they knocked for their whole connect_s, 6 s plus 1/8 s a host beyond 8 (38 s at 256), and
+    a refusal known in the first second was reported after it. Each probe's lines go out in
+    order: the ranks taking part first, then this."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.knocking: list[Proc] = []
+        self.why: str | None = None
+        self.partial = b""
+
+    def tell(self, proc: Proc, rank: int, line: bytes) -> None:
+        """Send a probe its first line (who takes part); rank 0's peers are told later news."""
+        with self.lock:
+            proc.send(line)
+            if rank != 0:
+                self.knocking.append(proc)
+                if self.why is not None:
+                    proc.send(self._off())
+
+    def feed(self, chunk: bytes) -> None:
+        """Rank 0's stderr, as it comes."""
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        for line in lines:
+            if line.startswith(PORT_OFF.encode() + b" "):
+                with self.lock:
+                    if self.why is None:
+                        self.why = line[len(PORT_OFF) + 1:].decode(errors="replace")
+                        for proc in self.knocking:
+                            proc.send(self._off())
+
+    def _off(self) -> bytes:
+        return json.dumps({"port_off": self.why}).encode() + b"\n"
 
 
 class Hashing:

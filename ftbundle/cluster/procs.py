@@ -63,10 +63,13 @@ class Proc:
         return False
 
     def communicate(self, data: bytes = b"", timeout: float | None = None,
-                    on_err: Callable[[bytes], None] | None = None, then: Callable[[], bytes] | None = None) -> Result:
+                    on_err: Callable[[bytes], None] | None = None, then: Callable[[Proc], None] | None = None,
+                    keep_stdin: bool = False) -> Result:
         """Send ``data``, close stdin, collect all output and the exit code; ``on_err``: each
-        chunk of stderr as it comes (a command's progress lines); ``then``: what to send after
-        ``data``, once it is known (it is called after ``data`` went, while the command runs)."""
+        chunk of stderr as it comes (a command's progress lines); ``then``: called with this
+        command after ``data`` went, while it runs, to send what follows once it is known;
+        ``keep_stdin``: stdin stays open until the command ends (it ends by itself; what ``then``
+        set up may still :meth:`send` to it meanwhile)."""
         out: list[bytes] = []
         err: list[bytes] = []
 
@@ -82,9 +85,12 @@ class Proc:
         if data:
             self.send(data)
         if then is not None:
-            self.send(then())
-        self.close_stdin()
+            then(self)
+        if not keep_stdin:
+            self.close_stdin()
         code = self.wait(timeout)
+        if keep_stdin:
+            self.close_stdin()
         if code is None:
             self.close()
             raise TimeoutError(f"command did not finish within {timeout}s")

@@ -43,8 +43,8 @@ import sys
 import time
 
 if __package__:  # imported (tests); shipped, the parts' texts come before this one (probe_source)
-    from .probe_common import (TIMED_OUT, Latch, Task, accepted, connected, guarded, have, hostname, ipv4_of, json, last_line,
-                               line_from, listening, pauses, run, which)
+    from .probe_common import (PORT_OFF, TIMED_OUT, Latch, Lines, Task, accepted, connected, guarded, have, hostname,
+                               ipv4_of, json, last_line, listening, pauses, run, which)
     from .probe_gpus import APPS_QUERY, GPU_IDS_QUERY, GPU_QUERY, gpus, health  # noqa: F401 (tests)
     from .probe_storage import StorageReport, cleanup, storage_apart
     from .probe_files import cache_read, cache_write, fingerprint, fingerprints, model_size
@@ -229,8 +229,10 @@ def port(spec, out):
         return
     if p["role"] == "listen":
         out["port"] = listen(p["port"], p["peers"], p.get("listen_s", 8), p.get("token"))
+        if out["port"].get("busy"):
+            port_off(f"master port {p['port']} in use on rank 0")
     else:
-        out["port"] = connect(p["addr"], p["port"], p.get("connect_s", 6), p.get("token"))
+        out["port"] = connect(p["addr"], p["port"], p.get("connect_s", 6), p.get("token"), spec.get("port_off"))
 
 
 def claim_then_port(spec, out):
@@ -241,6 +243,33 @@ def claim_then_port(spec, out):
     # (claims.py's words: "held" are the keys this run now holds, "taken" what other runs hold)
     if not (out.get("claim") or {}).get("taken"):
         port(spec, out)
+    else:
+        port_off("rank 0's host is held by another run")
+
+
+def port_off(why):
+    """Rank 0 will not listen: said at once on stderr, for the launcher to tell the other hosts,
+    whose probes would otherwise knock for their whole connect_s (38 s at 256 hosts) before a
+    refusal that is known now is reported."""
+    sys.stderr.write(f"{PORT_OFF} {why}\n")
+    sys.stderr.flush()
+
+
+def heard_port_off(spec, end):
+    """A host that knocks on rank 0's port, told: what the launcher may still say on stdin after
+    the ranks taking part, ``{"port_off": WHY}`` (rank 0 will not listen), until ``end``."""
+    while True:
+        line = spec["stdin"].next(end)
+        if not line:
+            return
+        try:
+            why = json.loads(line).get("port_off")
+        except (ValueError, AttributeError):
+            continue
+        if why:
+            spec["port_off"].why = str(why)
+            spec["port_off"].set()
+            return
 
 
 def listen(port_number, want, wait, token=None):
@@ -277,9 +306,13 @@ def _said(conn, token, end):
     return got.split(b"\n")[0].decode(errors="replace") == token
 
 
-def connect(addr, port_number, wait, token=None):
+def connect(addr, port_number, wait, token=None, off=None):
+    """Knock on rank 0's port until it answers or ``wait`` is over; ``off`` (a Latch with a
+    ``why``): set when rank 0 is known not to listen, which ends the knocking."""
     end, last, waits = time.monotonic() + wait, "no answer", pauses()
     while True:
+        if off is not None and off.wait(0):
+            return {"role": "connect", "skipped": off.why}
         try:
             conn = connected(addr, port_number, 2)
             try:
@@ -292,7 +325,11 @@ def connect(addr, port_number, wait, token=None):
             last = "timed out" if isinstance(exc, TIMED_OUT) else exc.strerror or str(exc)
         if time.monotonic() >= end:  # the last try's error, and how long it kept trying
             return {"role": "connect", "reachable": False, "error": f"{last}; kept trying for {wait:g} s"}
-        time.sleep(min(next(waits), max(0.0, end - time.monotonic())))  # (refused: rank 0 has not bound it yet)
+        pause = min(next(waits), max(0.0, end - time.monotonic()))  # (refused: rank 0 has not bound it yet)
+        if off is not None:
+            off.wait(pause)
+        else:
+            time.sleep(pause)
 
 
 def datasets(spec, out):
@@ -369,9 +406,11 @@ def told(spec, end):
     (``expect``), and on the master port rank 0's peers (none when rank 0 is not among them).
     Read while the facts that need no one else are being gathered; handed to the storage child
     (its pipe, ``told_fd``) and to the port's task (``heard``). No line (the launcher gone): no
-    one else is waited for."""
+    one else is waited for. A host that knocks on rank 0's port reads on: rank 0 may yet be
+    known not to listen (:func:`heard_port_off`)."""
+    spec["stdin"] = Lines(0)
     try:
-        reachable = [int(r) for r in json.loads(line_from(0, end))["reachable"]]
+        reachable = [int(r) for r in json.loads(spec["stdin"].next(end))["reachable"]]
     except (ValueError, KeyError, TypeError):
         reachable = [spec["rank"]]
     spec["expect"] = reachable if spec.get("token") else [spec["rank"]]
@@ -385,6 +424,9 @@ def told(spec, end):
         except OSError:  # (the child is gone: its report says what it could)
             pass
         os.close(spec["told_fd"][1])
+    if spec.get("port", {}).get("role") == "connect":  # (rank 0 may yet say it will not listen)
+        spec["port_off"] = Latch()
+        Task(heard_port_off, (spec, end), "port_off").start()
     spec["heard"].set()
 
 

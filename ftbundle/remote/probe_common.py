@@ -30,6 +30,9 @@ TIMED_OUT = _socket.timeout  # (socket.timeout: TimeoutError since 3.10, an OSEr
 # to POLL_MAX_S: on a large cluster the probes start over seconds, and n hosts each looking for
 # n sentinels every 10 ms would be O(n^2) opens per second (256 hosts: about 3 million a
 # second, on storage that every host shares).
+# rank 0's line on stderr when it will not listen on the master port (another run's claim, the port
+# in use): the launcher passes it on to the other hosts' probes, which then stop knocking (probe.py)
+PORT_OFF = "ftb-port-off"
 POLL_S = 0.01
 POLL_FAST = 10
 POLL_MAX_S = 0.25
@@ -316,19 +319,33 @@ def connected(addr, port_number, timeout):
     raise last
 
 
+class Lines:
+    """The lines that come on ``fd``, one at a time, each waited for until a deadline: what
+    follows a line in the same read is kept for the next."""
+
+    def __init__(self, fd):
+        self.fd, self.got, self.ended = fd, b"", False
+
+    def next(self, end):
+        """The next line without its newline, waited for until ``end`` (monotonic); what came
+        before the stream ended or the time was up when no whole line did (b"" when nothing)."""
+        import select
+
+        while b"\n" not in self.got and not self.ended:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, end - time.monotonic()))
+            chunk = os.read(self.fd, 65536) if ready else b""
+            if not chunk:
+                self.ended = bool(ready)  # (a stream's end; an empty select is the time up)
+                break
+            self.got += chunk
+        line, _, self.got = self.got.partition(b"\n")
+        return line
+
+
 def line_from(fd, end):
     """The first line that comes on ``fd``, without its newline, waited for until ``end``
     (monotonic); what came before the stream ended or the time was up when no whole line did."""
-    import select
-
-    got = b""
-    while b"\n" not in got:
-        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
-        chunk = os.read(fd, 65536) if ready else b""
-        if not chunk:
-            break
-        got += chunk
-    return got.split(b"\n")[0]
+    return Lines(fd).next(end)
 
 
 class Latch:
@@ -344,6 +361,9 @@ class Latch:
         except RuntimeError:  # (set already)
             pass
 
-    def wait(self):
-        self._lock.acquire()
+    def wait(self, timeout=-1):
+        """Whether it is set, waited for at most ``timeout`` seconds (-1: until it is)."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
         self._lock.release()
+        return True

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from ftbundle.check import CONNECT_S
 from tests.support.helpers import base_job, ftbundle, job_processes, start_ftbundle, write_job
 
 pytestmark = pytest.mark.cluster
@@ -50,6 +51,11 @@ def test_a_detached_run_holds_its_hosts_until_its_job_ends(make_cluster, tmp_pat
     assert started.returncode == 0, started.stdout + started.stderr
     busy = ftbundle("run", str(job), timeout=180)
     assert busy.returncode == 2 and HELD.search(busy.stderr), busy.stdout + busy.stderr
+    # refused as soon as it is known: node1's probe stopped knocking on the port rank 0 will not
+    # listen on (told through the launcher) instead of trying for its whole connect_s
+    took = re.search(r"checks? failed in ([\d.]+)s", busy.stdout + busy.stderr)
+    assert took and float(took.group(1)) < CONNECT_S - 1, busy.stdout + busy.stderr
+    print(f"refused: the check took {took.group(1)}s (connect_s {CONNECT_S}s)")
     deadline = time.monotonic() + 60
     while job_processes(cluster) and time.monotonic() < deadline:
         time.sleep(0.5)
