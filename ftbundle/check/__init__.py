@@ -114,8 +114,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
     sentinels, a light probe); ``expect``: the ranks whose sentinels each host waits for;
     ``port_peers``: how many hosts rank 0 waits for on the master port (None: no port test);
     ``create``: rank 0 creates a missing shared_dir (not in a read-only probe: --dry-run).
-    ``told``: the ranks taking part are not known yet (their hosts still connecting) and come on
-    stdin (remote/probe.py ``told``): ``expect`` is None, ``port_peers`` any number but None."""
+    ``told``: the ranks taking part come on stdin (remote/probe.py ``told``; the check's probes
+    all are, :func:`probe_hosts`): ``expect`` is None, ``port_peers`` any number but None."""
     job = layout.job
     extra = scale_s(len(layout.hosts))
     spec: dict = {
