@@ -275,7 +275,8 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         staged["include_num_input_tokens_seen"] = counting
         # the trackers LlamaFactory reports to get the run's id and the job's name (ftbundle.trackers)
         keys, tracker_env, tracked = trackers.staged(layout.lf_config, run_dir=layout.run_dir, run_id=layout.run_id,
-                                                     job=job.name, env=job.env)
+                                                     job=job.name, env=job.env,
+                                                     transformers=_package_version(facts, "transformers"))
         staged.update(keys)
         import yaml
 

@@ -3,9 +3,13 @@
 
 - every tracker: ``run_name`` is the run id unless the config names one (transformers passes it
   to TensorBoard's, W&B's and MLflow's callbacks as the run's name);
-- TensorBoard: ``logging_dir`` under the run directory on shared storage
-  (``<run_dir>/tensorboard``) unless the config names one, so `tensorboard --logdir
-  <shared_dir>/runs` shows every run;
+- TensorBoard: its directory under the run directory on shared storage
+  (``<run_dir>/tensorboard``) unless the config or the job names one, so `tensorboard --logdir
+  <shared_dir>/runs` shows every run. transformers 5 reads it from ``TENSORBOARD_LOGGING_DIR``
+  alone (its ``logging_dir`` argument is deprecated, warned of, and not used: the events went to
+  ``<output_dir>/runs/<date>_<host>``, found by a real run in tests/train/test_quickstart.py);
+  transformers 4 from ``logging_dir`` alone: the variable is set for every rank, the argument
+  only where the hosts run transformers 4;
 - W&B: ``WANDB_TAGS`` (ftbundle, the job's name) and ``WANDB_RUN_GROUP`` (the job's name);
   MLflow: ``MLFLOW_TAGS`` (the job and the run): unless the job's env sets them.
 """
@@ -18,6 +22,7 @@ from typing import Any
 
 from .rundir import TENSORBOARD
 
+TB_VARIABLE = "TENSORBOARD_LOGGING_DIR"  # where transformers 5's TensorBoard callback writes
 KNOWN = ("tensorboard", "wandb", "mlflow", "comet_ml", "clearml", "swanlab", "trackio", "dvclive", "neptune")
 
 
@@ -32,9 +37,10 @@ def reported(config: dict[str, Any]) -> list[str]:
     return [] if names in ([], ["none"]) else names
 
 
-def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str,
-           env: dict[str, str]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """(config keys to stage, environment for the ranks, where each tracker is: said by `runs`)."""
+def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: dict[str, str],
+           transformers: str | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """(config keys to stage, environment for the ranks, where each tracker is: said by `runs`).
+    ``transformers``: the version the hosts' ranks run (None: not known)."""
     names = reported(config)
     if not names:
         return {}, {}, []
@@ -46,8 +52,10 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str,
     if not config.get("run_name"):
         keys["run_name"] = run_id
     if every or "tensorboard" in names:
-        logdir = config.get("logging_dir") or posixpath.join(run_dir, TENSORBOARD)
-        if not config.get("logging_dir"):
+        logdir = env.get(TB_VARIABLE) or config.get("logging_dir") or posixpath.join(run_dir, TENSORBOARD)
+        if TB_VARIABLE not in env:
+            extra[TB_VARIABLE] = logdir
+        if not config.get("logging_dir") and _major(transformers) == 4:
             keys["logging_dir"] = logdir
         where.append(f"tensorboard {logdir}")
     if every or "wandb" in names:
@@ -62,3 +70,8 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str,
         where.append(f"mlflow run {name!r} at {env.get('MLFLOW_TRACKING_URI', './mlruns (under the workdir)')}")
     where += [f"{n} run {name!r}" for n in names if n not in ("all", "tensorboard", "wandb", "mlflow")]
     return keys, extra, where
+
+
+def _major(version: str | None) -> int | None:
+    head = (version or "").split(".")[0]
+    return int(head) if head.isdigit() else None

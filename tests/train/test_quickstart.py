@@ -66,3 +66,33 @@ def test_quickstart_lora_on_localhost(tmp_path, tiny_model):
     plan = json.loads((run / "plan.json").read_text())
     assert plan["world_size"] == 2 and plan["nodes"][0]["env"]["NODE_RANK"] == "0"
     assert (run / "node-0.a1.exit").read_text().strip() == "0"
+
+
+def test_a_lora_reporting_to_tensorboard_logs_its_loss_under_its_run_directory(tmp_path, tiny_model):
+    """Issue 47 item 4 with a real tracker: `report_to: tensorboard` (TensorBoard installed, as
+    `make test` installs it). The events land under the run directory on shared storage, named by
+    the run's id, with rank 0's losses as the trainer logged them, and `runs` says where."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    job = quickstart_copy(tmp_path, tiny_model, report_to="tensorboard", max_steps=8)
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", str(job)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    work = job.parent
+    run = next((work / ".shared/runs").iterdir())
+    board = run / "tensorboard"
+    events = list(board.glob("events.out.tfevents.*"))
+    assert len(events) == 1, list(board.iterdir()) if board.exists() else f"no {board}"  # (rank 0's writer alone)
+    acc = EventAccumulator(str(board), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    losses = acc.Scalars("train/loss")
+    logged = [json.loads(line) for line in (work / ".shared/output/quickstart-lora/trainer_log.jsonl")
+              .read_text().splitlines()]
+    logged = [r for r in logged if "loss" in r]
+    assert [e.step for e in losses] == [r["current_steps"] for r in logged] == list(range(1, 9))
+    assert [e.value for e in losses] == pytest.approx([r["loss"] for r in logged], abs=1e-3)
+    args = json.loads(acc.Tensors("args/text_summary")[0].tensor_proto.string_val[0])
+    assert args["run_name"] == run.name
+    rows = json.loads(subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"], capture_output=True,
+                                     text=True, timeout=120).stdout)
+    assert rows[0]["trackers"] == [f"tensorboard {board}"]
