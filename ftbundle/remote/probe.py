@@ -400,8 +400,8 @@ def iperf_client(spec, out):
 
 
 def told(spec, end):
-    """The ranks whose probes run, when the launcher started this one before every host's
-    connection was made (spec ``told``): one JSON line after the source on stdin,
+    """The ranks whose probes run (spec ``told``: every check's probe, which may start before
+    every host's connection was made): one JSON line after the source on stdin,
     ``{"reachable": [RANK, ...]}``. They are what every host waits for: the others' sentinels
     (``expect``), and on the master port rank 0's peers (none when rank 0 is not among them).
     Read while the facts that need no one else are being gathered; handed to the storage child
