@@ -54,7 +54,7 @@ def test_a_detached_run_holds_its_hosts_until_its_job_ends(make_cluster, tmp_pat
     # refused as soon as it is known: node1's probe stopped knocking on the port rank 0 will not
     # listen on (told through the launcher) instead of trying for its whole connect_s
     took = re.search(r"checks? failed in ([\d.]+)s", busy.stdout + busy.stderr)
-    assert took and float(took.group(1)) < CONNECT_S - 1, busy.stdout + busy.stderr
+    assert took and float(took.group(1)) < CONNECT_S, busy.stdout + busy.stderr  # (knocking: always more)
     print(f"refused: the check took {took.group(1)}s (connect_s {CONNECT_S}s)")
     deadline = time.monotonic() + 60
     while job_processes(cluster) and time.monotonic() < deadline:
