@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import posixpath
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from .notify import Notify
 from .speed import SpeedBasis, basis_of, token_setting
 from .rundir import LLAMAFACTORY_CONFIG, NCCL_TRACE_PREFIX, NodeFiles, RunDir, node_log_name
 from .inventory import Host
+from .units import release
 from .job import MIN_SECRET_LEN, Job, check_pinned_image, is_secret
 
 if TYPE_CHECKING:
@@ -378,8 +378,8 @@ def nccl_debug_env(run_dir: str, torch_version: str | None = None) -> dict[str, 
     dumps them into the run directory on a timeout, and desync debugging names the rank the
     others waited for. ``torch_version``: the ranks' torch, as the check read it (None: not
     asked, taken to be a current one)."""
-    numbers = re.match(r"(\d+)\.(\d+)", torch_version or "")
-    old = numbers is not None and (int(numbers[1]), int(numbers[2])) < FR_BUFFER_RENAMED_IN
+    numbers = release(torch_version)
+    old = len(numbers) >= 2 and numbers[:2] < FR_BUFFER_RENAMED_IN
     return {
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         ("TORCH_NCCL_TRACE_BUFFER_SIZE" if old else "TORCH_FR_BUFFER_SIZE"): "2000",

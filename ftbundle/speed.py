@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .units import release
+
 # Dense bf16 tensor-core peak, TFLOP/s per GPU (the vendors' data sheets; "with sparsity"
 # figures are twice these). Matched against nvidia-smi's name, first match wins.
 PEAK_BF16_TFLOPS: tuple[tuple[str, str, float], ...] = (
@@ -53,8 +55,7 @@ def token_setting(asked: object, transformers: str | None) -> tuple[object, bool
         if value in ("no", "false", "0"):
             return asked, None
         return asked, value != "non_padding"
-    parts = re.findall(r"\d+", transformers or "")
-    if len(parts) >= 2 and (int(parts[0]), int(parts[1])) >= NON_PADDING_SINCE:
+    if release(transformers)[:2] >= NON_PADDING_SINCE:
         return "non_padding", False
     return True, True
 

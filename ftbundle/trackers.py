@@ -21,6 +21,7 @@ import posixpath
 from typing import Any
 
 from .rundir import TENSORBOARD
+from .units import release
 
 TB_VARIABLE = "TENSORBOARD_LOGGING_DIR"  # where transformers 5's TensorBoard callback writes
 KNOWN = ("tensorboard", "wandb", "mlflow", "comet_ml", "clearml", "swanlab", "trackio", "dvclive", "neptune")
@@ -55,7 +56,7 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: 
         logdir = env.get(TB_VARIABLE) or config.get("logging_dir") or posixpath.join(run_dir, TENSORBOARD)
         if TB_VARIABLE not in env:
             extra[TB_VARIABLE] = logdir
-        if not config.get("logging_dir") and _major(transformers) == 4:
+        if not config.get("logging_dir") and release(transformers)[:1] == (4,):
             keys["logging_dir"] = logdir
         where.append(f"tensorboard {logdir}")
     if every or "wandb" in names:
@@ -70,8 +71,3 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: 
         where.append(f"mlflow run {name!r} at {env.get('MLFLOW_TRACKING_URI', './mlruns (under the workdir)')}")
     where += [f"{n} run {name!r}" for n in names if n not in ("all", "tensorboard", "wandb", "mlflow")]
     return keys, extra, where
-
-
-def _major(version: str | None) -> int | None:
-    head = (version or "").split(".")[0]
-    return int(head) if head.isdigit() else None

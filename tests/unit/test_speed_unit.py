@@ -138,3 +138,15 @@ def test_a_script_counts_its_tokens_through_the_step_clock(tmp_path):
     plain.finish()
     assert len((tmp_path / "b.steps.0").read_text().split()) == 4
     assert Progress().tokens_per_s() is None
+
+
+def test_a_versions_leading_numbers_are_what_every_version_rule_compares():
+    """units.release: the one reading of a version for token_setting, nccl_debug_env and the
+    trackers (each had its own: a regex of digit runs, a regex of two numbers, a split)."""
+    from ftbundle.units import release
+
+    assert release("2.8.0+cu126") == (2, 8, 0)
+    assert release("4.57.0.dev0") == (4, 57, 0)
+    assert release("2.7rc1") == (2, 7)
+    assert release("5") == (5,)
+    assert release(None) == () and release("") == () and release("absent") == ()
