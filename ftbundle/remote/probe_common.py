@@ -30,12 +30,12 @@ TIMED_OUT = _socket.timeout  # (socket.timeout: TimeoutError since 3.10, an OSEr
 # to POLL_MAX_S: on a large cluster the probes start over seconds, and n hosts each looking for
 # n sentinels every 10 ms would be O(n^2) opens per second (256 hosts: about 3 million a
 # second, on storage that every host shares).
-# rank 0's line on stderr when it will not listen on the master port (another run's claim, the port
-# in use): the launcher passes it on to the other hosts' probes, which then stop knocking (probe.py)
-PORT_OFF = "ftb-port-off"
 POLL_S = 0.01
 POLL_FAST = 10
 POLL_MAX_S = 0.25
+# rank 0's line on stderr when it will not listen on the master port (another run's claim, the port
+# in use): the launcher passes it on to the other hosts' probes, which then stop knocking (probe.py)
+PORT_OFF = "ftb-port-off"
 
 
 def pauses():
