@@ -146,14 +146,14 @@ def check_checkpoint_space(facts: list[HostFacts], layout: Layout) -> Check | No
         free = f.storage["output_dir"].free or 0
         check.groups.append((f"{size_text(free)} free", [f.host]))
         if free < found.checkpoint:
-            short.append((f.host, free, lambda hosts, free=free: (
+            short.append((f.host, size_text(free), lambda hosts, free=free: (
                 f"{hosts}: {size_text(free)} free where output_dir {path} lives, one checkpoint needs about "
                 f"{size_text(found.checkpoint)}")))
         elif kept is not None and free < kept * found.checkpoint + found.final:
             # (kept unknown: save_total_limit unset is llamafactory.py's warning already)
             fit = int((free - found.final) // found.checkpoint) if free > found.final else 0
             want = f"the run keeps {kept} (save_total_limit or max_steps/save_steps) and the final save"
-            tight.append((f.host, (fit, free), lambda hosts, fit=fit, free=free, want=want: (
+            tight.append((f.host, (fit, size_text(free)), lambda hosts, fit=fit, free=free, want=want: (
                 f"on {hosts} {size_text(free)} free holds about {fit} checkpoint(s) of {size_text(found.checkpoint)} "
                 f"besides the final save; {want}: the disk may fill mid-run (set save_total_limit)")))
     groups: dict[str, list[str]] = {}

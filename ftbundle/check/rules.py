@@ -344,11 +344,18 @@ def check_storage_answers(facts: list[HostFacts]) -> Check | None:
     values = {f.host: "starved" if any(x[0] is f for x in busy) else "not answering" if any(x[0] is f for x in hung)
               else "answers" for f in facts}
     check = Check("storage", group_by_value(values), label="shared storage")
-    check.details = per_hosts([(f.host, (s.path, name, s.slow), lambda hosts, s=s, name=name: (
-        f"shared storage {s.path} ({name}) on {hosts} not answering for {s.not_answering_s:.0f}s: a stat under it got "
-        f"no answer{f', its process {waits_in(s.slow.state, s.slow.wchan)} while the host ran' if s.slow else ''} "
+    # hosts share a line when what it says of them is alike: not the seconds waited nor the
+    # load, which differ on every host; the line gives its hosts' longest wait
+    keyed = [(f.host, (s.path, name, s.slow and waits_in(s.slow.state, s.slow.wchan)), s.not_answering_s)
+             for f, name, s in hung]
+    longest: dict[tuple, float] = {}
+    for _, key, waited in keyed:
+        longest[key] = max(waited, longest.get(key, 0.0))
+    check.details = per_hosts([(host, key, lambda hosts, key=key: (
+        f"shared storage {key[0]} ({key[1]}) on {hosts} not answering for {longest[key]:.0f}s: a stat under it got "
+        f"no answer{f', its process {key[2]} while the host ran' if key[2] else ''} "
         "(a hung network filesystem: its server down, or the network to it cut?); every process that touches it "
-        "waits until it answers")) for f, name, s in hung])
+        "waits until it answers")) for host, key, _ in keyed])
     check.details += _starved(busy, "was not run in")
     check.warnings = _starved([x for x in starved if x not in busy], "waited to be run for")
     check.failure = "shared storage not answering" if hung else "hosts too busy to check it" if busy else None

@@ -110,6 +110,11 @@ def test_a_checkpoint_that_cannot_fit_is_refused_naming_the_host_and_the_estimat
     assert R.check_checkpoint_space(space_facts(one * 4), layout).warnings == []
     # a hub id (no model facts) or no free figure: nothing said
     assert R.check_checkpoint_space([facts("node0")], layout) is None
+    # hosts whose free space differs by a few bytes (as every host's does) share a line
+    fs = space_facts(one - 1)
+    fs[1].storage["output_dir"] = Storage("/local/out", written=True, where="/local", free=one - 4096)
+    assert R.check_checkpoint_space(fs, layout).details[0] == (
+        "node[0-1]: 12.6 GB free where output_dir /local/out lives, one checkpoint needs about 12.6 GB")
 
 
 def test_on_shared_storage_one_hosts_figure_counts(tmp_path):

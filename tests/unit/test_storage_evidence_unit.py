@@ -128,6 +128,17 @@ def test_the_check_warns_of_starved_hosts_and_fails_hung_storage_with_its_eviden
         "storage: shared storage /shared (shared_dir) on node1 not answering for 5s: a stat under it got no answer, "
         "its process asleep in request_wait_answer (S) while the host ran (a hung network filesystem: its server "
         "down, or the network to it cut?); every process that touches it waits until it answers"]
+    # two hosts hung alike make one line, though their waits and loads differ (as they always do):
+    # the longest wait is said; a host whose process waits elsewhere gets its own line
+    hung2 = storage_facts("node2", 2, not_answering_s=5.6, slow={"verdict": "hung", "waited_s": 5.6, "state": "S",
+                                                                  "wchan": "request_wait_answer", "load": 1.7})
+    hung3 = storage_facts("node3", 3, not_answering_s=6.0, slow={"verdict": "hung", "waited_s": 6.0, "state": "D",
+                                                                  "wchan": "rpc_wait_bit_killable", "load": 0.2})
+    said = check_storage_answers([fine, hung, hung2, hung3]).messages()
+    assert [m.split(": a stat")[0] for m in said] == [
+        "storage: shared storage /shared (shared_dir) on node[1-2] not answering for 6s",
+        "storage: shared storage /shared (shared_dir) on node3 not answering for 6s"], said
+    assert "asleep in request_wait_answer (S)" in said[0] and "rpc_wait_bit_killable (D)" in said[1], said
 
 
 STOPPED_STAT = r"""#!/bin/bash
