@@ -206,21 +206,22 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
     What does need them (whose sentinels to wait for, rank 0's peers on the master port) is
     sent to every probe on its stdin once every host has been tried (``told``; at once on a
     cluster already open): the same questions as a round that starts after the connections,
-    asked sooner. The probes' stdin stays open: when rank 0 will not listen on the master port
-    (:class:`PortNotice`), the others are told, and stop knocking."""
+    asked sooner. The probes' stdin stays open: when rank 0 will not listen on the master port,
+    or a host's probe ended without its facts, the others are told (:class:`Relay`), and stop
+    knocking or waiting for it."""
     hashing = Hashing(on_hashing) if on_hashing is not None else None
     told = full  # (a light probe asks nothing of the other hosts)
     token = token if full else None
-    notice = PortNotice() if full else None
+    relay = Relay() if full else None
 
     def taking_part(rank: int, proc: Proc) -> None:  # (told: once every host was tried)
         cluster.wait_tried()
         ranks = [r for r, h in enumerate(layout.hosts) if h.name not in cluster.errors]
-        notice.tell(proc, rank, json.dumps({"reachable": ranks}).encode() + b"\n")
+        relay.tell(proc, rank, json.dumps({"reachable": ranks}).encode() + b"\n")
 
     def on_err(rank: int, host: Host) -> Callable[[bytes], None] | None:  # (what the probe says on stderr)
         feeds = ([partial(hashing.feed, host.name)] if hashing is not None else []) + (
-            [notice.feed] if notice is not None and rank == 0 else [])
+            [relay.feed] if relay is not None and rank == 0 else [])
 
         def each(chunk: bytes) -> None:
             for feed in feeds:
@@ -232,69 +233,99 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
         on_progress(0, len(layout.hosts))
 
     def ask(rank: int) -> HostFacts:
-        host = layout.hosts[rank]
         try:
-            if told:
-                cluster.wait_tried(host)
-            if host.name in cluster.errors:
-                return HostFacts(host.name, rank, error=cluster.errors[host.name])
-            spec = probe_spec(layout, rank, token=token, expect=[rank], port_peers=0 if full else None,
-                              create=full, claim=claim and full, told=told)
-            try:
-                proc = cluster.start(host, probe_argv(host, json.dumps(spec), sized=told), timeout=PROBE_TIMEOUT_S)
-                result = proc.communicate(probe_source(), timeout=PROBE_TIMEOUT_S, on_err=on_err(rank, host),
-                                          then=partial(taking_part, rank) if told else None, keep_stdin=told)
-            except Exception as exc:  # connection dropped, timed out: this host's failure
-                return HostFacts(host.name, rank, error=f"probe failed: {first_line(exc)}")
-            try:
-                data = json.loads(result.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                said = [line for line in (result.stderr.strip() or result.stdout.strip()).splitlines()
-                        if not line.startswith((HASHING, PORT_OFF))][-1:] or [f"exit {result.code}"]
-                return HostFacts(host.name, rank, error=f"probe did not finish: {said[0][:300]}")
-            return parse_facts(host.name, rank, data)
+            got = probe(rank)
+            if relay is not None and got.error and layout.hosts[rank].name not in cluster.errors:
+                relay.ended(rank, got.error)  # (the others would wait for it for nothing)
+            return got
         finally:
             if on_progress is not None:
                 with lock:
                     done[0] += 1
                     on_progress(done[0], len(layout.hosts))
 
+    def probe(rank: int) -> HostFacts:
+        host = layout.hosts[rank]
+        if told:
+            cluster.wait_tried(host)
+        if host.name in cluster.errors:
+            return HostFacts(host.name, rank, error=cluster.errors[host.name])
+        spec = probe_spec(layout, rank, token=token, expect=[rank], port_peers=0 if full else None,
+                          create=full, claim=claim and full, told=told)
+        try:
+            proc = cluster.start(host, probe_argv(host, json.dumps(spec), sized=told), timeout=PROBE_TIMEOUT_S)
+            result = proc.communicate(probe_source(), timeout=PROBE_TIMEOUT_S, on_err=on_err(rank, host),
+                                      then=partial(taking_part, rank) if told else None, keep_stdin=told)
+        except Exception as exc:  # connection dropped, timed out: this host's failure
+            return HostFacts(host.name, rank, error=f"probe failed: {first_line(exc)}")
+        try:
+            data = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            said = [line for line in (result.stderr.strip() or result.stdout.strip()).splitlines()
+                    if not line.startswith((HASHING, PORT_OFF))][-1:] or [f"exit {result.code}"]
+            return HostFacts(host.name, rank, error=f"probe did not finish: {said[0][:300]}")
+        return parse_facts(host.name, rank, data)
+
     return ClusterFacts(parallel(ask, range(len(layout.hosts))), token=token)
 
 
-class PortNotice:
-    """Rank 0's probe says at once when it will not listen on the master port (``ftb-port-off
-    WHY`` on its stderr: another run holds the host, or the port is in use); the probes that
-    knock on it are told on their stdin (``{"port_off": WHY}``) and stop knocking. Without it
-    they knocked for their whole connect_s, 6 s plus 1/8 s a host beyond 8 (38 s at 256), and
-    a refusal known in the first second was reported after it. Each probe's lines go out in
-    order: the ranks taking part first, then this."""
+class Relay:
+    """What the launcher tells the probes after their first line (who takes part), on their
+    stdin, each probe's lines in order:
+
+    - ``{"port_off": WHY}`` to the probes that knock on rank 0's port, when rank 0 will not
+      listen: its probe says so at once (``ftb-port-off WHY`` on its stderr: another run holds
+      the host, or the port is in use), or it ended without its facts (its interpreter missing,
+      its connection dropped). They stop knocking. Without it they knocked for their whole
+      connect_s, 6 s plus 1/8 s a host beyond 8 (38 s at 256), and a refusal known in the first
+      second was reported after it.
+    - ``{"gone": [RANK]}`` to all, when a host's probe ended without its facts: its sentinel
+      will never come, and is not waited for (sentinel_wait_s, as long again)."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.knocking: list[Proc] = []
+        self.told: dict[int, Proc] = {}
         self.why: str | None = None
+        self.gone: list[int] = []
         self.partial = b""
 
     def tell(self, proc: Proc, rank: int, line: bytes) -> None:
-        """Send a probe its first line (who takes part); rank 0's peers are told later news."""
+        """Send a probe its first line (who takes part), then what it missed."""
         with self.lock:
             proc.send(line)
-            if rank != 0:
-                self.knocking.append(proc)
-                if self.why is not None:
-                    proc.send(self._off())
+            self.told[rank] = proc
+            if rank != 0 and self.why is not None:
+                proc.send(self._off())
+            if self.gone:
+                proc.send(json.dumps({"gone": self.gone}).encode() + b"\n")
 
     def feed(self, chunk: bytes) -> None:
         """Rank 0's stderr, as it comes."""
         *lines, self.partial = (self.partial + chunk).split(b"\n")
         for line in lines:
             if line.startswith(PORT_OFF.encode() + b" "):
-                with self.lock:
-                    if self.why is None:
-                        self.why = line[len(PORT_OFF) + 1:].decode(errors="replace")
-                        for proc in self.knocking:
-                            proc.send(self._off())
+                self.off(line[len(PORT_OFF) + 1:].decode(errors="replace"))
+
+    def off(self, why: str) -> None:
+        """Rank 0 will not listen: the knocking probes are told, once."""
+        with self.lock:
+            if self.why is None:
+                self.why = why
+                for rank, proc in self.told.items():
+                    if rank != 0:
+                        proc.send(self._off())
+
+    def ended(self, rank: int, why: str) -> None:
+        """Host ``rank``'s probe ended without its facts: the others are told it is gone (and,
+        for rank 0, that it will not listen)."""
+        if rank == 0:
+            self.off(f"rank 0's probe ended: {why}")
+        with self.lock:
+            self.gone.append(rank)
+            line = json.dumps({"gone": [rank]}).encode() + b"\n"
+            for other, proc in self.told.items():
+                if other != rank:
+                    proc.send(line)
 
     def _off(self) -> bytes:
         return json.dumps({"port_off": self.why}).encode() + b"\n"

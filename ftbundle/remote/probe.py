@@ -255,21 +255,32 @@ def port_off(why):
     sys.stderr.flush()
 
 
-def heard_port_off(spec, end):
-    """A host that knocks on rank 0's port, told: what the launcher may still say on stdin after
-    the ranks taking part, ``{"port_off": WHY}`` (rank 0 will not listen), until ``end``."""
-    while True:
-        line = spec["stdin"].next(end)
-        if not line:
-            return
-        try:
-            why = json.loads(line).get("port_off")
-        except (ValueError, AttributeError):
-            continue
-        if why:
-            spec["port_off"].why = str(why)
-            spec["port_off"].set()
-            return
+def heard_later(spec, end):
+    """What the launcher may still say on stdin after the ranks taking part, until ``end``:
+    ``{"port_off": WHY}`` (rank 0 will not listen: a host that knocks on its port stops) and
+    ``{"gone": [RANK]}`` (a host whose probe ended without its facts: its sentinel is not
+    waited for; passed to the storage child on its pipe, which this closes at the end)."""
+    try:
+        while True:
+            line = spec["stdin"].next(end)
+            if not line:
+                return
+            try:
+                said = json.loads(line)
+                why, gone = said.get("port_off"), said.get("gone")
+            except (ValueError, AttributeError):
+                continue
+            if why and spec.get("port_off") is not None:
+                spec["port_off"].why = str(why)
+                spec["port_off"].set()
+            if gone and spec.get("told_fd") is not None:
+                try:
+                    os.write(spec["told_fd"][1], json.dumps({"gone": gone}).encode() + b"\n")
+                except OSError:  # (the child is gone: its report says what it could)
+                    pass
+    finally:
+        if spec.get("told_fd") is not None:
+            os.close(spec["told_fd"][1])
 
 
 def listen(port_number, want, wait, token=None):
@@ -406,8 +417,8 @@ def told(spec, end):
     (``expect``), and on the master port rank 0's peers (none when rank 0 is not among them).
     Read while the facts that need no one else are being gathered; handed to the storage child
     (its pipe, ``told_fd``) and to the port's task (``heard``). No line (the launcher gone): no
-    one else is waited for. A host that knocks on rank 0's port reads on: rank 0 may yet be
-    known not to listen (:func:`heard_port_off`)."""
+    one else is waited for. Then it reads on: rank 0 may yet be known not to listen, and a
+    host known gone (:func:`heard_later`)."""
     spec["stdin"] = Lines(0)
     try:
         reachable = [int(r) for r in json.loads(spec["stdin"].next(end))["reachable"]]
@@ -423,10 +434,9 @@ def told(spec, end):
             os.write(spec["told_fd"][1], json.dumps(spec["expect"]).encode() + b"\n")
         except OSError:  # (the child is gone: its report says what it could)
             pass
-        os.close(spec["told_fd"][1])
     if spec.get("port", {}).get("role") == "connect":  # (rank 0 may yet say it will not listen)
         spec["port_off"] = Latch()
-        Task(heard_port_off, (spec, end), "port_off").start()
+    Task(heard_later, (spec, end), "heard_later").start()  # (and hosts may yet be gone)
     spec["heard"].set()
 
 

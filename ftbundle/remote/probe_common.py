@@ -342,12 +342,6 @@ class Lines:
         return line
 
 
-def line_from(fd, end):
-    """The first line that comes on ``fd``, without its newline, waited for until ``end``
-    (monotonic); what came before the stream ended or the time was up when no whole line did."""
-    return Lines(fd).next(end)
-
-
 class Latch:
     """threading.Event's set and wait, on _thread: a task waits until what it needs is known."""
 

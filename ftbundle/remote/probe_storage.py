@@ -12,7 +12,7 @@ import time
 
 if __package__:  # imported (tests); shipped, the texts of these come before this one
     from .evidence import HUNG, WAITING, read_load, read_process, storage_verdict
-    from .probe_common import guarded, hostname, json, line_from, pauses
+    from .probe_common import Lines, guarded, hostname, json, pauses
 
 def storage_apart(spec, started):
     """Fork the child that asks the storage (before any thread starts: a fork is safe then);
@@ -187,22 +187,39 @@ def storage(spec, out, started):
     if expect is None:  # the ranks whose probes run come after the start (probe.py, told): our own is written
         expect = told_ranks(spec, rank) if pending else []
     deadline = time.monotonic() + wait_s
+    gone = set()
     for res, sdir in pending:
-        unseen, waits = list(expect), pauses()
+        seen, waits = [], pauses()
         while True:  # (only the sentinels not seen yet are looked for again)
-            unseen = [r for r in unseen if not sees(os.path.join(sdir, f"rank-{r}"))]
-            if not unseen or time.monotonic() >= deadline:
+            seen += [r for r in expect if r not in seen and r not in gone and sees(os.path.join(sdir, f"rank-{r}"))]
+            if all(r in seen or r in gone for r in expect) or time.monotonic() >= deadline:
                 break
-            time.sleep(min(next(waits), max(0.0, deadline - time.monotonic())))
-        res["seen"] = [r for r in expect if r not in unseen]
+            gone |= heard_gone(spec, min(next(waits), max(0.0, deadline - time.monotonic())))
+        res["seen"] = [r for r in expect if r in seen]
     out["storage"] = results
 
 
 def told_ranks(spec, rank):
     """The storage child's copy of the ranks whose probes run (probe.py's told, on the pipe
     ``told_fd``), waited for until the probe's deadline; only its own when none came."""
-    line = line_from(spec["told_fd"][0], time.monotonic() + spec.get("deadline_s", 150))
+    spec["told_lines"] = Lines(spec["told_fd"][0])
+    line = spec["told_lines"].next(time.monotonic() + spec.get("deadline_s", 150))
     return json.loads(line) if line else [rank]
+
+
+def heard_gone(spec, pause):
+    """The ranks said gone on the told pipe within ``pause`` seconds (``{"gone": [RANK]}``: a
+    host whose probe ended without its facts, whose sentinel will never come): waited for
+    there, where there is such a pipe, instead of sleeping."""
+    lines = spec.get("told_lines")
+    if lines is None or lines.ended:
+        time.sleep(pause)
+        return set()
+    line = lines.next(time.monotonic() + pause)
+    try:
+        return {int(r) for r in json.loads(line)["gone"]} if line else set()
+    except (ValueError, KeyError, TypeError):
+        return set()
 
 
 def sees(path):

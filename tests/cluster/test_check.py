@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ftbundle.check import print_report, run_checks
+from ftbundle.check import SENTINEL_WAIT_S, print_report, run_checks
 from ftbundle.commands.common import load_layout, open_cluster
 from tests.support.helpers import base_job, ftbundle, write_job
 
@@ -263,6 +263,29 @@ def test_master_port_in_use_on_rank0_fails(cluster3, tmp_path):
     assert "FAIL master port 29500 in use on node0 (rank 0):" in text
     [failure] = [f for f in report.failures if "29500" in f]
     assert "already in use on node0" in failure and "python3" in failure, failure  # who holds it
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+def test_rank0_whose_probe_cannot_run_is_named_and_not_waited_for(cluster3, tmp_path):
+    """An inventory whose interpreter for node0 is wrong (a lived-in fleet: a venv path that
+    exists on the other hosts): node0's probe ends at once. The others, told through the
+    launcher, stop knocking on a port no one will open and stop waiting for its sentinel,
+    instead of trying for connect_s and sentinel_wait_s."""
+    inventory = cluster3.write_inventory(tmp_path / "hosts.yml",
+                                         per_host={"node0": {"ansible_python_interpreter": "/opt/venv/bin/python3"}})
+    job_path = write_job(tmp_path / "job.yaml", base_job("chk", cluster3.shared_dir, inventory, {"command": "true"}))
+    _, layout = load_layout(str(job_path), None)
+    with open_cluster(layout.hosts) as cluster:
+        report, facts = run_checks(layout, cluster)
+    assert not report.ok
+    assert [f for f in report.failures if "node0" in f and "/opt/venv/bin/python3" in f], report.failures
+    for f in facts.hosts[1:]:
+        assert f.port == {"role": "connect", "skipped": "rank 0's probe ended: " + facts.hosts[0].error}, f.port
+        assert f.storage["shared_dir"].seen == (1, 2), f.storage  # (not waited for node0's)
+    assert report.seconds < SENTINEL_WAIT_S, report.seconds  # (waiting for node0: always more)
+    print(f"check took {report.seconds:.2f}s")
+    assert leftovers(cluster3) == {}
 
 
 @pytest.mark.cluster

@@ -1,6 +1,6 @@
 """A refusal known at once is reported at once: when rank 0's probe will not listen on the master
 port (another run holds its host, or the port is in use), it says so on stderr, the launcher tells
-the probes that knock on it (check/__init__.py PortNotice), and they stop knocking instead of
+the probes that knock on it (check/__init__.py Relay), and they stop knocking instead of
 trying for their whole connect_s (6 s, 38 s at 256 hosts). The real probe and loader here; with
 containers and a run that holds the hosts: tests/cluster/test_claims.py."""
 
@@ -10,7 +10,7 @@ import json
 import socket
 import time
 
-from ftbundle.check import PortNotice
+from ftbundle.check import Relay
 from ftbundle.cluster import LocalProc
 from ftbundle.remote.probe_common import PORT_OFF
 from tests.unit.test_probe_cost_unit import told_probe
@@ -82,15 +82,36 @@ def test_rank_0_whose_port_is_in_use_says_so_on_stderr_before_its_end(tmp_path):
     assert facts["port"]["busy"]  # (what the check reports: the port is in use)
 
 
+def test_a_probe_told_a_host_is_gone_stops_waiting_for_its_sentinel(tmp_path):
+    """Rank 1's probe ended without its facts (the launcher's word): the others' storage child
+    no longer waits for its sentinel (here sentinel_wait_s 30 s), and says what it did see."""
+    proc, sentinels = told_probe(tmp_path, sentinel_wait_s=30)
+    proc.stdin.write(b'{"reachable": [0, 1, 2]}\n')
+    proc.stdin.flush()
+    deadline = time.monotonic() + 10
+    while not (sentinels / "rank-0").is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (sentinels / "rank-2").write_text("node2\n")  # rank 2's host (shared storage) wrote its own
+    time.sleep(0.5)
+    assert proc.poll() is None  # still waiting for rank 1's
+    told = time.monotonic()
+    out, err = proc.communicate(b'{"gone": [1]}\n', timeout=60)
+    facts = json.loads(out.decode().strip().splitlines()[-1])
+    assert time.monotonic() - told < 5, (facts, err)  # (its sentinel_wait_s is 30 s)
+    assert facts["storage"]["shared_dir"]["seen"] == [0, 2], facts["storage"]
+    assert not facts.get("errors"), facts
+
+
 def test_the_notice_reaches_each_knocking_probe_once_after_its_first_line():
     """Real processes (cat) as the probes' stdin: a probe told who takes part before rank 0's
     word gets it when it comes; one told after gets both, in order; rank 0 gets only its line."""
-    notice = PortNotice()
+    notice = Relay()
     early, late, rank0 = (LocalProc(["cat"]) for _ in range(3))
     notice.tell(early, 1, b'{"reachable": [0, 1, 2]}\n')
     notice.tell(rank0, 0, b'{"reachable": [0, 1, 2]}\n')
     notice.feed(b"ftb-hashing model 1 2\n" + PORT_OFF.encode() + b" rank 0's host is held")  # (a line in two chunks)
     notice.feed(b" by another run\n" + PORT_OFF.encode() + b" said twice\n")
+    notice.off("rank 0's probe ended: probe did not finish")  # (after its word: not said again)
     notice.tell(late, 2, b'{"reachable": [0, 1, 2]}\n')
     got = []
     for proc in (early, late, rank0):
@@ -103,3 +124,29 @@ def test_the_notice_reaches_each_knocking_probe_once_after_its_first_line():
     assert got[0] == ['{"reachable": [0, 1, 2]}', off]
     assert got[1] == ['{"reachable": [0, 1, 2]}', off]
     assert got[2] == ['{"reachable": [0, 1, 2]}']
+
+
+def test_a_probe_that_ended_is_said_gone_to_the_others_and_rank_0s_end_stops_the_knocking():
+    """Host 2's probe ended without its facts: every other probe told is told it is gone, and a
+    probe told later gets it after its first line; rank 0's end also tells the knockers it will
+    not listen (once, however it is learnt)."""
+    relay = Relay()
+    rank0, one, three = (LocalProc(["cat"]) for _ in range(3))
+    first = b'{"reachable": [0, 1, 2, 3]}\n'
+    relay.tell(rank0, 0, first)
+    relay.tell(one, 1, first)
+    relay.ended(2, "probe did not finish: python3: not found")
+    relay.ended(0, "probe failed: connection dropped")
+    relay.feed(PORT_OFF.encode() + b" rank 0's host is held by another run\n")  # (late: not said again)
+    relay.tell(three, 3, first)
+    got = []
+    for proc in (rank0, one, three):
+        proc.close_stdin()
+        text = b""
+        while chunk := proc.read_out():
+            text += chunk
+        got.append(text.decode().splitlines())
+    off = json.dumps({"port_off": "rank 0's probe ended: probe failed: connection dropped"})
+    assert got[0] == [first.decode().strip(), '{"gone": [2]}']
+    assert got[1] == [first.decode().strip(), '{"gone": [2]}', off, '{"gone": [0]}']
+    assert got[2] == [first.decode().strip(), off, '{"gone": [2, 0]}']

@@ -144,7 +144,7 @@ def test_a_listener_takes_more_knocks_at_once_than_the_old_backlog_and_a_dead_po
             busy.close()
 
 
-def told_probe(tmp_path, *, rank: int = 0, port: dict | None = None):
+def told_probe(tmp_path, *, rank: int = 0, port: dict | None = None, sentinel_wait_s: float = 1):
     """The real loader and probe, started as a check on a cluster still connecting starts it:
     spec ``told``, the source's length an argument, who takes part still to come on stdin."""
     from ftbundle.check import probe_argv
@@ -152,7 +152,7 @@ def told_probe(tmp_path, *, rank: int = 0, port: dict | None = None):
 
     shared = tmp_path / "shared"
     shared.mkdir(exist_ok=True)
-    spec = local_spec(tmp_path, rank=rank, token="t2", expect=None, told=True, sentinel_wait_s=1,
+    spec = local_spec(tmp_path, rank=rank, token="t2", expect=None, told=True, sentinel_wait_s=sentinel_wait_s,
                       storage=[{"name": "shared_dir", "path": str(shared), "create": True}])
     if port is not None:
         spec["port"] = port
