@@ -102,6 +102,15 @@ def test_a_probe_told_a_host_is_gone_stops_waiting_for_its_sentinel(tmp_path):
     assert not facts.get("errors"), facts
 
 
+def said_to(proc: LocalProc) -> list[str]:
+    """The lines a stand-in probe (cat) was sent, once its stdin is closed."""
+    proc.close_stdin()
+    text = b""
+    while chunk := proc.read_out():
+        text += chunk
+    return text.decode().splitlines()
+
+
 def test_the_notice_reaches_each_knocking_probe_once_after_its_first_line():
     """Real processes (cat) as the probes' stdin: a probe told who takes part before rank 0's
     word gets it when it comes; one told after gets both, in order; rank 0 gets only its line."""
@@ -113,13 +122,7 @@ def test_the_notice_reaches_each_knocking_probe_once_after_its_first_line():
     notice.feed(b" by another run\n" + PORT_OFF.encode() + b" said twice\n")
     notice.off("rank 0's probe ended: probe did not finish")  # (after its word: not said again)
     notice.tell(late, 2, b'{"reachable": [0, 1, 2]}\n')
-    got = []
-    for proc in (early, late, rank0):
-        proc.close_stdin()
-        text = b""
-        while chunk := proc.read_out():
-            text += chunk
-        got.append(text.decode().splitlines())
+    got = [said_to(proc) for proc in (early, late, rank0)]
     off = json.dumps({"port_off": HELD})
     assert got[0] == ['{"reachable": [0, 1, 2]}', off]
     assert got[1] == ['{"reachable": [0, 1, 2]}', off]
@@ -139,13 +142,7 @@ def test_a_probe_that_ended_is_said_gone_to_the_others_and_rank_0s_end_stops_the
     relay.ended(0, "probe failed: connection dropped")
     relay.feed(PORT_OFF.encode() + b" rank 0's host is held by another run\n")  # (late: not said again)
     relay.tell(three, 3, first)
-    got = []
-    for proc in (rank0, one, three):
-        proc.close_stdin()
-        text = b""
-        while chunk := proc.read_out():
-            text += chunk
-        got.append(text.decode().splitlines())
+    got = [said_to(proc) for proc in (rank0, one, three)]
     off = json.dumps({"port_off": "rank 0's probe ended: probe failed: connection dropped"})
     assert got[0] == [first.decode().strip(), '{"gone": [2]}']
     assert got[1] == [first.decode().strip(), '{"gone": [2]}', off, '{"gone": [0]}']
