@@ -228,11 +228,12 @@ def port(spec, out):
     if not p:
         return
     if p["role"] == "listen":
-        out["port"] = listen(p["port"], p["peers"], p.get("listen_s", 8), p.get("token"))
+        out["port"] = listen(p["port"], p["peers"], p.get("listen_s", 8), p.get("token"), spec.get("gone"))
         if out["port"].get("busy"):
             port_off(f"master port {p['port']} in use on rank 0")
     else:
-        out["port"] = connect(p["addr"], p["port"], p.get("connect_s", 6), p.get("token"), spec.get("port_off"))
+        out["port"] = connect(p["addr"], p["port"], p.get("connect_s", 6), p.get("token"), spec.get("port_off"),
+                              spec.get("rank"))
 
 
 def claim_then_port(spec, out):
@@ -258,8 +259,9 @@ def port_off(why):
 def heard_later(spec, end):
     """What the launcher may still say on stdin after the ranks taking part, until ``end``:
     ``{"port_off": WHY}`` (rank 0 will not listen: a host that knocks on its port stops) and
-    ``{"gone": [RANK]}`` (a host whose probe ended without its facts: its sentinel is not
-    waited for; passed to the storage child on its pipe, which this closes at the end)."""
+    ``{"gone": [RANK]}`` (a host whose probe ended without its facts: neither its knock on rank
+    0's port nor its sentinel is waited for; the ranks go to the storage child on its pipe,
+    which this closes at the end)."""
     try:
         while True:
             line = spec["stdin"].next(end)
@@ -267,12 +269,13 @@ def heard_later(spec, end):
                 return
             try:
                 said = json.loads(line)
-                why, gone = said.get("port_off"), said.get("gone")
-            except (ValueError, AttributeError):
+                why, gone = said.get("port_off"), [int(r) for r in said.get("gone") or []]
+            except (ValueError, AttributeError, TypeError):
                 continue
             if why and spec.get("port_off") is not None:
                 spec["port_off"].why = str(why)
                 spec["port_off"].set()
+            spec["gone"].update(gone)
             if gone and spec.get("told_fd") is not None:
                 try:
                     os.write(spec["told_fd"][1], json.dumps({"gone": gone}).encode() + b"\n")
@@ -283,27 +286,42 @@ def heard_later(spec, end):
             os.close(spec["told_fd"][1])
 
 
-def listen(port_number, want, wait, token=None):
+def listen(port_number, want, wait, token=None, gone=None):
+    """Wait on rank 0's port for ``want``: the ranks whose knock to wait for (their count, where
+    no ranks are known), until ``wait`` is over. ``gone``: the ranks since known gone (a set that
+    grows, :func:`heard_later`), not waited for; their knocks, come before, still count. A
+    knock says the check's token and its rank; one that says no rank is counted, not named."""
+    waiting = set(want) if isinstance(want, list) else None
     try:
-        s = listening(port_number, want)
+        s = listening(port_number, len(want) if waiting is not None else want)
     except OSError as exc:
         code, text, _, _ = run(["ss", "-Htlnp", f"( sport = :{port_number} )"], 5)
         return {"role": "listen", "busy": exc.strerror, "holders": (text or "").strip().splitlines()[:3]}
-    peers, end = [], time.monotonic() + wait
-    while len(peers) < want and time.monotonic() < end:
-        knock = accepted(s, max(0.05, end - time.monotonic()))
+    peers, unnamed, end = [], 0, time.monotonic() + wait
+
+    def left():
+        return (len(waiting - (gone or set())) if waiting is not None else want - len(peers)) - unnamed
+    while left() > 0 and time.monotonic() < end:
+        # (looked at again every 1/4 s where ranks may yet be said gone)
+        knock = accepted(s, max(0.05, min(end - time.monotonic(), 0.25 if gone is not None else wait)))
         if knock is None:
-            break
+            continue
         conn, addr = knock
-        if token is None or _said(conn, token, end):  # (another check's host knocking is not ours)
+        said = -1 if token is None else _said(conn, token, end)  # (another check's host knocking is not ours)
+        if said is not None:
             peers.append(addr)
+            if waiting is not None and said in waiting:
+                waiting.discard(said)
+            elif waiting is not None:
+                unnamed += 1
         conn.close()
     s.close()
     return {"role": "listen", "accepted": peers}
 
 
 def _said(conn, token, end):
-    """Whether the peer on ``conn`` says ``token`` (its check's) before ``end``."""
+    """What the peer on ``conn`` says before ``end``: None unless it is ``token`` (its check's),
+    else the rank said after it (-1 when none is)."""
     got = b""
     try:
         while b"\n" not in got and len(got) < 256:
@@ -313,13 +331,20 @@ def _said(conn, token, end):
                 break
             got += chunk
     except OSError:
-        return False
-    return got.split(b"\n")[0].decode(errors="replace") == token
+        return None
+    said, _, rank = got.split(b"\n")[0].decode(errors="replace").partition(" ")
+    if said != token:
+        return None
+    try:
+        return int(rank)
+    except ValueError:
+        return -1
 
 
-def connect(addr, port_number, wait, token=None, off=None):
-    """Knock on rank 0's port until it answers or ``wait`` is over; ``off`` (a Latch with a
-    ``why``): set when rank 0 is known not to listen, which ends the knocking."""
+def connect(addr, port_number, wait, token=None, off=None, rank=None):
+    """Knock on rank 0's port until it answers or ``wait`` is over, saying ``token`` and
+    ``rank``; ``off`` (a Latch with a ``why``): set when rank 0 is known not to listen, which
+    ends the knocking."""
     end, last, waits = time.monotonic() + wait, "no answer", pauses()
     while True:
         if off is not None and off.wait(0):
@@ -328,7 +353,7 @@ def connect(addr, port_number, wait, token=None, off=None):
             conn = connected(addr, port_number, 2)
             try:
                 if token is not None:
-                    conn.sendall(token.encode() + b"\n")
+                    conn.sendall(f"{token} {rank}".encode() + b"\n" if rank is not None else token.encode() + b"\n")
             finally:
                 conn.close()
             return {"role": "connect", "reachable": True}
@@ -428,7 +453,7 @@ def told(spec, end):
     if spec.get("port") and 0 not in reachable:
         del spec["port"]
     elif spec.get("port", {}).get("role") == "listen":
-        spec["port"]["peers"] = len(reachable) - 1
+        spec["port"]["peers"] = [r for r in reachable if r != 0]
     if spec.get("told_fd") is not None:
         try:
             os.write(spec["told_fd"][1], json.dumps(spec["expect"]).encode() + b"\n")
@@ -436,6 +461,7 @@ def told(spec, end):
             pass
     if spec.get("port", {}).get("role") == "connect":  # (rank 0 may yet say it will not listen)
         spec["port_off"] = Latch()
+    spec["gone"] = set()
     Task(heard_later, (spec, end), "heard_later").start()  # (and hosts may yet be gone)
     spec["heard"].set()
 

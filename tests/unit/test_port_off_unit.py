@@ -147,3 +147,39 @@ def test_a_probe_that_ended_is_said_gone_to_the_others_and_rank_0s_end_stops_the
     assert got[0] == [first.decode().strip(), '{"gone": [2]}']
     assert got[1] == [first.decode().strip(), '{"gone": [2]}', off, '{"gone": [0]}']
     assert got[2] == [first.decode().strip(), off, '{"gone": [2, 0]}']
+
+
+def knock(port: int, said: bytes) -> None:
+    """A peer's knock on rank 0's port, once it listens."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(said)
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_rank_0_stops_waiting_for_the_knock_of_a_host_said_gone_but_not_for_the_others(tmp_path):
+    """Rank 0 waits on its port for ranks 1, 2 and 3 (listen_s 30 s). Rank 2 knocks, then is
+    said gone (its probe ended after): its knock still counts, and rank 0 still waits for rank
+    1, which has not knocked; rank 3 said gone without a knock is not waited for."""
+    port = free_port()
+    proc, _ = told_probe(tmp_path, port={"role": "listen", "port": port, "peers": None, "listen_s": 30,
+                                         "token": "run"})
+    proc.stdin.write(b'{"reachable": [0, 1, 2, 3]}\n')
+    proc.stdin.flush()
+    knock(port, b"run 2\n")
+    proc.stdin.write(b'{"gone": [2, 3]}\n')
+    proc.stdin.flush()
+    time.sleep(1.5)
+    assert proc.poll() is None  # (rank 1 not heard yet: a gone host's knock does not stand in for it)
+    knock(port, b"run 1\n")
+    began = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    facts = json.loads(out.decode().strip().splitlines()[-1])
+    assert facts["port"] == {"role": "listen", "accepted": ["127.0.0.1", "127.0.0.1"]}, (facts, err)
+    assert time.monotonic() - began < 5  # (listen_s 30 s)
