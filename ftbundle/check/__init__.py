@@ -217,7 +217,7 @@ def probe_hosts(layout: Layout, cluster: Cluster, *, full: bool = True, token: s
     def taking_part(rank: int, proc: Proc) -> None:  # (told: once every host was tried)
         cluster.wait_tried()
         ranks = [r for r, h in enumerate(layout.hosts) if h.name not in cluster.errors]
-        relay.tell(proc, rank, json.dumps({"reachable": ranks}).encode() + b"\n")
+        relay.tell(proc, rank, _line({"reachable": ranks}))
 
     def on_err(rank: int, host: Host) -> Callable[[bytes], None] | None:  # (what the probe says on stderr)
         feeds = ([partial(hashing.feed, host.name)] if hashing is not None else []) + (
@@ -295,9 +295,9 @@ class Relay:
             proc.send(line)
             self.told[rank] = proc
             if rank != 0 and self.why is not None:
-                proc.send(self._off())
+                proc.send(_line({"port_off": self.why}))
             if self.gone:
-                proc.send(json.dumps({"gone": self.gone}).encode() + b"\n")
+                proc.send(_line({"gone": self.gone}))
 
     def feed(self, chunk: bytes) -> None:
         """Rank 0's stderr, as it comes."""
@@ -311,9 +311,10 @@ class Relay:
         with self.lock:
             if self.why is None:
                 self.why = why
+                line = _line({"port_off": why})
                 for rank, proc in self.told.items():
                     if rank != 0:
-                        proc.send(self._off())
+                        proc.send(line)
 
     def ended(self, rank: int, why: str) -> None:
         """Host ``rank``'s probe ended without its facts: the others are told it is gone (and,
@@ -322,13 +323,15 @@ class Relay:
             self.off(f"rank 0's probe ended: {why}")
         with self.lock:
             self.gone.append(rank)
-            line = json.dumps({"gone": [rank]}).encode() + b"\n"
+            line = _line({"gone": [rank]})
             for other, proc in self.told.items():
                 if other != rank:
                     proc.send(line)
 
-    def _off(self) -> bytes:
-        return json.dumps({"port_off": self.why}).encode() + b"\n"
+
+def _line(said: dict) -> bytes:
+    """One line of JSON on a probe's stdin."""
+    return json.dumps(said).encode() + b"\n"
 
 
 class Hashing:

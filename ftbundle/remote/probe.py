@@ -290,17 +290,17 @@ def listen(port_number, want, wait, token=None, gone=None):
     """Wait on rank 0's port for ``want``: the ranks whose knock to wait for (their count, where
     no ranks are known), until ``wait`` is over. ``gone``: the ranks since known gone (a set that
     grows, :func:`heard_later`), not waited for; their knocks, come before, still count. A
-    knock says the check's token and its rank; one that says no rank is counted, not named."""
+    knock says the check's token and its rank."""
     waiting = set(want) if isinstance(want, list) else None
     try:
         s = listening(port_number, len(want) if waiting is not None else want)
     except OSError as exc:
         code, text, _, _ = run(["ss", "-Htlnp", f"( sport = :{port_number} )"], 5)
         return {"role": "listen", "busy": exc.strerror, "holders": (text or "").strip().splitlines()[:3]}
-    peers, unnamed, end = [], 0, time.monotonic() + wait
+    peers, end = [], time.monotonic() + wait
 
     def left():
-        return (len(waiting - (gone or set())) if waiting is not None else want - len(peers)) - unnamed
+        return len(waiting - (gone or set())) if waiting is not None else want - len(peers)
     while left() > 0 and time.monotonic() < end:
         # (looked at again every 1/4 s where ranks may yet be said gone)
         knock = accepted(s, max(0.05, min(end - time.monotonic(), 0.25 if gone is not None else wait)))
@@ -310,10 +310,8 @@ def listen(port_number, want, wait, token=None, gone=None):
         said = -1 if token is None else _said(conn, token, end)  # (another check's host knocking is not ours)
         if said is not None:
             peers.append(addr)
-            if waiting is not None and said in waiting:
+            if waiting is not None:
                 waiting.discard(said)
-            elif waiting is not None:
-                unnamed += 1
         conn.close()
     s.close()
     return {"role": "listen", "accepted": peers}

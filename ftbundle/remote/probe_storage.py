@@ -189,10 +189,11 @@ def storage(spec, out, started):
     deadline = time.monotonic() + wait_s
     gone = set()
     for res, sdir in pending:
-        seen, waits = [], pauses()
-        while True:  # (only the sentinels not seen yet are looked for again)
-            seen += [r for r in expect if r not in seen and r not in gone and sees(os.path.join(sdir, f"rank-{r}"))]
-            if all(r in seen or r in gone for r in expect) or time.monotonic() >= deadline:
+        unseen, seen, waits = list(expect), set(), pauses()
+        while True:  # (only the sentinels not seen yet, of hosts not gone, are looked for again)
+            seen.update(r for r in unseen if r not in gone and sees(os.path.join(sdir, f"rank-{r}")))
+            unseen = [r for r in unseen if r not in seen and r not in gone]
+            if not unseen or time.monotonic() >= deadline:
                 break
             gone |= heard_gone(spec, min(next(waits), max(0.0, deadline - time.monotonic())))
         res["seen"] = [r for r in expect if r in seen]

@@ -175,11 +175,11 @@ def test_a_probe_started_while_the_others_connect_waits_for_who_takes_part_then_
     assert (sentinels / "rank-0").is_file()  # (its own sentinel is written meanwhile)
     (sentinels / "rank-3").write_text("node3\n")  # rank 3's host (shared storage) has written its own
 
-    def peer():  # rank 3 knocks with its run's token, once the listener is up
+    def peer():  # rank 3 knocks with its run's token and its rank, once the listener is up
         for _ in range(100):
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"run\n")
+                    s.sendall(b"run 3\n")
                     return
             except OSError:
                 time.sleep(0.05)
