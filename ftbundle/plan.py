@@ -275,8 +275,10 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         staged["include_num_input_tokens_seen"] = counting
         # the trackers LlamaFactory reports to get the run's id and the job's name (ftbundle.trackers)
         keys, tracker_env, tracked = trackers.staged(layout.lf_config, run_dir=layout.run_dir, run_id=layout.run_id,
-                                                     job=job.name, env=job.env,
-                                                     transformers=_package_version(facts, "transformers"))
+                                                     job=job.name, env=job.env, workdir=layout.workdir,
+                                                     transformers=_package_version(facts, "transformers"),
+                                                     mlflow=_package_version(facts, "mlflow")
+                                                     or _package_version(facts, "mlflow-skinny"))
         staged.update(keys)
         import yaml
 

@@ -10,8 +10,17 @@
   ``<output_dir>/runs/<date>_<host>``, found by a real run in tests/train/test_quickstart.py);
   transformers 4 from ``logging_dir`` alone: the variable is set for every rank, the argument
   only where the hosts run transformers 4;
-- W&B: ``WANDB_TAGS`` (ftbundle, the job's name) and ``WANDB_RUN_GROUP`` (the job's name);
-  MLflow: ``MLFLOW_TAGS`` (the job and the run): unless the job's env sets them.
+- W&B: ``WANDB_TAGS`` (ftbundle, the job's name), ``WANDB_RUN_GROUP`` (the job's name) and
+  ``WANDB_DIR`` (the run directory: W&B's own files, and with ``WANDB_MODE=offline`` the whole
+  run, are kept with the run's logs on shared storage, where ``wandb sync`` finds them);
+  MLflow: ``MLFLOW_TAGS`` (the job and the run): each unless the job's env sets it. MLflow's
+  store is the user's (``MLFLOW_TRACKING_URI``, a tracking server as a rule); without one it is
+  MLflow's default, said as it is: ``sqlite:///mlflow.db`` in rank 0's working directory from
+  MLflow 3.7 (``./mlruns`` before, or where that already holds runs).
+
+Each tracker is a package the ranks import only once the model is loaded and the dataset
+tokenized: :func:`packages` names what the check looks for on every host first
+(ftbundle/check/rules.py ``check_runtime``).
 """
 
 from __future__ import annotations
@@ -25,6 +34,11 @@ from .units import release
 
 TB_VARIABLE = "TENSORBOARD_LOGGING_DIR"  # where transformers 5's TensorBoard callback writes
 KNOWN = ("tensorboard", "wandb", "mlflow", "comet_ml", "clearml", "swanlab", "trackio", "dvclive", "neptune")
+# the distributions that give transformers each tracker (any one of them will do), as installed
+PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow", "mlflow-skinny"),
+            "comet_ml": ("comet_ml",), "clearml": ("clearml",), "swanlab": ("swanlab",), "trackio": ("trackio",),
+            "dvclive": ("dvclive",), "neptune": ("neptune", "neptune-client")}
+MLFLOW_SQLITE_DEFAULT = (3, 7)  # MLflow's default store became sqlite:///mlflow.db (./mlruns before)
 
 
 def reported(config: dict[str, Any]) -> list[str]:
@@ -38,10 +52,18 @@ def reported(config: dict[str, Any]) -> list[str]:
     return [] if names in ([], ["none"]) else names
 
 
+def packages(config: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The trackers ``report_to`` names that the ranks will import, each with the packages that
+    give it (``"all"``: whatever is installed, nothing is needed)."""
+    return {n: PACKAGES[n] for n in reported(config) if n in PACKAGES}
+
+
 def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: dict[str, str],
-           transformers: str | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+           workdir: str = ".", transformers: str | None = None,
+           mlflow: str | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """(config keys to stage, environment for the ranks, where each tracker is: said by `runs`).
-    ``transformers``: the version the hosts' ranks run (None: not known)."""
+    ``transformers``, ``mlflow``: the versions the hosts' ranks run (None: not known);
+    ``workdir``: the ranks' working directory."""
     names = reported(config)
     if not names:
         return {}, {}, []
@@ -64,10 +86,26 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: 
             extra["WANDB_TAGS"] = f"ftbundle,{job}"
         if "WANDB_RUN_GROUP" not in env:
             extra["WANDB_RUN_GROUP"] = job
-        where.append(f"wandb run {name!r} in project {env.get('WANDB_PROJECT', 'huggingface')}")
+        wandb_dir = env.get("WANDB_DIR") or run_dir
+        if "WANDB_DIR" not in env:
+            extra["WANDB_DIR"] = run_dir
+        project = env.get("WANDB_PROJECT", "llamafactory")  # (LlamaFactory's ReporterCallback sets this default)
+        where.append(f"wandb offline run {name!r} in {posixpath.join(wandb_dir, 'wandb')} (`wandb sync` it)"
+                     if str(env.get("WANDB_MODE", "")).lower() == "offline" else
+                     f"wandb run {name!r} in project {project}")
     if every or "mlflow" in names:
         if "MLFLOW_TAGS" not in env:
             extra["MLFLOW_TAGS"] = json.dumps({"ftbundle.job": job, "ftbundle.run": run_id})
-        where.append(f"mlflow run {name!r} at {env.get('MLFLOW_TRACKING_URI', './mlruns (under the workdir)')}")
+        where.append(f"mlflow run {name!r} at {env.get('MLFLOW_TRACKING_URI') or mlflow_default(workdir, mlflow)}")
     where += [f"{n} run {name!r}" for n in names if n not in ("all", "tensorboard", "wandb", "mlflow")]
     return keys, extra, where
+
+
+def mlflow_default(workdir: str, version: str | None) -> str:
+    """Where MLflow keeps a run when no tracking URI is given: in the working directory of the
+    rank that logs (rank 0), a SQLite file from MLflow 3.7, ./mlruns before (and after, where
+    ./mlruns already holds runs)."""
+    if version is not None and release(version)[:2] < MLFLOW_SQLITE_DEFAULT:
+        return f"{posixpath.join(workdir, 'mlruns')} (MLflow's default, in rank 0's working directory)"
+    return (f"sqlite:///{posixpath.join(workdir, 'mlflow.db')} (MLflow's default from 3.7, in rank 0's "
+            "working directory; ./mlruns there instead where that holds runs already)")

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from functools import cache, partial
 
-from .. import shipped, tokenized
+from .. import shipped, tokenized, trackers
 from ..cluster import Cluster, Proc, first_line, parallel
 from ..facts import ClusterFacts, HostFacts, parse_facts
 from ..gpu_health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
@@ -127,7 +127,7 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         "image": layout.image,
         "image_ref_file": IMAGE_REF_FILE,
         "python": layout.python,
-        "packages": list(PACKAGES),
+        "packages": list(PACKAGES) + [d for dists in trackers.packages(layout.lf_config or {}).values() for d in dists],
         "nvidia_smi_timeout_s": NVIDIA_SMI_TIMEOUT_S,
         "deadline_s": PROBE_DEADLINE_S,
         "sentinel_wait_s": SENTINEL_WAIT_S + extra,

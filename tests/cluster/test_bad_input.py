@@ -10,6 +10,7 @@ which only the hosts can see), not even an SSH login (sshd's own log says).
 from __future__ import annotations
 
 import os
+import sys
 import shutil
 import tempfile
 from pathlib import Path
@@ -128,6 +129,18 @@ def case_interpreter_without_torch(cluster, tmp_path):
                   "point the job's runtime.python at an interpreter that has them"]
 
 
+def case_tracker_not_installed(cluster, tmp_path):
+    """report_to: clearml started, loaded the model, tokenized, then every rank stopped at the
+    trainer ("ClearMLCallback requires 'clearml' to be installed"): the hosts' interpreter says first."""
+    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
+    job["train"] = {"llamafactory": lf_config(tmp_path, report_to=["tensorboard", "clearml"])}
+    path = write_job(tmp_path / "job.yaml", job)
+    python = os.path.normpath(sys.executable)
+    return path, [f"{path}: key 'check'", "nothing was started",
+                  f"clearml (report_to in train.llamafactory (inline)) is not installed in {python} on node[0-1]",
+                  "install it in " + python + ", or take it out of report_to"]
+
+
 def case_more_cpu_ranks_than_cores(cluster, tmp_path):
     """nproc_per_node: 1024 on 2-core hosts with no GPU passed the check."""
     cores = len(os.sched_getaffinity(0))  # what a host container may use: this machine's cores
@@ -148,6 +161,7 @@ CASES = {
     "missing-dataset": (case_missing_dataset, False),
     "script-missing-on-the-hosts": (case_script_missing_on_the_hosts, False),
     "interpreter-without-torch": (case_interpreter_without_torch, False),
+    "tracker-not-installed": (case_tracker_not_installed, False),
     "more-cpu-ranks-than-cores": (case_more_cpu_ranks_than_cores, False),
 }
 

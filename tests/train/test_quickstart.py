@@ -96,3 +96,88 @@ def test_a_lora_reporting_to_tensorboard_logs_its_loss_under_its_run_directory(t
     rows = json.loads(subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"], capture_output=True,
                                      text=True, timeout=120).stdout)
     assert rows[0]["trackers"] == [f"tensorboard {board}"]
+
+
+def wandb_records(path: Path) -> list:
+    """The records of a W&B run file (run-<id>.wandb), as wandb writes them: a 7-byte header
+    (":W&B", magic, version), then LevelDB's log format: 32 KiB blocks of chunks, each with a
+    7-byte header (CRC, length, type: 1 whole, 2 first, 3 middle, 4 last); a chunk header that
+    does not fit in a block's tail leaves it as padding. wandb 0.31 ships no reader of its own."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B", data[:8]
+    records, part, at = [], b"", 7
+    while at + 7 <= len(data):
+        left = block - at % block
+        if left < 7:
+            at += left
+            continue
+        length, kind = int.from_bytes(data[at + 4:at + 6], "little"), data[at + 6]
+        chunk, at = data[at + 7:at + 7 + length], at + 7 + length
+        if kind == 0 and length == 0:  # (zeros: the rest of a block, or the end)
+            continue
+        part = chunk if kind in (1, 2) else part + chunk
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(part)
+            records.append(record)
+    return records
+
+
+def test_a_lora_reporting_to_mlflow_and_wandb_reaches_both_under_its_run_id(tmp_path, tiny_model, monkeypatch):
+    """Issue 47 item 4 with the real MLflow and W&B clients (mlflow-skinny and wandb, as `make
+    test` installs them), neither needing a network: MLflow to a file store on shared storage,
+    W&B offline. First the job as most users would first write it, no MLFLOW_TRACKING_URI: with
+    mlflow-skinny that is MLflow's default sqlite store, which it cannot write (the first log
+    would fail after the model is loaded): the check refuses it, nothing starts. Then with a
+    store: each tracker holds the run under the run's id, tagged with the job, with rank 0's
+    losses step by step; W&B's offline run lies in the run directory, and `runs` says both."""
+    from mlflow.tracking import MlflowClient
+
+    job = quickstart_copy(tmp_path, tiny_model, report_to=["mlflow", "wandb"], max_steps=6)
+    work = job.parent
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", str(job)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "cannot write sqlite:///mlflow.db (MLflow's default store)" in proc.stderr, proc.stderr[-3000:]
+    assert not (work / ".shared/runs").exists() or not any((work / ".shared/runs").iterdir())
+
+    store = work / ".shared/mlruns"
+    spec = yaml.safe_load(job.read_text())
+    spec["env"].update({"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true",
+                        "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    job.write_text(yaml.safe_dump(spec))
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", str(job)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run = next((work / ".shared/runs").iterdir())
+    logged = [json.loads(line) for line in (work / ".shared/output/quickstart-lora/trainer_log.jsonl")
+              .read_text().splitlines()]
+    logged = [r for r in logged if "loss" in r]
+    assert [r["current_steps"] for r in logged] == list(range(1, 7))
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # (as the job's env allows it to the ranks)
+    client = MlflowClient(tracking_uri=f"file://{store}")
+    (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert found.info.run_name == run.name and found.info.status == "FINISHED"
+    assert found.data.tags["ftbundle.job"] == "quickstart-lora" and found.data.tags["ftbundle.run"] == run.name
+    history = client.get_metric_history(found.info.run_id, "loss")
+    assert [m.step for m in history] == list(range(1, 7))
+    assert [m.value for m in history] == pytest.approx([r["loss"] for r in logged], abs=1e-3)
+
+    (offline,) = (run / "wandb").glob("offline-run-*/run-*.wandb")  # (rank 0's run alone, in the run directory)
+    records = wandb_records(offline)
+    (begun,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert begun.display_name == run.name and begun.project == "llamafactory"
+    assert list(begun.tags) == ["ftbundle", "quickstart-lora"] and begun.run_group == "quickstart-lora"
+    steps = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+             for r in records if r.WhichOneof("record_type") == "history"]
+    losses = [(s["train/global_step"], s["train/loss"]) for s in steps if "train/loss" in s]
+    assert [step for step, _ in losses] == list(range(1, 7))
+    assert [loss for _, loss in losses] == pytest.approx([r["loss"] for r in logged], abs=1e-3)
+
+    rows = json.loads(subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"],
+                                     capture_output=True, text=True, timeout=120).stdout)
+    assert rows[0]["trackers"] == [f"wandb offline run {run.name!r} in {run}/wandb (`wandb sync` it)",
+                                   f"mlflow run {run.name!r} at file://{store}"]

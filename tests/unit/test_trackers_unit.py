@@ -23,12 +23,14 @@ def test_no_tracker_no_change():
 
 def test_each_tracker_gets_the_run_id_and_the_job_name_and_says_where_it_is():
     keys, env, where = T.staged({**LF, "report_to": ["tensorboard", "wandb", "mlflow"]}, run_dir="/s/runs/r1",
-                                run_id="r1", job="j", env={"WANDB_PROJECT": "p"})
+                                run_id="r1", job="j", env={"WANDB_PROJECT": "p"}, workdir="/s")
     assert keys == {"run_name": "r1"}
     assert env == {"TENSORBOARD_LOGGING_DIR": "/s/runs/r1/tensorboard", "WANDB_TAGS": "ftbundle,j",
-                   "WANDB_RUN_GROUP": "j", "MLFLOW_TAGS": json.dumps({"ftbundle.job": "j", "ftbundle.run": "r1"})}
+                   "WANDB_RUN_GROUP": "j", "WANDB_DIR": "/s/runs/r1",
+                   "MLFLOW_TAGS": json.dumps({"ftbundle.job": "j", "ftbundle.run": "r1"})}
     assert where == ["tensorboard /s/runs/r1/tensorboard", "wandb run 'r1' in project p",
-                     "mlflow run 'r1' at ./mlruns (under the workdir)"]
+                     "mlflow run 'r1' at sqlite:////s/mlflow.db (MLflow's default from 3.7, in rank 0's working "
+                     "directory; ./mlruns there instead where that holds runs already)"]
     # the config's and the job's own choices are kept
     keys, env, where = T.staged({**LF, "report_to": "tensorboard", "run_name": "mine", "logging_dir": "/tb"},
                                 run_dir="/r", run_id="r1", job="j", env={})
@@ -38,8 +40,35 @@ def test_each_tracker_gets_the_run_id_and_the_job_name_and_says_where_it_is():
                                 env={"TENSORBOARD_LOGGING_DIR": "/mine"}, transformers="4.57.1")
     assert keys == {"run_name": "r1", "logging_dir": "/mine"} and env == {} and where == ["tensorboard /mine"]
     _, env, _ = T.staged({**LF, "report_to": "wandb"}, run_dir="/r", run_id="r1", job="j",
-                         env={"WANDB_TAGS": "x", "WANDB_RUN_GROUP": "g"})
+                         env={"WANDB_TAGS": "x", "WANDB_RUN_GROUP": "g", "WANDB_DIR": "/w"})
     assert env == {}
+
+
+def test_where_each_store_is_said_as_the_hosts_tracker_keeps_it():
+    """MLflow's default store moved from ./mlruns to sqlite:///mlflow.db in 3.7 (in the logging
+    rank's working directory): `runs` said ./mlruns whatever the hosts ran. A job's own tracking
+    URI is said as it is; an offline W&B run is said where `wandb sync` will find it."""
+    mlflow = {**LF, "report_to": "mlflow"}
+    for version, store in (("2.22.1", "/w/mlruns (MLflow's default, in rank 0's working directory)"),
+                           ("3.6.0", "/w/mlruns (MLflow's default, in rank 0's working directory)"),
+                           ("3.7.0", "sqlite:////w/mlflow.db (MLflow's default from 3.7"),
+                           ("3.17.2", "sqlite:////w/mlflow.db (MLflow's default from 3.7")):
+        where = T.staged(mlflow, run_dir="/w/runs/r1", run_id="r1", job="j", env={}, workdir="/w", mlflow=version)[2]
+        assert where[0].startswith(f"mlflow run 'r1' at {store}"), (version, where)
+    where = T.staged(mlflow, run_dir="/r", run_id="r1", job="j", env={"MLFLOW_TRACKING_URI": "http://ml:5000"},
+                     workdir="/w", mlflow="3.17.2")[2]
+    assert where == ["mlflow run 'r1' at http://ml:5000"]
+    _, env, where = T.staged({**LF, "report_to": "wandb"}, run_dir="/s/runs/r1", run_id="r1", job="j",
+                             env={"WANDB_MODE": "offline"})
+    assert env["WANDB_DIR"] == "/s/runs/r1"
+    assert where == ["wandb offline run 'r1' in /s/runs/r1/wandb (`wandb sync` it)"]
+
+
+def test_the_packages_the_check_looks_for():
+    assert T.packages({**LF, "report_to": ["tensorboard", "mlflow", "wandb"]}) == {
+        "tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow", "mlflow-skinny"), "wandb": ("wandb",)}
+    assert T.packages({**LF, "report_to": "all"}) == {}  # (whatever is installed: nothing is needed)
+    assert T.packages({**LF, "report_to": "none"}) == T.packages(LF) == {}
 
 
 def test_tensorboards_directory_goes_where_the_hosts_transformers_reads_it():
@@ -62,8 +91,65 @@ def test_the_plan_stages_them_and_runs_says_where(tmp_path):
     assert all(n.env["WANDB_TAGS"] == f"ftbundle,{layout.job.name}" for n in plan.nodes)
     record = plan.to_dict()
     assert record["trackers"] == [f"tensorboard {layout.run_dir}/tensorboard",
-                                  f"wandb run {layout.run_id!r} in project huggingface"]
+                                  f"wandb run {layout.run_id!r} in project llamafactory"]
     row = run_row("j-20261129-010203-abcd", {"plan.json": json.dumps(record), "summary.json": "{}"})
     lines = format_runs([row]).splitlines()
     assert lines[2:] == [f"  tracker: tensorboard {layout.run_dir}/tensorboard",
-                         f"  tracker: wandb run {layout.run_id!r} in project huggingface"], lines
+                         f"  tracker: wandb run {layout.run_id!r} in project llamafactory"], lines
+
+
+def test_a_tracker_the_hosts_lack_is_refused_before_the_start(tmp_path):
+    """report_to: wandb on hosts without wandb started, loaded the model, tokenized, then every
+    rank stopped at the trainer ("WandbCallback requires wandb to be installed"). The probe asks
+    for the tracker's packages; the check names the tracker, the hosts and where it looked."""
+    from ftbundle.check import probe_spec
+    from ftbundle.check import rules as R
+    from tests.unit.test_check_unit import facts
+
+    layout = layout_of(tmp_path, 2, train={"llamafactory": {**LF, "report_to": ["wandb", "tensorboard"]}})
+    assert probe_spec(layout, 1, token=None, expect=[0, 1], port_peers=None)["packages"] == [
+        "torch", "transformers", "llamafactory", "wandb", "tensorboard", "tensorboardX"]
+    base = {"python": "3.11.7", "torch": "2.14.1", "transformers": "5.6.0", "llamafactory": "0.9.5"}
+    tracked = T.packages({"report_to": ["wandb", "tensorboard"]})
+    hosts = [facts("node0", versions={**base, "wandb": "absent", "tensorboard": "absent", "tensorboardX": "2.6"}),
+             facts("node1", 1, versions={**base, "wandb": "0.31.0", "tensorboard": "absent", "tensorboardX": "absent"}),
+             facts("node2", 2, versions={**base, "wandb": "absent", "tensorboard": "2.20", "tensorboardX": "absent"})]
+    c = R.check_runtime(hosts, docker=False, mode="llamafactory", python="/opt/venv/bin/python", tracked=tracked,
+                        source="train.yaml")
+    assert c.failure in ("packages missing", "versions differ")
+    assert c.details == [
+        "wandb (report_to in train.yaml) is not installed in /opt/venv/bin/python on node[0,2]",
+        "tensorboard (report_to in train.yaml) is not installed in /opt/venv/bin/python on node1: none of "
+        "tensorboard, tensorboardX",
+        "(the trainer imports each tracker once the model is loaded: install it in /opt/venv/bin/python, or take it "
+        "out of report_to)"]
+    alike = {**base, "wandb": "0.31.0", "tensorboard": "absent", "tensorboardX": "2.6"}
+    assert R.check_runtime([facts("node0", versions=alike), facts("node1", 1, versions=alike)], docker=False,
+                           mode="llamafactory", tracked=tracked).ok  # (tensorboardX gives TensorBoard too)
+
+
+def test_mlflow_skinny_asked_to_write_a_database_is_refused():
+    """mlflow-skinny (no SQLAlchemy) from 3.7 defaults to sqlite:///mlflow.db and fails at the
+    first log (MLflow 3.17.2: 'Model registry functionality is unavailable; got unsupported URI
+    sqlite:///...'); a server's URI, or the full package beside it, is fine."""
+    from ftbundle.check import rules as R
+    from tests.unit.test_check_unit import facts
+
+    base = {"python": "3.11.7", "torch": "2.14.1", "transformers": "5.6.0", "llamafactory": "0.9.5"}
+    skinny = {**base, "mlflow": "absent", "mlflow-skinny": "3.17.2"}
+    tracked = T.packages({"report_to": "mlflow"})
+    fleet = [facts("node0", versions=skinny), facts("node1", 1, versions=skinny)]
+    c = R.check_runtime(fleet, docker=False, mode="llamafactory", tracked=tracked)
+    assert c.failure == "tracker store"
+    assert c.details == ["mlflow-skinny 3.17.2 on node[0-1] cannot write sqlite:///mlflow.db (MLflow's default "
+                         "store): a database store needs the full mlflow package (SQLAlchemy)",
+                         "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install mlflow beside it)"]
+    c = R.check_runtime(fleet, docker=False, mode="llamafactory", tracked=tracked, mlflow_uri="sqlite:////s/m.db")
+    assert c.details[0].startswith("mlflow-skinny 3.17.2 on node[0-1] cannot write sqlite:////s/m.db:")
+    for uri in ("http://mlflow:5000", "databricks"):
+        assert R.check_runtime(fleet, docker=False, mode="llamafactory", tracked=tracked, mlflow_uri=uri).ok
+    full = {**base, "mlflow": "3.17.2", "mlflow-skinny": "3.17.2"}
+    old = {**base, "mlflow": "absent", "mlflow-skinny": "3.6.0"}  # (./mlruns by default then)
+    for versions in (full, old):
+        assert R.check_runtime([facts("node0", versions=versions)], docker=False, mode="llamafactory",
+                               tracked=tracked).ok
