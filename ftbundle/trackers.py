@@ -58,6 +58,14 @@ def packages(config: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     return {n: PACKAGES[n] for n in reported(config) if n in PACKAGES}
 
 
+def probed(config: dict[str, Any]) -> list[str]:
+    """The packages the check asks the hosts for: those of :func:`packages`, and with
+    ``"all"`` every tracker's (what is installed is then what the ranks import)."""
+    names = reported(config)
+    chosen = PACKAGES if "all" in names else packages(config)
+    return [d for dists in chosen.values() for d in dists]
+
+
 def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: dict[str, str],
            workdir: str = ".", transformers: str | None = None,
            mlflow: str | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:

@@ -127,7 +127,7 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         "image": layout.image,
         "image_ref_file": IMAGE_REF_FILE,
         "python": layout.python,
-        "packages": list(PACKAGES) + [d for dists in trackers.packages(layout.lf_config or {}).values() for d in dists],
+        "packages": list(PACKAGES) + trackers.probed(layout.lf_config or {}),
         "nvidia_smi_timeout_s": NVIDIA_SMI_TIMEOUT_S,
         "deadline_s": PROBE_DEADLINE_S,
         "sentinel_wait_s": SENTINEL_WAIT_S + extra,
@@ -277,7 +277,7 @@ class Relay:
       listen: its probe says so at once (``ftb-port-off WHY`` on its stderr: another run holds
       the host, or the port is in use), or it ended without its facts (its interpreter missing,
       its connection dropped). They stop knocking. Without it they knocked for their whole
-      connect_s, 6 s plus 1/8 s a host beyond 8 (38 s at 256), and a refusal known in the first
+      connect_s, 6 s plus 1/8 s a host on clusters over 8 hosts (38 s at 256), and a refusal known in the first
       second was reported after it.
     - ``{"gone": [RANK]}`` to all, when a host's probe ended without its facts: its sentinel
       will never come, and is not waited for (sentinel_wait_s, as long again)."""

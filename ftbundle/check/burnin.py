@@ -35,7 +35,7 @@ DEFAULT_SECONDS = 10.0
 DEFAULT_SLOW_BELOW = 0.9
 START_LIMIT_S = 120  # each node's load is killed after this long beyond its seconds (imports, CUDA start)
 # Every host starts measuring when every host is ready (its ready file in the check's
-# directory): each waits at most this long, +WAIT_S_PER_HOST per host beyond 8 (the launch
+# directory): each waits at most this long, +WAIT_S_PER_HOST per host on clusters over 8 hosts (the launch
 # of n nodes is spread over a time that grows with n), then measures anyway and says so.
 BARRIER_S = 60.0
 # ...and all begin at one moment: the last host's ready time + this, +GO_AFTER_S_PER_HOST a host

@@ -72,13 +72,14 @@ def _versions(f: HostFacts) -> str:
 
 def check_runtime(facts: list[HostFacts], docker: bool, mode: str = "script", python: str = "python3",
                   tracked: dict[str, tuple[str, ...]] | None = None, source: str = "the LlamaFactory config",
-                  mlflow_uri: str | None = None) -> Check:
+                  mlflow_uri: str | None = None, every: bool = False) -> Check:
     """Same interpreter and packages (host runtime), or the same image, by digest and ID,
     on every host (docker), its packages shown beside it; and what the job needs there:
     torch for every torchrun job, LlamaFactory for a LlamaFactory job, and each tracker its
     ``report_to`` names (``tracked``: ftbundle/trackers.py ``packages``): transformers imports
     it only when the trainer is made, after the model is loaded and the dataset tokenized
-    (``mlflow_uri``: the job's MLFLOW_TRACKING_URI; :func:`skinny_store`)."""
+    (``mlflow_uri``: the job's MLFLOW_TRACKING_URI; :func:`skinny_store`; ``every``: report_to
+    "all", every tracker installed)."""
     name = "image" if docker else "versions"
     values = {}
     for f in facts:
@@ -114,7 +115,7 @@ def check_runtime(facts: list[HostFacts], docker: bool, mode: str = "script", py
         check.details += per_hosts(untracked) + [
             f"(the trainer imports each tracker once the model is loaded: install it in {where}, or take it "
             "out of report_to)"]
-    if "mlflow" in (tracked or {}):
+    if "mlflow" in (tracked or {}) or every:  # ("all": MLflow is used where it is installed)
         skinny = skinny_store(facts, mlflow_uri)
         if skinny:
             check.failure = check.failure or "tracker store"
@@ -565,7 +566,8 @@ def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) ->
                                 python=layout.python or "python3",
                                 tracked=trackers.packages(layout.lf_config or {}),
                                 source=layout.job.train.llamafactory_source or "the LlamaFactory config",
-                                mlflow_uri=layout.job.env.get("MLFLOW_TRACKING_URI")))
+                                mlflow_uri=layout.job.env.get("MLFLOW_TRACKING_URI"),
+                                every="all" in trackers.reported(layout.lf_config or {})))
     checks += [c for c in [check_training(reached, layout)] if c is not None]
     checks.append(check_gpus(reached, layout, nproc_per_node))
     checks += [c for c in [check_health(reached, layout.job.health)] if c is not None]

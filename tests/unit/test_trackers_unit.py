@@ -68,6 +68,8 @@ def test_the_packages_the_check_looks_for():
     assert T.packages({**LF, "report_to": ["tensorboard", "mlflow", "wandb"]}) == {
         "tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow", "mlflow-skinny"), "wandb": ("wandb",)}
     assert T.packages({**LF, "report_to": "all"}) == {}  # (whatever is installed: nothing is needed)
+    assert T.probed({**LF, "report_to": ["wandb"]}) == ["wandb"]
+    assert len(T.probed({**LF, "report_to": "all"})) == sum(len(d) for d in T.PACKAGES.values())  # (asked: used if there)
     assert T.packages({**LF, "report_to": "none"}) == T.packages(LF) == {}
 
 
@@ -148,6 +150,9 @@ def test_mlflow_skinny_asked_to_write_a_database_is_refused():
     assert c.details[0].startswith("mlflow-skinny 3.17.2 on node[0-1] cannot write sqlite:////s/m.db:")
     for uri in ("http://mlflow:5000", "databricks"):
         assert R.check_runtime(fleet, docker=False, mode="llamafactory", tracked=tracked, mlflow_uri=uri).ok
+    # report_to: all uses MLflow where it is installed: the same store is asked of it
+    assert R.check_runtime(fleet, docker=False, mode="llamafactory", tracked={}, every=True).failure == "tracker store"
+    assert R.check_runtime(fleet, docker=False, mode="llamafactory", tracked={}).ok
     full = {**base, "mlflow": "3.17.2", "mlflow-skinny": "3.17.2"}
     old = {**base, "mlflow": "absent", "mlflow-skinny": "3.6.0"}  # (./mlruns by default then)
     for versions in (full, old):
