@@ -20,7 +20,7 @@
 
 Each tracker is a package the ranks import only once the model is loaded and the dataset
 tokenized: :func:`packages` names what the check looks for on every host first
-(ftbundle/check/rules.py ``check_runtime``).
+(ftbundle/check/tracker_rules.py).
 """
 
 from __future__ import annotations

@@ -156,6 +156,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         spec["datasets"] = {"dir": layout.dataset_dir, "names": list(layout.datasets)}
     if layout.docker:
         spec["image_python"] = job.runtime.python
+    elif rank == 0 and {"wandb", "all"} & set(trackers.reported(layout.lf_config or {})):
+        spec["wandb"] = True  # (where rank 0 logs: would its wandb find a key? check/tracker_rules.py)
     wanted = job_paths(layout)
     if wanted:
         spec["paths"] = wanted

@@ -11,19 +11,18 @@ import posixpath
 import re
 
 from .. import gpu_health as H
-from .. import trackers
 from ..facts import ClusterFacts, HostFacts, bf16_capable, describe_gpus
 from ..facts import visible as visible_under
 from ..gpu_health import XID_WINDOW_S
 from ..hostlist import fold, fold_numbers
 from ..layout import Layout
 from ..paths import is_under
-from ..units import release
 from ..remote.evidence import waits_in
 from .finding import Check, describe_groups, group_by_value, per_hosts
 from .bytes_rules import check_datasets, check_model_bytes  # noqa: F401 (re-exported: the rules' names)
 from .checkpoint_rules import check_checkpoint_space  # noqa: F401 (re-exported: the rules' names)
 from .storage_rules import check_output_dir, check_storage  # noqa: F401 (re-exported: the rules' names)
+from .tracker_rules import check_trackers  # noqa: F401 (re-exported: the rules' names)
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -70,16 +69,10 @@ def _versions(f: HostFacts) -> str:
     return " ".join(f"{k}={v}" for k, v in (f.versions or {}).items())
 
 
-def check_runtime(facts: list[HostFacts], docker: bool, mode: str = "script", python: str = "python3",
-                  tracked: dict[str, tuple[str, ...]] | None = None, source: str = "the LlamaFactory config",
-                  mlflow_uri: str | None = None, every: bool = False) -> Check:
+def check_runtime(facts: list[HostFacts], docker: bool, mode: str = "script", python: str = "python3") -> Check:
     """Same interpreter and packages (host runtime), or the same image, by digest and ID,
     on every host (docker), its packages shown beside it; and what the job needs there:
-    torch for every torchrun job, LlamaFactory for a LlamaFactory job, and each tracker its
-    ``report_to`` names (``tracked``: ftbundle/trackers.py ``packages``): transformers imports
-    it only when the trainer is made, after the model is loaded and the dataset tokenized
-    (``mlflow_uri``: the job's MLFLOW_TRACKING_URI; :func:`skinny_store`; ``every``: report_to
-    "all", every tracker installed)."""
+    torch for every torchrun job, LlamaFactory for a LlamaFactory job."""
     name = "image" if docker else "versions"
     values = {}
     for f in facts:
@@ -105,47 +98,9 @@ def check_runtime(facts: list[HostFacts], docker: bool, mode: str = "script", py
     if missing:
         check.failure = "packages missing"
         check.details = per_hosts(missing) + [f"(a {mode} job needs {' and '.join(needed)}: {how})"]
-    untracked = [(f.host, name, lambda hosts, name=name, dists=dists: f"{name} (report_to in {source}) is not installed "
-                  f"in {where} on {hosts}: none of {', '.join(dists)}" if len(dists) > 1 else
-                  f"{name} (report_to in {source}) is not installed in {where} on {hosts}")
-                 for f in facts for name, dists in (tracked or {}).items()
-                 if all((f.versions or {}).get(d) == "absent" for d in dists)]
-    if untracked:
-        check.failure = "packages missing"
-        check.details += per_hosts(untracked) + [
-            f"(the trainer imports each tracker once the model is loaded: install it in {where}, or take it "
-            "out of report_to)"]
-    if "mlflow" in (tracked or {}) or every:  # ("all": MLflow is used where it is installed)
-        skinny = skinny_store(facts, mlflow_uri)
-        if skinny:
-            check.failure = check.failure or "tracker store"
-            check.details += per_hosts(skinny) + [
-                "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install mlflow beside it)"]
     if mode == "llamafactory":
         check.warnings += judged_by_other_version(facts)
     return check
-
-
-DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow stores that need SQLAlchemy (full mlflow)
-
-
-def skinny_store(facts: list[HostFacts], uri: str | None) -> list[tuple[str, str, object]]:
-    """Hosts where MLflow would be imported from mlflow-skinny alone (no SQLAlchemy) and asked
-    to write a database: the store the job names, or MLflow's own default from 3.7
-    (sqlite:///mlflow.db). The first log fails there, after the model is loaded."""
-    found = []
-    for f in facts:
-        versions = f.versions or {}
-        skinny = versions.get("mlflow-skinny")
-        if versions.get("mlflow") != "absent" or skinny in (None, "absent"):
-            continue
-        default = not uri and release(skinny)[:2] >= trackers.MLFLOW_SQLITE_DEFAULT
-        if default or (uri or "").split(":", 1)[0].split("+", 1)[0].lower() in DATABASES:
-            store = "sqlite:///mlflow.db (MLflow's default store)" if default else uri
-            found.append((f.host, (skinny, store), lambda hosts, skinny=skinny, store=store:
-                          f"mlflow-skinny {skinny} on {hosts} cannot write {store}: a database store needs the "
-                          "full mlflow package (SQLAlchemy)"))
-    return found
 
 
 def judged_by_other_version(facts: list[HostFacts]) -> list[str]:
@@ -563,11 +518,8 @@ def evaluate(layout: Layout, facts: ClusterFacts, nproc_per_node: int | None) ->
         checks.append(check_hostnames(reached))
     checks.append(check_system(reached))
     checks.append(check_runtime(reached, docker=layout.docker, mode=layout.job.train.mode,
-                                python=layout.python or "python3",
-                                tracked=trackers.packages(layout.lf_config or {}),
-                                source=layout.job.train.llamafactory_source or "the LlamaFactory config",
-                                mlflow_uri=layout.job.env.get("MLFLOW_TRACKING_URI"),
-                                every="all" in trackers.reported(layout.lf_config or {})))
+                                python=layout.python or "python3"))
+    checks += [c for c in [check_trackers(reached, layout)] if c is not None]
     checks += [c for c in [check_training(reached, layout)] if c is not None]
     checks.append(check_gpus(reached, layout, nproc_per_node))
     checks += [c for c in [check_health(reached, layout.job.health)] if c is not None]

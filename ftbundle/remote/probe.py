@@ -56,6 +56,10 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
 
 # the variables whose values the job will see, read after the env file is sourced
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# ... and where rank 0 logs to W&B (spec "wandb"): what its wandb.init reads (a key's value never leaves)
+WANDB_NAMES = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_ANONYMOUS",
+               "WANDB_BASE_URL", "NETRC", "WANDB_CONFIG_DIR")
+SECRET_NAMES = ("WANDB_API_KEY",)
 ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for v; do printf "%s=%s\\0" "$v" "${!v-}"; done'
 # -- the facts -------------------------------------------------------------------------
 
@@ -203,16 +207,44 @@ def env_view(spec, out):
     """What the job will see: the login environment, then the env file as the node
     program sources it (`set -a; . FILE`)."""
     env_file = spec.get("env_file") or "/dev/null"
+    names = ENV_NAMES + (WANDB_NAMES if spec.get("wandb") else ())
     if not os.access(env_file, os.R_OK):  # (no file to source: the login environment, no bash to ask)
-        out["env"] = {name: os.environ[name] for name in ENV_NAMES if os.environ.get(name)}
-        return
-    code, text, _, _ = run(["bash", "-c", ENV_VIEW_SH, "ftb", env_file, *ENV_NAMES], 10)
-    view = {}
-    for pair in (text or "").split("\0"):
-        name, sep, value = pair.partition("=")
-        if sep and value:
-            view[name] = value
-    out["env"] = view
+        view = {name: os.environ[name] for name in names if os.environ.get(name)}
+    else:
+        code, text, _, _ = run(["bash", "-c", ENV_VIEW_SH, "ftb", env_file, *names], 10)
+        view = {}
+        for pair in (text or "").split("\0"):
+            name, sep, value = pair.partition("=")
+            if sep and value:
+                view[name] = value
+    out["env"] = {name: "(set)" if name in SECRET_NAMES else value for name, value in view.items()}
+    if spec.get("wandb"):
+        out["wandb_login"] = wandb_login(view)
+
+
+def wandb_login(view):
+    """Where wandb.init would look for a key besides the environment (wandb/sdk/lib/wbauth):
+    the netrc file ($NETRC, else ~/.netrc, else ~/_netrc) by its machine names (a `default`
+    entry said as such; no password is read out), and W&B's settings file by whether it names
+    an api_key. The check decides (check/tracker_rules.py)."""
+    home = os.path.expanduser("~")
+    netrc = view.get("NETRC") or next((p for p in (os.path.join(home, ".netrc"), os.path.join(home, "_netrc"))
+                                       if os.path.exists(p)), os.path.join(home, ".netrc"))
+    found = {"netrc": os.path.expanduser(netrc), "machines": None, "settings_key": False}
+    try:
+        with open(found["netrc"], errors="replace") as f:
+            words = f.read().split()
+        found["machines"] = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "machine"]
+        found["machines"] += ["default"] * ("default" in words)
+    except OSError as exc:
+        found["netrc_error"] = exc.strerror
+    settings = os.path.join(view.get("WANDB_CONFIG_DIR") or os.path.join(home, ".config", "wandb"), "settings")
+    try:
+        with open(settings, errors="replace") as f:
+            found["settings_key"] = any(line.split("=", 1)[0].strip() == "api_key" for line in f)
+    except OSError:
+        pass
+    return found
 
 
 def dirs(spec, out):

@@ -141,6 +141,18 @@ def case_tracker_not_installed(cluster, tmp_path):
                   "install it in " + python + ", or take it out of report_to"]
 
 
+def case_wandb_without_a_key(cluster, tmp_path):
+    """report_to: wandb, never logged in on the hosts: rank 0 loaded the model, then stopped at
+    wandb.init ('No API key configured'). Only rank 0's host logs, and only it is named."""
+    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
+    job["train"] = {"llamafactory": lf_config(tmp_path, report_to="wandb")}
+    path = write_job(tmp_path / "job.yaml", job)
+    return path, [f"{path}: key 'check'", "nothing was started",
+                  "wandb (report_to) has no API key on node0, where rank 0 logs: no WANDB_API_KEY in the job's env, "
+                  "its env file or the login environment, no /root/.netrc, and WANDB_MODE is not offline",
+                  "`wandb login` there as the user the job runs as"]
+
+
 def case_more_cpu_ranks_than_cores(cluster, tmp_path):
     """nproc_per_node: 1024 on 2-core hosts with no GPU passed the check."""
     cores = len(os.sched_getaffinity(0))  # what a host container may use: this machine's cores
@@ -162,6 +174,7 @@ CASES = {
     "script-missing-on-the-hosts": (case_script_missing_on_the_hosts, False),
     "interpreter-without-torch": (case_interpreter_without_torch, False),
     "tracker-not-installed": (case_tracker_not_installed, False),
+    "wandb-without-a-key": (case_wandb_without_a_key, False),
     "more-cpu-ranks-than-cores": (case_more_cpu_ranks_than_cores, False),
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -137,16 +138,29 @@ def test_a_lora_reporting_to_mlflow_and_wandb_reaches_both_under_its_run_id(tmp_
 
     job = quickstart_copy(tmp_path, tiny_model, report_to=["mlflow", "wandb"], max_steps=6)
     work = job.parent
+    home = tmp_path / "home"  # (a user who never ran `wandb login` here)
+    home.mkdir()
+    quiet = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_")) and k != "NETRC"}
     proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", str(job)], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env={**quiet, "HOME": str(home)})
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "cannot write sqlite:///mlflow.db (MLflow's default store)" in proc.stderr, proc.stderr[-3000:]
+    assert (f"wandb (report_to) has no API key on localhost, where rank 0 logs: no WANDB_API_KEY in the job's env, "
+            f"its env file or the login environment, no {home}/.netrc, and WANDB_MODE is not offline") in proc.stderr
     assert not (work / ".shared/runs").exists() or not any((work / ".shared/runs").iterdir())
 
     store = work / ".shared/mlruns"
     spec = yaml.safe_load(job.read_text())
-    spec["env"].update({"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true",
-                        "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    spec["env"].update({"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true"})
+    job.write_text(yaml.safe_dump(spec))
+    # `wandb login` writes the key to ~/.netrc: the check reads that the entry is there (not the key)
+    (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "0" * 40 + "\n")
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True, text=True,
+                          timeout=300, env={**quiet, "HOME": str(home)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "0" * 40 not in proc.stdout + proc.stderr
+
+    spec["env"].update({"WANDB_MODE": "offline", "WANDB_SILENT": "true"})  # (no network here: offline)
     job.write_text(yaml.safe_dump(spec))
     proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", str(job)], capture_output=True, text=True,
                           timeout=600)

@@ -100,61 +100,110 @@ def test_the_plan_stages_them_and_runs_says_where(tmp_path):
                          f"  tracker: wandb run {layout.run_id!r} in project llamafactory"], lines
 
 
+BASE = {"python": "3.11.7", "torch": "2.14.1", "transformers": "5.6.0", "llamafactory": "0.9.5"}
+
+
+def judged(tmp_path, report_to, fleet, env=None, **job):
+    from ftbundle.check.rules import check_trackers
+
+    layout = layout_of(tmp_path, len(fleet), train={"llamafactory": {**LF, "report_to": report_to}}, env=env or {},
+                       **job)
+    return check_trackers(fleet, layout)
+
+
 def test_a_tracker_the_hosts_lack_is_refused_before_the_start(tmp_path):
     """report_to: wandb on hosts without wandb started, loaded the model, tokenized, then every
     rank stopped at the trainer ("WandbCallback requires wandb to be installed"). The probe asks
     for the tracker's packages; the check names the tracker, the hosts and where it looked."""
     from ftbundle.check import probe_spec
-    from ftbundle.check import rules as R
     from tests.unit.test_check_unit import facts
 
     layout = layout_of(tmp_path, 2, train={"llamafactory": {**LF, "report_to": ["wandb", "tensorboard"]}})
     assert probe_spec(layout, 1, token=None, expect=[0, 1], port_peers=None)["packages"] == [
         "torch", "transformers", "llamafactory", "wandb", "tensorboard", "tensorboardX"]
-    base = {"python": "3.11.7", "torch": "2.14.1", "transformers": "5.6.0", "llamafactory": "0.9.5"}
-    tracked = T.packages({"report_to": ["wandb", "tensorboard"]})
-    hosts = [facts("node0", versions={**base, "wandb": "absent", "tensorboard": "absent", "tensorboardX": "2.6"}),
-             facts("node1", 1, versions={**base, "wandb": "0.31.0", "tensorboard": "absent", "tensorboardX": "absent"}),
-             facts("node2", 2, versions={**base, "wandb": "absent", "tensorboard": "2.20", "tensorboardX": "absent"})]
-    c = R.check_runtime(hosts, docker=False, mode="llamafactory", python="/opt/venv/bin/python", tracked=tracked,
-                        source="train.yaml")
-    assert c.failure in ("packages missing", "versions differ")
+    fleet = [facts("node0", versions={**BASE, "wandb": "absent", "tensorboard": "absent", "tensorboardX": "2.6"}),
+             facts("node1", 1, versions={**BASE, "wandb": "0.31.0", "tensorboard": "absent", "tensorboardX": "absent"}),
+             facts("node2", 2, versions={**BASE, "wandb": "absent", "tensorboard": "2.20", "tensorboardX": "absent"})]
+    c = judged(tmp_path, ["wandb", "tensorboard"], fleet, runtime={"kind": "host", "python": "/opt/venv/bin/python"})
+    assert c.failure == "tracker not installed"
     assert c.details == [
-        "wandb (report_to in train.yaml) is not installed in /opt/venv/bin/python on node[0,2]",
-        "tensorboard (report_to in train.yaml) is not installed in /opt/venv/bin/python on node1: none of "
-        "tensorboard, tensorboardX",
+        "wandb (report_to in train.llamafactory (inline)) is not installed in /opt/venv/bin/python on node[0,2]",
+        "tensorboard (report_to in train.llamafactory (inline)) is not installed in /opt/venv/bin/python on node1: "
+        "none of tensorboard, tensorboardX",
         "(the trainer imports each tracker once the model is loaded: install it in /opt/venv/bin/python, or take it "
         "out of report_to)"]
-    alike = {**base, "wandb": "0.31.0", "tensorboard": "absent", "tensorboardX": "2.6"}
-    assert R.check_runtime([facts("node0", versions=alike), facts("node1", 1, versions=alike)], docker=False,
-                           mode="llamafactory", tracked=tracked).ok  # (tensorboardX gives TensorBoard too)
+    alike = {**BASE, "wandb": "0.31.0", "tensorboard": "absent", "tensorboardX": "2.6"}
+    login = {"netrc": "/root/.netrc", "machines": ["api.wandb.ai"], "settings_key": False}
+    assert judged(tmp_path, ["wandb", "tensorboard"], [facts("node0", versions=alike, wandb_login=login),
+                                                       facts("node1", 1, versions=alike)]).ok  # (tensorboardX will do)
+    assert judged(tmp_path, "none", [facts("node0")]) is None
 
 
-def test_mlflow_skinny_asked_to_write_a_database_is_refused():
+def test_mlflow_skinny_asked_to_write_a_database_is_refused(tmp_path):
     """mlflow-skinny (no SQLAlchemy) from 3.7 defaults to sqlite:///mlflow.db and fails at the
     first log (MLflow 3.17.2: 'Model registry functionality is unavailable; got unsupported URI
     sqlite:///...'); a server's URI, or the full package beside it, is fine."""
-    from ftbundle.check import rules as R
     from tests.unit.test_check_unit import facts
 
-    base = {"python": "3.11.7", "torch": "2.14.1", "transformers": "5.6.0", "llamafactory": "0.9.5"}
-    skinny = {**base, "mlflow": "absent", "mlflow-skinny": "3.17.2"}
-    tracked = T.packages({"report_to": "mlflow"})
+    skinny = {**BASE, "mlflow": "absent", "mlflow-skinny": "3.17.2"}
     fleet = [facts("node0", versions=skinny), facts("node1", 1, versions=skinny)]
-    c = R.check_runtime(fleet, docker=False, mode="llamafactory", tracked=tracked)
-    assert c.failure == "tracker store"
+    c = judged(tmp_path, "mlflow", fleet)
+    assert c.failure == "tracker cannot log"
     assert c.details == ["mlflow-skinny 3.17.2 on node[0-1] cannot write sqlite:///mlflow.db (MLflow's default "
                          "store): a database store needs the full mlflow package (SQLAlchemy)",
                          "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install mlflow beside it)"]
-    c = R.check_runtime(fleet, docker=False, mode="llamafactory", tracked=tracked, mlflow_uri="sqlite:////s/m.db")
+    c = judged(tmp_path, "mlflow", fleet, env={"MLFLOW_TRACKING_URI": "sqlite:////s/m.db"})
     assert c.details[0].startswith("mlflow-skinny 3.17.2 on node[0-1] cannot write sqlite:////s/m.db:")
     for uri in ("http://mlflow:5000", "databricks"):
-        assert R.check_runtime(fleet, docker=False, mode="llamafactory", tracked=tracked, mlflow_uri=uri).ok
+        assert judged(tmp_path, "mlflow", fleet, env={"MLFLOW_TRACKING_URI": uri}).ok
     # report_to: all uses MLflow where it is installed: the same store is asked of it
-    assert R.check_runtime(fleet, docker=False, mode="llamafactory", tracked={}, every=True).failure == "tracker store"
-    assert R.check_runtime(fleet, docker=False, mode="llamafactory", tracked={}).ok
-    full = {**base, "mlflow": "3.17.2", "mlflow-skinny": "3.17.2"}
-    old = {**base, "mlflow": "absent", "mlflow-skinny": "3.6.0"}  # (./mlruns by default then)
+    assert judged(tmp_path, "all", fleet).failure == "tracker cannot log"
+    assert judged(tmp_path, "tensorboard", [facts("node0", versions={**skinny, "tensorboard": "2.2"})]).ok
+    full = {**BASE, "mlflow": "3.17.2", "mlflow-skinny": "3.17.2"}
+    old = {**BASE, "mlflow": "absent", "mlflow-skinny": "3.6.0"}  # (./mlruns by default then)
     for versions in (full, old):
-        assert R.check_runtime([facts("node0", versions=versions)], docker=False, mode="llamafactory",
-                               tracked=tracked).ok
+        assert judged(tmp_path, "mlflow", [facts("node0", versions=versions)]).ok
+
+
+def test_wandb_online_without_a_key_where_rank_0_logs_is_refused(tmp_path):
+    """wandb.init on rank 0 with no key stops the run once the model is loaded (wandb 0.31: 'No
+    API key configured. Use `wandb login` to log in.', no terminal to ask). Any place wandb reads
+    a key from, or a mode that needs none, passes; only rank 0's host is asked."""
+    from ftbundle.check import probe_spec
+    from tests.unit.test_check_unit import facts
+
+    layout = layout_of(tmp_path, 2, train={"llamafactory": {**LF, "report_to": "wandb"}})
+    assert probe_spec(layout, 0, token=None, expect=[0, 1], port_peers=None)["wandb"] is True
+    assert "wandb" not in probe_spec(layout, 1, token=None, expect=[0, 1], port_peers=None)
+    docker = layout_of(tmp_path, 2, train={"llamafactory": {**LF, "report_to": "wandb"}},
+                       runtime={"kind": "docker", "image": "reg/t@sha256:" + "a" * 64})
+    assert "wandb" not in probe_spec(docker, 0, token=None, expect=[0, 1], port_peers=None)  # (its home is not ours)
+
+    versions = {**BASE, "wandb": "0.31.0"}
+    bare = {"netrc": "/home/u/.netrc", "machines": None, "settings_key": False, "netrc_error": "No such file"}
+
+    def fleet(login=bare, env=None):
+        return [facts("node0", versions=versions, wandb_login=login, env=env or {}), facts("node1", 1, versions=versions)]
+
+    c = judged(tmp_path, "wandb", fleet())
+    assert c.failure == "tracker cannot log"
+    assert c.details[0] == (
+        "wandb (report_to) has no API key on node0, where rank 0 logs: no WANDB_API_KEY in the job's env, its env "
+        "file or the login environment, no /home/u/.netrc, and WANDB_MODE is not offline: wandb.init would stop the "
+        "run once the model is loaded ('No API key configured')")
+    other = {**bare, "machines": ["github.com"], "netrc_error": None}
+    assert "/home/u/.netrc has no entry for api.wandb.ai" in judged(tmp_path, "wandb", fleet(other)).details[0]
+    assert judged(tmp_path, "all", fleet()).failure == "tracker cannot log"  # (wandb installed: "all" uses it)
+    # each place a key or a keyless mode can come from
+    assert judged(tmp_path, "wandb", fleet(), env={"WANDB_API_KEY": "k"}).ok
+    assert judged(tmp_path, "wandb", fleet(), env={"WANDB_MODE": "offline"}).ok
+    assert judged(tmp_path, "wandb", fleet(env={"WANDB_API_KEY": "(set)"})).ok  # (the login's or the env file's)
+    assert judged(tmp_path, "wandb", fleet(env={"WANDB_MODE": "disabled"})).ok
+    assert judged(tmp_path, "wandb", fleet({**other, "machines": ["api.wandb.ai"]})).ok
+    assert judged(tmp_path, "wandb", fleet({**other, "machines": ["default"]})).ok
+    assert judged(tmp_path, "wandb", fleet({**bare, "settings_key": True})).ok
+    assert judged(tmp_path, "wandb", fleet({**other, "machines": ["wandb.corp"]}),
+                  env={"WANDB_BASE_URL": "https://wandb.corp"}).ok
+    assert judged(tmp_path, "wandb", fleet(), env={"WANDB_BASE_URL": "https://wandb.corp"}).failure  # (no netrc at all)
+    # not asked (the docker runtime, an older probe): not judged
+    assert judged(tmp_path, "wandb", [facts("node0", versions=versions)]).ok

@@ -1,0 +1,111 @@
+"""What the trackers a LlamaFactory config reports to (``report_to``) need of the hosts, judged
+before anything starts. transformers makes each tracker's callback only when the trainer is
+made, after the model is loaded and the dataset tokenized (minutes for a large model), and a
+tracker that cannot log stops every rank there:
+
+- a tracker none of whose packages the job's interpreter (or image) has
+  ("WandbCallback requires wandb to be installed");
+- mlflow-skinny (no SQLAlchemy) asked to write a database: the job's MLFLOW_TRACKING_URI, or
+  MLflow's own default from 3.7, sqlite:///mlflow.db ("Model registry functionality is
+  unavailable; got unsupported URI 'sqlite:///...'");
+- W&B online with no key where rank 0 logs ("No API key configured. Use `wandb login` to log
+  in."): no WANDB_API_KEY (or identity token) in the job's env, the env file or the login
+  environment, no netrc entry for the W&B host, no key in W&B's settings file (the host
+  runtime; a container's home is not the host's, and is not judged).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from .. import trackers
+from ..facts import HostFacts
+from ..layout import Layout
+from ..units import release
+from .finding import Check, per_hosts
+
+DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow stores that need SQLAlchemy (full mlflow)
+WANDB_HOST = "api.wandb.ai"  # W&B's own server (WANDB_BASE_URL names another)
+WANDB_OFF = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no key
+
+
+def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
+    """The trackers ``report_to`` names, on the hosts the run would use (None: it names none)."""
+    config = layout.lf_config or {}
+    names = trackers.reported(config)
+    if not names:
+        return None
+    check = Check("trackers", [(", ".join(names), [f.host for f in facts])])
+    source = layout.job.train.llamafactory_source or "the LlamaFactory config"
+    where = "the image" if layout.docker else layout.python or "python3"
+    every = "all" in names  # (every tracker installed is used)
+    missing = [(f.host, name, lambda hosts, name=name, dists=dists: f"{name} (report_to in {source}) is not installed "
+                f"in {where} on {hosts}" + (f": none of {', '.join(dists)}" if len(dists) > 1 else ""))
+               for f in facts for name, dists in trackers.packages(config).items()
+               if all((f.versions or {}).get(d) == "absent" for d in dists)]
+    if missing:
+        check.failure = "tracker not installed"
+        check.details += per_hosts(missing) + [
+            f"(the trainer imports each tracker once the model is loaded: install it in {where}, or take it "
+            "out of report_to)"]
+    env = layout.job.env
+    if "mlflow" in names or every:
+        skinny = skinny_store(facts, env.get("MLFLOW_TRACKING_URI"))
+        if skinny:
+            check.failure = check.failure or "tracker cannot log"
+            check.details += per_hosts(skinny) + [
+                "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install mlflow beside it)"]
+    rank0 = next((f for f in facts if f.rank == 0), None)
+    if ("wandb" in names or every) and rank0 is not None and rank0.wandb_login is not None:
+        line = wandb_without_key(rank0, env, installed=(rank0.versions or {}).get("wandb") not in (None, "absent"))
+        if line:
+            check.failure = check.failure or "tracker cannot log"
+            check.details += [line, "(`wandb login` there as the user the job runs as, or set WANDB_API_KEY in the "
+                                    "job's env or its env file; WANDB_MODE: offline keeps the run in the run directory "
+                                    "for `wandb sync`)"]
+    return check
+
+
+def skinny_store(facts: list[HostFacts], uri: str | None) -> list[tuple[str, object, object]]:
+    """Hosts where MLflow would be imported from mlflow-skinny alone (no SQLAlchemy) and asked
+    to write a database: the store the job names, or MLflow's own default from 3.7
+    (sqlite:///mlflow.db). The first log fails there, after the model is loaded."""
+    found = []
+    for f in facts:
+        versions = f.versions or {}
+        skinny = versions.get("mlflow-skinny")
+        if versions.get("mlflow") != "absent" or skinny in (None, "absent"):
+            continue
+        default = not uri and release(skinny)[:2] >= trackers.MLFLOW_SQLITE_DEFAULT
+        if default or (uri or "").split(":", 1)[0].split("+", 1)[0].lower() in DATABASES:
+            store = "sqlite:///mlflow.db (MLflow's default store)" if default else uri
+            found.append((f.host, (skinny, store), lambda hosts, skinny=skinny, store=store:
+                          f"mlflow-skinny {skinny} on {hosts} cannot write {store}: a database store needs the "
+                          "full mlflow package (SQLAlchemy)"))
+    return found
+
+
+def wandb_without_key(rank0: HostFacts, job_env: dict[str, str], installed: bool) -> str | None:
+    """The line naming rank 0's host when its wandb.init would find no key (None: it would, or
+    it needs none). The job's env wins over the env file's and the login's (rank0.env: the
+    probe's view, a key's value masked); a netrc ``default`` entry or any entry where
+    WANDB_BASE_URL names another server counts (no false alarm on a server this does not know)."""
+    if not installed:
+        return None  # (said above, where report_to names it; with "all" it is not used)
+    env = {**rank0.env, **{k: str(v) for k, v in job_env.items()}}
+    if (str(env.get("WANDB_MODE", "")).lower() in WANDB_OFF or env.get("WANDB_API_KEY")
+            or env.get("WANDB_IDENTITY_TOKEN_FILE") or env.get("WANDB_ANONYMOUS")
+            or str(env.get("WANDB_DISABLED", "")).lower() in ("true", "1", "yes")):
+        return None
+    login = rank0.wandb_login or {}
+    machines = login.get("machines") or []
+    other = env.get("WANDB_BASE_URL")
+    server = urlsplit(other).netloc if other else WANDB_HOST
+    if "default" in machines or server in machines or (other and machines) or login.get("settings_key"):
+        return None
+    netrc = login.get("netrc") or "~/.netrc"
+    said = (f"{netrc} has no entry for {server}" if login.get("machines") is not None else
+            f"no {netrc}")
+    return (f"wandb (report_to) has no API key on {rank0.host}, where rank 0 logs: no WANDB_API_KEY in the job's env, "
+            f"its env file or the login environment, {said}, and WANDB_MODE is not offline: wandb.init would stop "
+            "the run once the model is loaded ('No API key configured')")
