@@ -41,12 +41,13 @@ PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",),
 MLFLOW_SQLITE_DEFAULT = (3, 7)  # MLflow's default store became sqlite:///mlflow.db (./mlruns before)
 
 
-def reported(config: dict[str, Any]) -> list[str]:
+def reported(config: dict[str, Any], transformers: str | None = None) -> list[str]:
     """The trackers the config reports to (transformers' ``report_to``: a name, a list,
-    "none", or "all": every one installed, which only the ranks know)."""
+    "none", or "all": every one installed, which only the ranks know). Not set: transformers 4
+    reports to "all" (5 to none), so with ``transformers`` (the hosts' version) 4.x it is "all"."""
     value = config.get("report_to")
     if value is None:
-        return []
+        return ["all"] if release(transformers)[:1] == (4,) else []
     names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
     names = [str(n).strip().lower() for n in names]
     return [] if names in ([], ["none"]) else names
@@ -58,11 +59,16 @@ def packages(config: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     return {n: PACKAGES[n] for n in reported(config) if n in PACKAGES}
 
 
+def maybe_every(config: dict[str, Any]) -> bool:
+    """Every installed tracker may be used: ``"all"``, or no ``report_to`` (transformers 4's
+    default, the hosts' version not known before the check)."""
+    return config.get("report_to") is None or "all" in reported(config)
+
+
 def probed(config: dict[str, Any]) -> list[str]:
-    """The packages the check asks the hosts for: those of :func:`packages`, and with
-    ``"all"`` every tracker's (what is installed is then what the ranks import)."""
-    names = reported(config)
-    chosen = PACKAGES if "all" in names else packages(config)
+    """The packages the check asks the hosts for: those of :func:`packages`, and where every
+    installed tracker may be used (:func:`maybe_every`) every tracker's."""
+    chosen = PACKAGES if maybe_every(config) else packages(config)
     return [d for dists in chosen.values() for d in dists]
 
 
@@ -72,7 +78,7 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: 
     """(config keys to stage, environment for the ranks, where each tracker is: said by `runs`).
     ``transformers``, ``mlflow``: the versions the hosts' ranks run (None: not known);
     ``workdir``: the ranks' working directory."""
-    names = reported(config)
+    names = reported(config, transformers)
     if not names:
         return {}, {}, []
     every = "all" in names

@@ -127,7 +127,7 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         "image": layout.image,
         "image_ref_file": IMAGE_REF_FILE,
         "python": layout.python,
-        "packages": list(PACKAGES) + trackers.probed(layout.lf_config or {}),
+        "packages": list(PACKAGES) + (trackers.probed(layout.lf_config) if layout.lf_config is not None else []),
         "nvidia_smi_timeout_s": NVIDIA_SMI_TIMEOUT_S,
         "deadline_s": PROBE_DEADLINE_S,
         "sentinel_wait_s": SENTINEL_WAIT_S + extra,
@@ -156,7 +156,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         spec["datasets"] = {"dir": layout.dataset_dir, "names": list(layout.datasets)}
     if layout.docker:
         spec["image_python"] = job.runtime.python
-    elif rank == 0 and {"wandb", "all"} & set(trackers.reported(layout.lf_config or {})):
+    elif rank == 0 and layout.lf_config is not None and (trackers.maybe_every(layout.lf_config)
+                                                          or "wandb" in trackers.reported(layout.lf_config)):
         spec["wandb"] = True  # (where rank 0 logs: would its wandb find a key? check/tracker_rules.py)
     wanted = job_paths(layout)
     if wanted:

@@ -17,6 +17,7 @@ from ..gpu_health import XID_WINDOW_S
 from ..hostlist import fold, fold_numbers
 from ..layout import Layout
 from ..paths import is_under
+from ..trackers import PACKAGES as TRACKERS
 from ..remote.evidence import waits_in
 from .finding import Check, describe_groups, group_by_value, per_hosts
 from .bytes_rules import check_datasets, check_model_bytes  # noqa: F401 (re-exported: the rules' names)
@@ -65,8 +66,13 @@ def check_system(facts: list[HostFacts]) -> Check:
     return _grouped("system", {f.host: f.kernel for f in facts})  # shown, never fails
 
 
+TRACKER_PACKAGES = {d for dists in TRACKERS.values() for d in dists}
+
+
 def _versions(f: HostFacts) -> str:
-    return " ".join(f"{k}={v}" for k, v in (f.versions or {}).items())
+    """The packages asked for, as found; the trackers' apart (check/tracker_rules.py shows and
+    judges them: hosts need not agree on a tracker only rank 0 uses)."""
+    return " ".join(f"{k}={v}" for k, v in (f.versions or {}).items() if k not in TRACKER_PACKAGES)
 
 
 def check_runtime(facts: list[HostFacts], docker: bool, mode: str = "script", python: str = "python3") -> Check:

@@ -22,7 +22,7 @@ from .. import trackers
 from ..facts import HostFacts
 from ..layout import Layout
 from ..units import release
-from .finding import Check, per_hosts
+from .finding import Check, group_by_value, per_hosts
 
 DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow stores that need SQLAlchemy (full mlflow)
 WANDB_HOST = "api.wandb.ai"  # W&B's own server (WANDB_BASE_URL names another)
@@ -32,13 +32,16 @@ WANDB_OFF = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no 
 def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
     """The trackers ``report_to`` names, on the hosts the run would use (None: it names none)."""
     config = layout.lf_config or {}
-    names = trackers.reported(config)
+    said = {(f.versions or {}).get("transformers") for f in facts} - {None, "absent"}
+    names = trackers.reported(config, said.pop() if len(said) == 1 else None)
     if not names:
         return None
-    check = Check("trackers", [(", ".join(names), [f.host for f in facts])])
+    shown = {f.host: " ".join(f"{d}={v}" for d in trackers.probed(config) if (v := (f.versions or {}).get(d, "absent"))
+                              != "absent") or "none installed" for f in facts}
+    check = Check("trackers", group_by_value(shown), label=f"trackers ({', '.join(names)})")
     source = layout.job.train.llamafactory_source or "the LlamaFactory config"
     where = "the image" if layout.docker else layout.python or "python3"
-    every = "all" in names  # (every tracker installed is used)
+    every = "all" in names  # (every tracker installed is used; no report_to on transformers 4 too)
     missing = [(f.host, name, lambda hosts, name=name, dists=dists: f"{name} (report_to in {source}) is not installed "
                 f"in {where} on {hosts}" + (f": none of {', '.join(dists)}" if len(dists) > 1 else ""))
                for f in facts for name, dists in trackers.packages(config).items()

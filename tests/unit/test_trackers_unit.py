@@ -207,3 +207,35 @@ def test_wandb_online_without_a_key_where_rank_0_logs_is_refused(tmp_path):
     assert judged(tmp_path, "wandb", fleet(), env={"WANDB_BASE_URL": "https://wandb.corp"}).failure  # (no netrc at all)
     # not asked (the docker runtime, an older probe): not judged
     assert judged(tmp_path, "wandb", [facts("node0", versions=versions)]).ok
+
+
+def test_no_report_to_is_every_installed_tracker_on_transformers_4(tmp_path):
+    """transformers 4 (LlamaFactory 0.9.5 takes 4.55 up) reports to every installed tracker when
+    report_to is not set; 5 to none. A config without report_to on transformers 4 hosts with wandb
+    installed and no key is the same failure as report_to: wandb, and is judged the same; on
+    transformers 5 nothing is. The hosts need not agree on trackers (only rank 0 logs): tracker
+    packages are shown on the trackers line, not compared on the versions line."""
+    from ftbundle.check import probe_spec
+    from ftbundle.check import rules as R
+    from ftbundle.check.rules import check_trackers
+    from tests.unit.test_check_unit import facts
+
+    layout = layout_of(tmp_path, 2, train={"llamafactory": LF})
+    spec = probe_spec(layout, 0, token=None, expect=[0, 1], port_peers=None)
+    assert spec["wandb"] is True and spec["packages"][3:] == T.probed({})
+    assert {"wandb", "mlflow-skinny", "tensorboardX"} <= set(T.probed({}))
+    bare = {"netrc": "/root/.netrc", "machines": None, "settings_key": False}
+    for transformers, refused in (("4.57.1", True), ("5.6.0", False)):
+        versions = {**BASE, "transformers": transformers, "wandb": "0.31.0"}
+        fleet = [facts("node0", versions=versions, wandb_login=bare), facts("node1", 1, versions=versions)]
+        c = check_trackers(fleet, layout)
+        assert (c is not None and c.failure == "tracker cannot log") == refused, (transformers, c)
+        assert T.reported(LF, transformers) == (["all"] if refused else [])
+    assert T.reported(LF) == []  # (the hosts' transformers not known: nothing assumed)
+    one = [facts("node0", versions={**BASE, "wandb": "0.31.0", "mlflow": "absent"}),
+           facts("node1", 1, versions={**BASE, "wandb": "absent", "mlflow": "absent"})]
+    assert R.check_runtime(one, docker=False, mode="llamafactory").ok
+    assert R.check_runtime(one, docker=False, mode="llamafactory").groups == [
+        ("python=3.11.7 torch=2.14.1 transformers=5.6.0 llamafactory=0.9.5", ["node0", "node1"])]
+    c = check_trackers(one, layout_of(tmp_path, 2, train={"llamafactory": {**LF, "report_to": "tensorboard"}}))
+    assert c.groups == [("none installed", ["node0", "node1"])] and c.label == "trackers (tensorboard)"
