@@ -156,9 +156,12 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         spec["datasets"] = {"dir": layout.dataset_dir, "names": list(layout.datasets)}
     if layout.docker:
         spec["image_python"] = job.runtime.python
-    elif rank == 0 and layout.lf_config is not None and (trackers.maybe_every(layout.lf_config)
-                                                          or "wandb" in trackers.reported(layout.lf_config)):
-        spec["wandb"] = True  # (where rank 0 logs: would its wandb find a key? check/tracker_rules.py)
+    if rank == 0 and layout.lf_config is not None:  # (where the trackers log: check/tracker_rules.py)
+        every = trackers.maybe_every(layout.lf_config)
+        if every or trackers.reported(layout.lf_config):
+            spec["trackers"] = True  # (the tracker variables the job sees)
+        if not layout.docker and (every or "wandb" in trackers.reported(layout.lf_config)):
+            spec["wandb_login"] = True  # (would its wandb find a key? a container's home is not the host's)
     wanted = job_paths(layout)
     if wanted:
         spec["paths"] = wanted

@@ -5,9 +5,10 @@ tracker that cannot log stops every rank there:
 
 - a tracker none of whose packages the job's interpreter (or image) has
   ("WandbCallback requires wandb to be installed");
-- mlflow-skinny (no SQLAlchemy) asked to write a database: the job's MLFLOW_TRACKING_URI, or
-  MLflow's own default from 3.7, sqlite:///mlflow.db ("Model registry functionality is
-  unavailable; got unsupported URI 'sqlite:///...'");
+- mlflow-skinny (no SQLAlchemy) where rank 0 logs, asked to write a database: the
+  MLFLOW_TRACKING_URI the job's env, its env file or the login environment gives, or MLflow's
+  own default from 3.7, sqlite:///mlflow.db ("Model registry functionality is unavailable;
+  got unsupported URI 'sqlite:///...'");
 - W&B online with no key where rank 0 logs ("No API key configured. Use `wandb login` to log
   in."): no WANDB_API_KEY (or identity token) in the job's env, the env file or the login
   environment, no netrc entry for the W&B host, no key in W&B's settings file (the host
@@ -52,13 +53,13 @@ def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
             f"(the trainer imports each tracker once the model is loaded: install it in {where}, or take it "
             "out of report_to)"]
     env = layout.job.env
-    if "mlflow" in names or every:
-        skinny = skinny_store(facts, env.get("MLFLOW_TRACKING_URI"))
+    rank0 = next((f for f in facts if f.rank == 0), None)
+    if ("mlflow" in names or every) and rank0 is not None:  # (rank 0 alone logs; its URI: the job's, else its own)
+        skinny = skinny_store([rank0], env.get("MLFLOW_TRACKING_URI") or rank0.env.get("MLFLOW_TRACKING_URI"))
         if skinny:
             check.failure = check.failure or "tracker cannot log"
             check.details += per_hosts(skinny) + [
                 "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install mlflow beside it)"]
-    rank0 = next((f for f in facts if f.rank == 0), None)
     if ("wandb" in names or every) and rank0 is not None and rank0.wandb_login is not None:
         line = wandb_without_key(rank0, env, installed=(rank0.versions or {}).get("wandb") not in (None, "absent"))
         if line:

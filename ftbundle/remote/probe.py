@@ -56,10 +56,20 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
 
 # the variables whose values the job will see, read after the env file is sourced
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-# ... and where rank 0 logs to W&B (spec "wandb"): what its wandb.init reads (a key's value never leaves)
-WANDB_NAMES = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_ANONYMOUS",
-               "WANDB_BASE_URL", "NETRC", "WANDB_CONFIG_DIR")
-SECRET_NAMES = ("WANDB_API_KEY",)
+# ... and where rank 0 logs to trackers (spec "trackers"): what wandb.init and MLflow read (a key's
+# value, a URI's user and password, never leave the host)
+TRACKER_NAMES = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_ANONYMOUS",
+                 "WANDB_BASE_URL", "NETRC", "WANDB_CONFIG_DIR", "MLFLOW_TRACKING_URI")
+
+
+def masked(name, value):
+    """A variable's value as the probe may say it: a key as "(set)", a URI without its user."""
+    if name == "WANDB_API_KEY":
+        return "(set)"
+    scheme, sep, rest = value.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        return f"{scheme}://{rest.split('@', 1)[1]}"
+    return value
 ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for v; do printf "%s=%s\\0" "$v" "${!v-}"; done'
 # -- the facts -------------------------------------------------------------------------
 
@@ -207,7 +217,7 @@ def env_view(spec, out):
     """What the job will see: the login environment, then the env file as the node
     program sources it (`set -a; . FILE`)."""
     env_file = spec.get("env_file") or "/dev/null"
-    names = ENV_NAMES + (WANDB_NAMES if spec.get("wandb") else ())
+    names = ENV_NAMES + (TRACKER_NAMES if spec.get("trackers") else ())
     if not os.access(env_file, os.R_OK):  # (no file to source: the login environment, no bash to ask)
         view = {name: os.environ[name] for name in names if os.environ.get(name)}
     else:
@@ -217,8 +227,8 @@ def env_view(spec, out):
             name, sep, value = pair.partition("=")
             if sep and value:
                 view[name] = value
-    out["env"] = {name: "(set)" if name in SECRET_NAMES else value for name, value in view.items()}
-    if spec.get("wandb"):
+    out["env"] = {name: masked(name, value) for name, value in view.items()}
+    if spec.get("wandb_login"):
         out["wandb_login"] = wandb_login(view)
 
 

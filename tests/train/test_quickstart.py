@@ -150,17 +150,17 @@ def test_a_lora_reporting_to_mlflow_and_wandb_reaches_both_under_its_run_id(tmp_
     assert not (work / ".shared/runs").exists() or not any((work / ".shared/runs").iterdir())
 
     store = work / ".shared/mlruns"
-    spec = yaml.safe_load(job.read_text())
-    spec["env"].update({"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true"})
-    job.write_text(yaml.safe_dump(spec))
-    # `wandb login` writes the key to ~/.netrc: the check reads that the entry is there (not the key)
+    # `wandb login` writes the key to ~/.netrc: the check reads that the entry is there (not the
+    # key); a tracking URI in the login environment (a shell profile's) counts as the job's would
     (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "0" * 40 + "\n")
     proc = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True, text=True,
-                          timeout=300, env={**quiet, "HOME": str(home)})
+                          timeout=300, env={**quiet, "HOME": str(home), "MLFLOW_TRACKING_URI": f"file://{store}"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "0" * 40 not in proc.stdout + proc.stderr
 
-    spec["env"].update({"WANDB_MODE": "offline", "WANDB_SILENT": "true"})  # (no network here: offline)
+    spec = yaml.safe_load(job.read_text())
+    spec["env"].update({"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true",
+                        "WANDB_MODE": "offline", "WANDB_SILENT": "true"})  # (no network here: W&B offline)
     job.write_text(yaml.safe_dump(spec))
     proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", str(job)], capture_output=True, text=True,
                           timeout=600)

@@ -149,17 +149,21 @@ def test_mlflow_skinny_asked_to_write_a_database_is_refused(tmp_path):
     fleet = [facts("node0", versions=skinny), facts("node1", 1, versions=skinny)]
     c = judged(tmp_path, "mlflow", fleet)
     assert c.failure == "tracker cannot log"
-    assert c.details == ["mlflow-skinny 3.17.2 on node[0-1] cannot write sqlite:///mlflow.db (MLflow's default "
+    assert c.details == ["mlflow-skinny 3.17.2 on node0 cannot write sqlite:///mlflow.db (MLflow's default "
                          "store): a database store needs the full mlflow package (SQLAlchemy)",
                          "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install mlflow beside it)"]
     c = judged(tmp_path, "mlflow", fleet, env={"MLFLOW_TRACKING_URI": "sqlite:////s/m.db"})
-    assert c.details[0].startswith("mlflow-skinny 3.17.2 on node[0-1] cannot write sqlite:////s/m.db:")
+    assert c.details[0].startswith("mlflow-skinny 3.17.2 on node0 cannot write sqlite:////s/m.db:")
+    # rank 0 alone logs: its URI may come from its env file or login environment; other hosts' MLflow is not asked
+    served = [facts("node0", versions=skinny, env={"MLFLOW_TRACKING_URI": "http://mlflow:5000"}), fleet[1]]
+    assert judged(tmp_path, "mlflow", served).ok
+    full = {**BASE, "mlflow": "3.17.2", "mlflow-skinny": "3.17.2"}
+    assert judged(tmp_path, "mlflow", [facts("node0", versions=full), fleet[1]]).ok
     for uri in ("http://mlflow:5000", "databricks"):
         assert judged(tmp_path, "mlflow", fleet, env={"MLFLOW_TRACKING_URI": uri}).ok
     # report_to: all uses MLflow where it is installed: the same store is asked of it
     assert judged(tmp_path, "all", fleet).failure == "tracker cannot log"
     assert judged(tmp_path, "tensorboard", [facts("node0", versions={**skinny, "tensorboard": "2.2"})]).ok
-    full = {**BASE, "mlflow": "3.17.2", "mlflow-skinny": "3.17.2"}
     old = {**BASE, "mlflow": "absent", "mlflow-skinny": "3.6.0"}  # (./mlruns by default then)
     for versions in (full, old):
         assert judged(tmp_path, "mlflow", [facts("node0", versions=versions)]).ok
@@ -173,11 +177,13 @@ def test_wandb_online_without_a_key_where_rank_0_logs_is_refused(tmp_path):
     from tests.unit.test_check_unit import facts
 
     layout = layout_of(tmp_path, 2, train={"llamafactory": {**LF, "report_to": "wandb"}})
-    assert probe_spec(layout, 0, token=None, expect=[0, 1], port_peers=None)["wandb"] is True
-    assert "wandb" not in probe_spec(layout, 1, token=None, expect=[0, 1], port_peers=None)
+    rank0 = probe_spec(layout, 0, token=None, expect=[0, 1], port_peers=None)
+    assert rank0["wandb_login"] is True and rank0["trackers"] is True
+    assert not {"wandb_login", "trackers"} & set(probe_spec(layout, 1, token=None, expect=[0, 1], port_peers=None))
     docker = layout_of(tmp_path, 2, train={"llamafactory": {**LF, "report_to": "wandb"}},
                        runtime={"kind": "docker", "image": "reg/t@sha256:" + "a" * 64})
-    assert "wandb" not in probe_spec(docker, 0, token=None, expect=[0, 1], port_peers=None)  # (its home is not ours)
+    spec = probe_spec(docker, 0, token=None, expect=[0, 1], port_peers=None)
+    assert "wandb_login" not in spec and spec["trackers"] is True  # (its home is not ours; its env file is)
 
     versions = {**BASE, "wandb": "0.31.0"}
     bare = {"netrc": "/home/u/.netrc", "machines": None, "settings_key": False, "netrc_error": "No such file"}
@@ -222,7 +228,7 @@ def test_no_report_to_is_every_installed_tracker_on_transformers_4(tmp_path):
 
     layout = layout_of(tmp_path, 2, train={"llamafactory": LF})
     spec = probe_spec(layout, 0, token=None, expect=[0, 1], port_peers=None)
-    assert spec["wandb"] is True and spec["packages"][3:] == T.probed({})
+    assert spec["wandb_login"] is True and spec["packages"][3:] == T.probed({})
     assert {"wandb", "mlflow-skinny", "tensorboardX"} <= set(T.probed({}))
     bare = {"netrc": "/root/.netrc", "machines": None, "settings_key": False}
     for transformers, refused in (("4.57.1", True), ("5.6.0", False)):
@@ -239,3 +245,16 @@ def test_no_report_to_is_every_installed_tracker_on_transformers_4(tmp_path):
         ("python=3.11.7 torch=2.14.1 transformers=5.6.0 llamafactory=0.9.5", ["node0", "node1"])]
     c = check_trackers(one, layout_of(tmp_path, 2, train={"llamafactory": {**LF, "report_to": "tensorboard"}}))
     assert c.groups == [("none installed", ["node0", "node1"])] and c.label == "trackers (tensorboard)"
+
+
+def test_the_probe_says_no_key_and_no_password():
+    """The tracker variables leave the host masked: W&B's key as "(set)", a tracking URI without
+    its user and password; the rest as they are."""
+    from ftbundle.remote.probe import masked
+
+    assert masked("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567") == "(set)"
+    assert masked("MLFLOW_TRACKING_URI", "https://bob:hunter2@mlflow.corp:5000/x") == "https://mlflow.corp:5000/x"
+    assert masked("MLFLOW_TRACKING_URI", "postgresql+psycopg2://u:p@db/mlflow") == "postgresql+psycopg2://db/mlflow"
+    for value in ("sqlite:////shared/mlflow.db", "http://mlflow:5000", "databricks", "file:///s/mlruns"):
+        assert masked("MLFLOW_TRACKING_URI", value) == value
+    assert masked("WANDB_MODE", "offline") == "offline"
