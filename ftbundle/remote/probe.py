@@ -60,16 +60,6 @@ ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # value, a URI's user and password, never leave the host)
 TRACKER_NAMES = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_ANONYMOUS",
                  "WANDB_BASE_URL", "NETRC", "WANDB_CONFIG_DIR", "MLFLOW_TRACKING_URI")
-
-
-def masked(name, value):
-    """A variable's value as the probe may say it: a key as "(set)", a URI without its user."""
-    if name == "WANDB_API_KEY":
-        return "(set)"
-    scheme, sep, rest = value.partition("://")
-    if sep and "@" in rest.split("/", 1)[0]:
-        return f"{scheme}://{rest.split('@', 1)[1]}"
-    return value
 ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for v; do printf "%s=%s\\0" "$v" "${!v-}"; done'
 # -- the facts -------------------------------------------------------------------------
 
@@ -230,6 +220,16 @@ def env_view(spec, out):
     out["env"] = {name: masked(name, value) for name, value in view.items()}
     if spec.get("wandb_login"):
         out["wandb_login"] = wandb_login(view)
+
+
+def masked(name, value):
+    """A variable's value as the probe may say it: a key as "(set)", a URI without its user."""
+    if name == "WANDB_API_KEY":
+        return "(set)"
+    scheme, sep, rest = value.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        return f"{scheme}://{rest.split('@', 1)[1]}"
+    return value
 
 
 def wandb_login(view):
