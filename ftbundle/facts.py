@@ -224,6 +224,14 @@ def slow_reading(data: Any) -> SlowReading | None:
                        str(data.get("wchan") or ""), float(load) if isinstance(load, (int, float)) else None)
 
 
+def package_version(hosts: list[HostFacts], package: str) -> str | None:
+    """The version of ``package`` these hosts' ranks run, where they agree (None: not one)."""
+    found = {(f.versions or {}).get(package) for f in hosts}
+    found.discard(None)
+    found.discard("absent")
+    return found.pop() if len(found) == 1 else None
+
+
 def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
     """The probe's JSON -> HostFacts."""
     f = HostFacts(host, rank)

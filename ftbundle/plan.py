@@ -398,10 +398,9 @@ def _torch_version(facts: ClusterFacts | None) -> str | None:
 
 def _package_version(facts: ClusterFacts | None, package: str) -> str | None:
     """The version of ``package`` every reached host's ranks run (one: the check refuses a mix)."""
-    found = {(f.versions or {}).get(package) for f in facts.reached} if facts is not None else set()
-    found.discard(None)
-    found.discard("absent")
-    return found.pop() if len(found) == 1 else None
+    from .facts import package_version  # (only where there are facts: not on plan's import)
+
+    return package_version(facts.reached, package) if facts is not None else None
 
 
 def _uses_nccl(job: Job, facts: ClusterFacts | None, gpus: bool) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from .. import trackers
-from ..facts import HostFacts
+from ..facts import HostFacts, package_version
 from ..layout import Layout
 from ..units import release
 from .finding import Check, group_by_value, per_hosts
@@ -33,12 +33,12 @@ WANDB_OFF = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no 
 def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
     """The trackers ``report_to`` names, on the hosts the run would use (None: it names none)."""
     config = layout.lf_config or {}
-    said = {(f.versions or {}).get("transformers") for f in facts} - {None, "absent"}
-    names = trackers.reported(config, said.pop() if len(said) == 1 else None)
+    names = trackers.reported(config, package_version(facts, "transformers"))
     if not names:
         return None
-    shown = {f.host: " ".join(f"{d}={v}" for d in trackers.probed(config) if (v := (f.versions or {}).get(d, "absent"))
-                              != "absent") or "none installed" for f in facts}
+    probed = trackers.probed(config)
+    shown = {f.host: " ".join(f"{d}={v}" for d in probed if (v := (f.versions or {}).get(d, "absent")) != "absent")
+             or "none installed" for f in facts}
     check = Check("trackers", group_by_value(shown), label=f"trackers ({', '.join(names)})")
     source = layout.job.train.llamafactory_source or "the LlamaFactory config"
     where = "the image" if layout.docker else layout.python or "python3"
@@ -55,11 +55,11 @@ def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
     env = layout.job.env
     rank0 = next((f for f in facts if f.rank == 0), None)
     if ("mlflow" in names or every) and rank0 is not None:  # (rank 0 alone logs; its URI: the job's, else its own)
-        skinny = skinny_store([rank0], env.get("MLFLOW_TRACKING_URI") or rank0.env.get("MLFLOW_TRACKING_URI"))
-        if skinny:
+        line = skinny_store(rank0, env.get("MLFLOW_TRACKING_URI") or rank0.env.get("MLFLOW_TRACKING_URI"))
+        if line:
             check.failure = check.failure or "tracker cannot log"
-            check.details += per_hosts(skinny) + [
-                "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install mlflow beside it)"]
+            check.details += [line, "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install "
+                                    "mlflow beside it)"]
     if ("wandb" in names or every) and rank0 is not None and rank0.wandb_login is not None:
         line = wandb_without_key(rank0, env, installed=(rank0.versions or {}).get("wandb") not in (None, "absent"))
         if line:
@@ -70,23 +70,20 @@ def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
     return check
 
 
-def skinny_store(facts: list[HostFacts], uri: str | None) -> list[tuple[str, object, object]]:
-    """Hosts where MLflow would be imported from mlflow-skinny alone (no SQLAlchemy) and asked
-    to write a database: the store the job names, or MLflow's own default from 3.7
-    (sqlite:///mlflow.db). The first log fails there, after the model is loaded."""
-    found = []
-    for f in facts:
-        versions = f.versions or {}
-        skinny = versions.get("mlflow-skinny")
-        if versions.get("mlflow") != "absent" or skinny in (None, "absent"):
-            continue
-        default = not uri and release(skinny)[:2] >= trackers.MLFLOW_SQLITE_DEFAULT
-        if default or (uri or "").split(":", 1)[0].split("+", 1)[0].lower() in DATABASES:
-            store = "sqlite:///mlflow.db (MLflow's default store)" if default else uri
-            found.append((f.host, (skinny, store), lambda hosts, skinny=skinny, store=store:
-                          f"mlflow-skinny {skinny} on {hosts} cannot write {store}: a database store needs the "
-                          "full mlflow package (SQLAlchemy)"))
-    return found
+def skinny_store(rank0: HostFacts, uri: str | None) -> str | None:
+    """The line naming rank 0's host when its MLflow would come from mlflow-skinny alone (no
+    SQLAlchemy) and be asked to write a database: the store the job names, or MLflow's own
+    default from 3.7 (sqlite:///mlflow.db). The first log fails there, after the model is loaded."""
+    versions = rank0.versions or {}
+    skinny = versions.get("mlflow-skinny")
+    if versions.get("mlflow") != "absent" or skinny in (None, "absent"):
+        return None
+    default = not uri and release(skinny)[:2] >= trackers.MLFLOW_SQLITE_DEFAULT
+    if not default and (uri or "").split(":", 1)[0].split("+", 1)[0].lower() not in DATABASES:
+        return None
+    store = "sqlite:///mlflow.db (MLflow's default store)" if default else uri
+    return (f"mlflow-skinny {skinny} on {rank0.host} cannot write {store}: a database store needs the full mlflow "
+            "package (SQLAlchemy)")
 
 
 def wandb_without_key(rank0: HostFacts, job_env: dict[str, str], installed: bool) -> str | None:
