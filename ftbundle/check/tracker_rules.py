@@ -26,7 +26,10 @@ from ..units import release
 from .finding import Check, group_by_value, per_hosts
 
 DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow stores that need SQLAlchemy (full mlflow)
-WANDB_HOST = "api.wandb.ai"  # W&B's own server (WANDB_BASE_URL names another)
+# W&B's own cloud, as a netrc names it: wandb 0.31's default server is CoreWeave Forge's (its
+# `wandb login` writes `machine api.forge.coreweave.com`) and it reads api.wandb.ai's entry too;
+# older wandb writes and reads api.wandb.ai (WANDB_BASE_URL names another server)
+WANDB_HOSTS = ("api.forge.coreweave.com", "api.wandb.ai")
 WANDB_OFF = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no key
 
 
@@ -101,11 +104,11 @@ def wandb_without_key(rank0: HostFacts, job_env: dict[str, str], installed: bool
     login = rank0.wandb_login or {}
     machines = login.get("machines") or []
     other = env.get("WANDB_BASE_URL")
-    server = urlsplit(other).netloc if other else WANDB_HOST
-    if "default" in machines or server in machines or (other and machines) or login.get("settings_key"):
+    servers = (urlsplit(other).netloc,) if other else WANDB_HOSTS
+    if "default" in machines or set(servers) & set(machines) or (other and machines) or login.get("settings_key"):
         return None
     netrc = login.get("netrc") or "~/.netrc"
-    said = (f"{netrc} has no entry for {server}" if login.get("machines") is not None else
+    said = (f"{netrc} has no entry for {' or '.join(servers)}" if login.get("machines") is not None else
             f"no {netrc}")
     return (f"wandb (report_to) has no API key on {rank0.host}, where rank 0 logs: no WANDB_API_KEY in the job's env, "
             f"its env file or the login environment, {said}, and WANDB_MODE is not offline: wandb.init would stop "

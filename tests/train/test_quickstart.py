@@ -150,9 +150,12 @@ def test_a_lora_reporting_to_mlflow_and_wandb_reaches_both_under_its_run_id(tmp_
     assert not (work / ".shared/runs").exists() or not any((work / ".shared/runs").iterdir())
 
     store = work / ".shared/mlruns"
-    # `wandb login` writes the key to ~/.netrc: the check reads that the entry is there (not the
-    # key); a tracking URI in the login environment (a shell profile's) counts as the job's would
-    (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "0" * 40 + "\n")
+    # the real `wandb login` writes the key to ~/.netrc (wandb 0.31: for its default server,
+    # api.forge.coreweave.com): the check reads that the entry is there (not the key); a tracking
+    # URI in the login environment (a shell profile's) counts as the job's would
+    login = subprocess.run([str(Path(sys.executable).parent / "wandb"), "login", "--no-verify", "0" * 40],
+                           capture_output=True, text=True, timeout=120, env={**quiet, "HOME": str(home)})
+    assert login.returncode == 0 and (home / ".netrc").exists(), login.stdout + login.stderr
     proc = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True, text=True,
                           timeout=300, env={**quiet, "HOME": str(home), "MLFLOW_TRACKING_URI": f"file://{store}"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

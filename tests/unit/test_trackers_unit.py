@@ -198,7 +198,8 @@ def test_wandb_online_without_a_key_where_rank_0_logs_is_refused(tmp_path):
         "file or the login environment, no /home/u/.netrc, and WANDB_MODE is not offline: wandb.init would stop the "
         "run once the model is loaded ('No API key configured')")
     other = {**bare, "machines": ["github.com"], "netrc_error": None}
-    assert "/home/u/.netrc has no entry for api.wandb.ai" in judged(tmp_path, "wandb", fleet(other)).details[0]
+    assert ("/home/u/.netrc has no entry for api.forge.coreweave.com or api.wandb.ai"
+            in judged(tmp_path, "wandb", fleet(other)).details[0])
     assert judged(tmp_path, "all", fleet()).failure == "tracker cannot log"  # (wandb installed: "all" uses it)
     # each place a key or a keyless mode can come from
     assert judged(tmp_path, "wandb", fleet(), env={"WANDB_API_KEY": "k"}).ok
@@ -206,6 +207,8 @@ def test_wandb_online_without_a_key_where_rank_0_logs_is_refused(tmp_path):
     assert judged(tmp_path, "wandb", fleet(env={"WANDB_API_KEY": "(set)"})).ok  # (the login's or the env file's)
     assert judged(tmp_path, "wandb", fleet(env={"WANDB_MODE": "disabled"})).ok
     assert judged(tmp_path, "wandb", fleet({**other, "machines": ["api.wandb.ai"]})).ok
+    # wandb 0.31's `wandb login` writes its default server's entry (tests/train/test_quickstart.py runs it)
+    assert judged(tmp_path, "wandb", fleet({**other, "machines": ["api.forge.coreweave.com"]})).ok
     assert judged(tmp_path, "wandb", fleet({**other, "machines": ["default"]})).ok
     assert judged(tmp_path, "wandb", fleet({**bare, "settings_key": True})).ok
     assert judged(tmp_path, "wandb", fleet({**other, "machines": ["wandb.corp"]}),
