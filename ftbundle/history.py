@@ -23,7 +23,8 @@ from .gpu_health import fold_findings, parse_xids_report, xid_findings
 from .inventory import Host
 from .protocol import parse_steps
 from .recovery import attempts_said
-from .rundir import ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, node_glob, node_name, runs_dir
+from .rundir import ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, TRACKER_RUNS, node_glob, node_name, runs_dir
+from .trackers import placed
 from .ui import stragglers
 
 _RUN_ID = re.compile(r"^(?P<job>.+)-(?P<date>\d{8}-\d{6})-[0-9a-f]+$")
@@ -80,6 +81,7 @@ class RunRow:
     tokens_per_s_per_rank: float | None = None  # per GPU on GPUs
     mfu: float | None = None  # model FLOPs utilization, 0-1 (GPU runs whose GPU and model are known)
     trackers: list[str] = field(default_factory=list)  # where its experiment trackers are (ftbundle.trackers)
+    tracker_runs: dict | None = None  # the MLflow and W&B runs rank 0 logged to (trackers.json)
     staged: list[str] = field(default_factory=list)  # what `stage:` copied before it (ftbundle.stage)
     attempts: list[str] = field(default_factory=list)  # where each attempt after a lost host ran, and why
     step_times: dict | None = None  # every node's median and p90 step time, the stragglers (ui.stragglers)
@@ -141,12 +143,18 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
         attempts = summary.get("attempts") or json.loads(files.get(ATTEMPTS) or "[]")
     except ValueError:
         attempts = []
+    try:
+        kept = json.loads(files.get(TRACKER_RUNS) or "{}")
+    except ValueError:
+        kept = {}
+    kept = kept if isinstance(kept, dict) else {}
     return RunRow(run_id=run_id, job=plan.get("job", ""), hosts=hosts, start=_start_of(run_id, summary),
                   duration_s=summary.get("duration_s"), state=state, exit_code=code,
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
                   samples_per_s=summary.get("samples_per_s"), tokens_per_s=summary.get("tokens_per_s"),
                   tokens_per_s_per_rank=summary.get("tokens_per_s_per_rank"), mfu=summary.get("mfu"),
-                  trackers=[str(t) for t in plan.get("trackers") or []],
+                  trackers=placed([str(t) for t in plan.get("trackers") or []], kept),
+                  tracker_runs=kept or None,
                   staged=[str(s.get("said")) for s in plan.get("staged") or [] if isinstance(s, dict)],
                   step_times=summary.get("step_times") or steps_of(files, plan, attempt),
                   gpu_faults=summary.get("gpu_faults") or fold_findings(faults_of(files, plan, attempt)),
@@ -260,7 +268,8 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
     """Every run of ``job_name`` (every job's, with None), oldest first."""
     files = read_run_files(cluster, host, runs_dir(shared_dir),
                            (PLAN, SUMMARY, node_glob("*", "exit"), node_glob("*", "stopped"), ATTEMPT, ATTEMPTS,
-                            node_glob("*", "steps"), node_glob("*", "xids"), node_glob("*", "gpumetrics")))
+                            node_glob("*", "steps"), node_glob("*", "xids"), node_glob("*", "gpumetrics"),
+                            TRACKER_RUNS))
     rows = []
     for run_id in sorted(files):
         row = run_row(run_id, files[run_id])

@@ -15,6 +15,8 @@ Layout (``aN``: attempt N, a restart's files beside the first's; ``R``: node ran
     attempts.json               each attempt's hosts and why they changed
     summary.json                the run's end as the launcher saw it (state, exit, loss, ...)
     metrics.jsonl               the trainer's log records of every attempt (``plot``)
+    trackers.json               the MLflow and W&B runs rank 0 logs to (written by its entry)
+    tensorboard/, wandb/        TensorBoard's events and W&B's files, when report_to names them
     stop-requested              ``ftbundle stop`` asks every (detached) node to stop
     watch.aN                    a detached run's referee verdict (rank 0's watcher)
     stalled.aN                  a detached run's stall, found by rank 0's watchdog
@@ -50,6 +52,7 @@ WATCHER_PROGRAM = "watch.py"  # the detached watcher, staged for detached nodes 
 # staged by the launcher before the nodes start (runtimes, check/burnin.py, check/net.py, export/shell.py)
 LLAMAFACTORY_CONFIG = "llamafactory.yaml"  # the job's LlamaFactory config, as the ranks read it
 TENSORBOARD = "tensorboard"  # TensorBoard's logging_dir, when the config reports to it (ftbundle/trackers.py)
+TRACKER_RUNS = "trackers.json"  # the tracker runs rank 0 logs to (shims/llamafactory_entry.py writes it)
 LLAMAFACTORY_ENTRY = "ftb_llamafactory.py"  # ftbundle/shims/llamafactory_entry.py, beside it
 STEPTIMES = "ftb_steptimes.py"  # ftbundle/shims/steptimes.py: the ranks' step times (stragglers)
 DEEPSPEED_CONFIG = "deepspeed.json"  # the config's `deepspeed:` file, when it is beside the config

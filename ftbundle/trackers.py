@@ -18,6 +18,10 @@
   MLflow's default, said as it is: ``sqlite:///mlflow.db`` in rank 0's working directory from
   MLflow 3.7 (``./mlruns`` before, or where that already holds runs).
 
+Once training has begun, rank 0 keeps the MLflow and W&B runs it logs to in the run directory
+(``trackers.json``, shims/llamafactory_entry.py); :func:`placed` says them. A later attempt of the
+run continues those runs (the entry sets MLFLOW_RUN_ID, WANDB_RUN_ID with WANDB_RESUME=allow).
+
 Each tracker is a package the ranks import only once the model is loaded and the dataset
 tokenized: :func:`packages` names what the check looks for on every host first
 (ftbundle/check/tracker_rules.py).
@@ -113,6 +117,31 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: 
         where.append(f"mlflow run {name!r} at {env.get('MLFLOW_TRACKING_URI') or mlflow_default(workdir, mlflow)}")
     where += [f"{n} run {name!r}" for n in names if n not in ("all", "tensorboard", "wandb", "mlflow")]
     return keys, extra, where
+
+
+def placed(said: list[str], kept: dict[str, Any] | None) -> list[str]:
+    """Where each tracker is: the plan's lines (:func:`staged`), MLflow's and W&B's replaced by
+    the runs rank 0 logs to, once it has kept them (``trackers.json``: its MLflow run's id,
+    experiment and store, its W&B run's id and URL or offline directories, the attempts that
+    logged to them). Pure."""
+    kept = kept if isinstance(kept, dict) else {}
+    attempts = ""
+    if str(kept.get("began", "")).isdigit() and str(kept.get("attempt", "")).isdigit() \
+            and int(kept["attempt"]) > int(kept["began"]):
+        attempts = f", attempts {kept['began']}-{kept['attempt']}"
+    runs = {}
+    mlflow = kept.get("mlflow") if isinstance(kept.get("mlflow"), dict) else {}
+    if mlflow.get("run_id"):
+        runs["mlflow"] = (f"mlflow run {mlflow.get('name')!r} (id {mlflow['run_id']}, experiment "
+                          f"{mlflow.get('experiment_id')}{attempts}) at {mlflow.get('tracking_uri')}")
+    wandb = kept.get("wandb") if isinstance(kept.get("wandb"), dict) else {}
+    if wandb.get("id"):
+        dirs = [str(d) for d in kept.get("wandb_dirs") or [] if d]
+        runs["wandb"] = (f"wandb offline run {wandb.get('name')!r} (id {wandb['id']}{attempts}): `wandb sync "
+                         f"{' '.join(dirs)}`" if wandb.get("offline") and dirs else
+                         f"wandb run {wandb.get('name')!r} (id {wandb['id']}{attempts}) "
+                         + (str(wandb["url"]) if wandb.get("url") else f"in project {wandb.get('project')}"))
+    return [runs.get(line.split(" ", 1)[0], line) for line in said]
 
 
 def mlflow_default(workdir: str, version: str | None) -> str:

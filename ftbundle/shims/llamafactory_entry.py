@@ -24,6 +24,14 @@ and they are put back into the config here, in memory.
   watchdog stops it anyway within seconds of losing the launcher; this holds even where that
   program is gone (docs/launcher.md, "A lost host").
 
+* The trackers' runs (``report_to``): once the trainer has begun, rank 0 writes which MLflow and
+  W&B runs it logs to into the run directory (``trackers.json``: ids, experiment or project, the
+  store or URL, W&B's offline directory; a URI's user and password left out), where `ftbundle
+  runs` reads them. A later attempt of the same run (a restart, a lost host replaced) continues
+  them rather than beginning new ones: rank 0 sets ``MLFLOW_RUN_ID`` (and
+  ``MLFLOW_MAX_LOG_PARAMS=0``: the params are the first attempt's, and MLflow refuses a changed
+  value) and ``WANDB_RUN_ID`` with ``WANDB_RESUME=allow``, each unless the job's env sets it.
+
 * A rank whose training has returned leaves through ``leave()``: Python's exit handlers run
   while the interpreter is whole, stdout and stderr are flushed, and the process ends with
   ``os._exit``, skipping interpreter finalization and C++ static destructors. There, torch
@@ -35,6 +43,7 @@ and they are put back into the config here, in memory.
 """
 
 import atexit
+import json
 import logging
 import os
 import sys
@@ -101,6 +110,104 @@ def _step_times() -> list:
     return [StepTimes()]
 
 
+TRACKER_RUNS = "trackers.json"  # (ftbundle/rundir.py TRACKER_RUNS)
+
+
+def _tracker_runs_path() -> str | None:
+    run_dir = os.environ.get("FTB_RUN_DIR")
+    return os.path.join(run_dir, TRACKER_RUNS) if run_dir else None
+
+
+def _read_tracker_runs() -> dict:
+    try:
+        with open(_tracker_runs_path() or "") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def continue_trackers(environ=os.environ) -> list:
+    """Rank 0 of a later attempt: the tracker runs an earlier attempt of this run began are
+    continued (the environment their clients read); what is continued, said."""
+    if environ.get("RANK", "0") != "0":
+        return []
+    found, said = _read_tracker_runs(), []
+    mlflow = found.get("mlflow") if isinstance(found.get("mlflow"), dict) else {}
+    if mlflow.get("run_id") and "MLFLOW_RUN_ID" not in environ:
+        environ["MLFLOW_RUN_ID"] = str(mlflow["run_id"])
+        environ.setdefault("MLFLOW_MAX_LOG_PARAMS", "0")
+        said.append(f"mlflow run {mlflow['run_id']}")
+    wandb = found.get("wandb") if isinstance(found.get("wandb"), dict) else {}
+    if wandb.get("id") and "WANDB_RUN_ID" not in environ:
+        environ["WANDB_RUN_ID"] = str(wandb["id"])
+        environ.setdefault("WANDB_RESUME", "allow")
+        said.append(f"wandb run {wandb['id']}")
+    if said:
+        print(f"ftbundle: attempt {environ.get('FTB_ATTEMPT', '?')} continues {' and '.join(said)} (begun by "
+              f"attempt {found.get('began', '?')})", flush=True)
+    return said
+
+
+def _without_userinfo(uri: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def tracker_runs() -> dict:
+    """The MLflow and W&B runs this process logs to (the clients the trainer has imported)."""
+    found = {}
+    mlflow = sys.modules.get("mlflow")
+    run = mlflow.active_run() if mlflow is not None and hasattr(mlflow, "active_run") else None
+    if run is not None:
+        found["mlflow"] = {"run_id": run.info.run_id, "name": run.info.run_name,
+                           "experiment_id": run.info.experiment_id,
+                           "tracking_uri": _without_userinfo(str(mlflow.get_tracking_uri()))}
+    wandb = sys.modules.get("wandb")
+    run = getattr(wandb, "run", None) if wandb is not None else None
+    if run is not None:
+        offline = bool(getattr(run, "offline", False))
+        found["wandb"] = {"id": run.id, "name": run.name, "project": run.project, "entity": run.entity or None,
+                          "url": None if offline else run.url, "offline": offline,
+                          "dir": os.path.dirname(run.dir) if offline else None}
+    return found
+
+
+def keep_tracker_runs() -> None:
+    """Rank 0: write what :func:`tracker_runs` finds to the run directory (the attempt that
+    began them kept)."""
+    path, found = _tracker_runs_path(), tracker_runs()
+    if not path or not found:
+        return
+    before, attempt = _read_tracker_runs(), int(os.environ.get("FTB_ATTEMPT", "1") or 1)
+    ids = {"mlflow": "run_id", "wandb": "id"}
+    same = bool(before) and all((before.get(k) or {}).get(ids[k]) == run[ids[k]] for k, run in found.items())
+    dirs = (before.get("wandb_dirs") or [] if same else []) + [found.get("wandb", {}).get("dir")]
+    record = {"attempt": attempt, "began": before.get("began", attempt) if same else attempt, **found,
+              "wandb_dirs": [d for i, d in enumerate(dirs) if d and d not in dirs[:i]]}  # (offline: one a attempt)
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        print(f"ftbundle: the trackers' runs were not kept in {path}: {exc}", file=sys.stderr, flush=True)
+
+
+def _tracker_record():
+    from transformers import TrainerCallback
+
+    class TrackerRuns(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # (after the trackers' own callbacks)
+            if state.is_world_process_zero:
+                keep_tracker_runs()
+
+    return TrackerRuns()
+
+
 @record
 def main() -> None:
     from llamafactory.train.tuner import run_exp
@@ -109,15 +216,17 @@ def main() -> None:
     print(f"ftbundle: imported torch, transformers and LlamaFactory in {time.monotonic() - _STARTED:.1f} s",
           flush=True)
 
+    continue_trackers()
+    callbacks = [_attempt_fence(), *_step_times(), _tracker_record()]
     credentials = _credentials()
     if credentials:
         import yaml
 
         with open(sys.argv[1]) as f:
             config = yaml.safe_load(f) or {}
-        run_exp(args={**config, **credentials}, callbacks=[_attempt_fence(), *_step_times()])
+        run_exp(args={**config, **credentials}, callbacks=callbacks)
     else:  # (what `python -m llamafactory.launcher CONFIG` runs under torchrun: run_exp() reads sys.argv)
-        run_exp(callbacks=[_attempt_fence(), *_step_times()])
+        run_exp(callbacks=callbacks)
 
 
 def leave(code: int = 0) -> None:

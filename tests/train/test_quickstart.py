@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -196,5 +199,98 @@ def test_a_lora_reporting_to_mlflow_and_wandb_reaches_both_under_its_run_id(tmp_
 
     rows = json.loads(subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"],
                                      capture_output=True, text=True, timeout=120).stdout)
-    assert rows[0]["trackers"] == [f"wandb offline run {run.name!r} in {run}/wandb (`wandb sync` it)",
-                                   f"mlflow run {run.name!r} at file://{store}"]
+    # the runs rank 0 logged to, as it kept them once training began (the plan's words before)
+    assert rows[0]["trackers"] == [
+        f"wandb offline run {run.name!r} (id {begun.run_id}): `wandb sync {offline.parent}`",
+        f"mlflow run {run.name!r} (id {found.info.run_id}, experiment {found.info.experiment_id}) at file://{store}"]
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["trackers"] == [f"wandb offline run {run.name!r} in {run}/wandb (`wandb sync` it)",
+                                f"mlflow run {run.name!r} at file://{store}"]
+
+
+def rank_processes(run_id: str, attempt: int) -> dict[str, int]:
+    """{RANK: pid} of this machine's ranks of one attempt of a run (FTB_JOB RUN.aN-NODE, RANK in
+    their environment, the LlamaFactory entry in their command line)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            env = dict(v.split("=", 1) for v in (proc / "environ").read_bytes().decode(errors="replace")
+                       .split("\0") if "=" in v)
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if env.get("FTB_JOB", "").startswith(f"{run_id}.a{attempt}-") and "ftb_llamafactory.py" in argv \
+                and "RANK" in env:
+            found[env["RANK"]] = int(proc.name)
+    return found
+
+
+def test_a_restarted_lora_continues_its_mlflow_and_wandb_runs(tmp_path, tiny_model, monkeypatch):
+    """A run's later attempt (here a restart after a rank was killed) logs to the MLflow and W&B
+    runs its first attempt began, not to new ones: one MLflow run whose loss history goes on from
+    the checkpoint the restart resumed, one W&B run id across both attempts' offline directories
+    (`wandb sync` syncs the files of one run in order), and `runs` says the runs rank 0 kept."""
+    from mlflow.tracking import MlflowClient
+
+    job = quickstart_copy(tmp_path, tiny_model, report_to=["mlflow", "wandb"], max_steps=40, save_steps=4,
+                          save_total_limit=3)
+    work = job.parent
+    store = work / ".shared/mlruns"
+    spec = yaml.safe_load(job.read_text())
+    spec["restarts"] = 1
+    spec["env"].update({"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true",
+                        "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    job.write_text(yaml.safe_dump(spec))
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    output = work / ".shared/output/quickstart-lora"
+    killed = None
+    try:
+        deadline = time.monotonic() + 300
+        while killed is None and time.monotonic() < deadline and proc.poll() is None:
+            runs = list((work / ".shared/runs").glob("quickstart-lora-*"))
+            ranks = rank_processes(runs[0].name, 1) if runs else {}
+            if (output / "checkpoint-4/trainer_state.json").exists() and "1" in ranks \
+                    and (runs[0] / "trackers.json").exists():
+                os.kill(ranks["1"], signal.SIGKILL)  # (rank 1 dies: torchrun ends the node, ftbundle restarts)
+                killed = ranks["1"]
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed is not None, "the first attempt ended before its checkpoint-4 and its trackers were seen"
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert "restarting all nodes (restart 1 of 1)" in err, err[-3000:]
+    (run,) = (work / ".shared/runs").iterdir()
+    kept = json.loads((run / "trackers.json").read_text())
+    assert kept["attempt"] == 2 and kept["began"] == 1
+    assert (f"attempt 2 continues mlflow run {kept['mlflow']['run_id']} and wandb run {kept['wandb']['id']} "
+            "(begun by attempt 1)") in (run / "node-0-localhost.a2.log").read_text()
+    # the params are the first attempt's: the restart's differ (LlamaFactory sets resume_from_checkpoint),
+    # and MLflow refuses a changed value (an ERROR line, the batch of params dropped): not logged again
+    assert "Changing param values is not allowed" not in (run / "node-0-localhost.a2.log").read_text()
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=f"file://{store}")
+    (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()])  # (one run, not two)
+    assert found.info.run_id == kept["mlflow"]["run_id"] and found.info.status == "FINISHED"
+    assert found.info.run_name == run.name and found.data.params["max_steps"] == "40"
+    steps = [m.step for m in client.get_metric_history(found.info.run_id, "loss")]
+    resumed = int(re.search(r"resuming from checkpoint-(\d+)", err).group(1))
+    assert steps[-(40 - resumed):] == list(range(resumed + 1, 41)), steps  # (the restart's, from its checkpoint)
+    assert set(steps) == set(range(1, 41)) and max(steps[:-(40 - resumed)]) >= resumed  # (the first's before)
+
+    dirs = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(dirs) == 2 and kept["wandb_dirs"] == [str(d) for d in dirs]  # (one a attempt, in order)
+    ids = {r.run.run_id for d in dirs for r in wandb_records(next(d.glob("run-*.wandb")))
+           if r.WhichOneof("record_type") == "run"}
+    assert ids == {kept["wandb"]["id"]}
+
+    rows = json.loads(subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"],
+                                     capture_output=True, text=True, timeout=120).stdout)
+    assert rows[0]["trackers"] == [
+        f"wandb offline run {run.name!r} (id {kept['wandb']['id']}, attempts 1-2): `wandb sync {dirs[0]} {dirs[1]}`",
+        f"mlflow run {run.name!r} (id {found.info.run_id}, experiment {found.info.experiment_id}, attempts 1-2) "
+        f"at file://{store}"]
+    assert rows[0]["tracker_runs"] == kept

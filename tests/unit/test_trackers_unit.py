@@ -5,6 +5,7 @@ run's tracker is."""
 from __future__ import annotations
 
 import json
+import os
 
 import yaml
 
@@ -261,3 +262,86 @@ def test_the_probe_says_no_key_and_no_password():
     for value in ("sqlite:////shared/mlflow.db", "http://mlflow:5000", "databricks", "file:///s/mlruns"):
         assert masked("MLFLOW_TRACKING_URI", value) == value
     assert masked("WANDB_MODE", "offline") == "offline"
+
+
+def test_the_runs_rank_0_kept_replace_what_the_plan_said():
+    """`runs` says the MLflow and W&B runs rank 0 logged to (trackers.json) in place of the plan's
+    prediction: ids, experiment, store, URL or offline directories, the attempts that logged."""
+    said = ["tensorboard /s/runs/r1/tensorboard", "wandb run 'r1' in project p", "mlflow run 'r1' at http://m:5000"]
+    assert T.placed(said, None) == T.placed(said, {}) == T.placed(said, ["junk"]) == said
+    kept = {"attempt": 1, "began": 1, "mlflow": {"run_id": "ab12", "name": "r1", "experiment_id": "3",
+                                                  "tracking_uri": "http://m:5000"},
+            "wandb": {"id": "x9", "name": "r1", "project": "p", "entity": "team", "offline": False,
+                      "url": "https://wandb.ai/team/p/runs/x9", "dir": None}, "wandb_dirs": []}
+    assert T.placed(said, kept) == ["tensorboard /s/runs/r1/tensorboard",
+                                    "wandb run 'r1' (id x9) https://wandb.ai/team/p/runs/x9",
+                                    "mlflow run 'r1' (id ab12, experiment 3) at http://m:5000"]
+    offline = {**kept, "attempt": 3, "wandb": {**kept["wandb"], "offline": True, "url": None},
+               "wandb_dirs": ["/s/runs/r1/wandb/offline-run-1-x9", "/s/runs/r1/wandb/offline-run-2-x9"]}
+    assert T.placed(said[1:2], offline) == [
+        "wandb offline run 'r1' (id x9, attempts 1-3): `wandb sync /s/runs/r1/wandb/offline-run-1-x9 "
+        "/s/runs/r1/wandb/offline-run-2-x9`"]
+    assert T.placed(["wandb run 'r1' in project p"], {"wandb": {"id": "x9", "name": "r1", "project": "p"}}) == [
+        "wandb run 'r1' (id x9) in project p"]  # (no URL known)
+    # a run whose trackers never began (refused, failed before training) keeps the plan's words
+    row = run_row("j-20260101-000000-abcd", {"plan.json": json.dumps({"job": "j", "nodes": [], "trackers": said}),
+                                              "trackers.json": json.dumps(kept)})
+    assert row.trackers == T.placed(said, kept) and row.tracker_runs == kept
+    row = run_row("j-20260101-000000-abcd", {"plan.json": json.dumps({"job": "j", "nodes": [], "trackers": said}),
+                                              "trackers.json": "{broken"})
+    assert row.trackers == said and row.tracker_runs is None
+
+
+def test_rank_0_keeps_its_real_tracker_runs_and_a_later_attempt_continues_them(tmp_path, monkeypatch):
+    """The entry's record of the real MLflow (a file store) and W&B (offline) runs, and what a
+    later attempt's rank 0 sets from it; the job's own choices are kept, other ranks untouched."""
+    import mlflow
+    import wandb
+
+    from ftbundle.shims import llamafactory_entry as entry
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for k in [k for k in os.environ if k.startswith(("WANDB_", "MLFLOW_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("FTB_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("FTB_ATTEMPT", "1")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert entry.continue_trackers({"RANK": "0"}) == []  # (no record yet: the first attempt)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/mlruns")  # (mlflow.set_tracking_uri would
+    # also set it in os.environ for good, seen by every later test's subprocesses)
+    wb = wandb.init(mode="offline", dir=str(run_dir), project="p", name="r1")
+    try:
+        with mlflow.start_run(run_name="r1") as ml:
+            entry.keep_tracker_runs()
+    finally:
+        wb.finish()
+    kept = json.loads((run_dir / "trackers.json").read_text())
+    assert kept == {"attempt": 1, "began": 1,
+                    "mlflow": {"run_id": ml.info.run_id, "name": "r1", "experiment_id": ml.info.experiment_id,
+                               "tracking_uri": f"file://{tmp_path}/mlruns"},
+                    "wandb": {"id": wb.id, "name": "r1", "project": "p", "entity": None, "url": None,
+                              "offline": True, "dir": kept["wandb_dirs"][0]},
+                    "wandb_dirs": [str(next((run_dir / "wandb").glob(f"offline-run-*-{wb.id}")))]}
+
+    env = {"RANK": "0", "FTB_ATTEMPT": "2"}
+    assert entry.continue_trackers(env) == [f"mlflow run {ml.info.run_id}", f"wandb run {wb.id}"]
+    assert env == {"RANK": "0", "FTB_ATTEMPT": "2", "MLFLOW_RUN_ID": ml.info.run_id, "MLFLOW_MAX_LOG_PARAMS": "0",
+                   "WANDB_RUN_ID": wb.id, "WANDB_RESUME": "allow"}
+    mine = {"RANK": "0", "MLFLOW_RUN_ID": "m", "WANDB_RUN_ID": "w"}
+    assert entry.continue_trackers(mine) == [] and mine == {"RANK": "0", "MLFLOW_RUN_ID": "m", "WANDB_RUN_ID": "w"}
+    other = {"RANK": "1"}
+    assert entry.continue_trackers(other) == [] and other == {"RANK": "1"}
+    # the second attempt's record keeps the attempt that began the runs, and both offline directories
+    monkeypatch.setenv("FTB_ATTEMPT", "2")
+    wb = wandb.init(mode="offline", dir=str(run_dir), project="p", name="r1", id=kept["wandb"]["id"])
+    try:
+        entry.keep_tracker_runs()  # (MLflow's run has ended: only W&B's is kept this time)
+    finally:
+        wb.finish()
+    again = json.loads((run_dir / "trackers.json").read_text())
+    assert again["attempt"] == 2 and again["began"] == 1 and "mlflow" not in again
+    assert len(again["wandb_dirs"]) == 2 and again["wandb_dirs"][0] == kept["wandb_dirs"][0]
+    assert entry._without_userinfo("http://u:secret@m:5000/x") == "http://m:5000/x"
+    assert entry._without_userinfo("databricks") == "databricks"
