@@ -93,7 +93,8 @@ def wandb_without_key(rank0: HostFacts, job_env: dict[str, str], installed: bool
     """The line naming rank 0's host when its wandb.init would find no key (None: it would, or
     it needs none). The job's env wins over the env file's and the login's (rank0.env: the
     probe's view, a key's value masked); a netrc ``default`` entry or any entry where
-    WANDB_BASE_URL names another server counts (no false alarm on a server this does not know)."""
+    WANDB_BASE_URL, or W&B's settings file, names another server counts (no false alarm on a
+    server this does not know)."""
     if not installed:
         return None  # (said above, where report_to names it; with "all" it is not used)
     env = {**rank0.env, **{k: str(v) for k, v in job_env.items()}}
@@ -103,7 +104,7 @@ def wandb_without_key(rank0: HostFacts, job_env: dict[str, str], installed: bool
         return None
     login = rank0.wandb_login or {}
     machines = login.get("machines") or []
-    other = env.get("WANDB_BASE_URL")
+    other = env.get("WANDB_BASE_URL") or login.get("settings_base_url")  # (`wandb login --host` writes it there)
     servers = (urlsplit(other).netloc,) if other else WANDB_HOSTS
     if "default" in machines or set(servers) & set(machines) or (other and machines) or login.get("settings_key"):
         return None

@@ -236,7 +236,8 @@ def wandb_login(view):
     """Where wandb.init would look for a key besides the environment (wandb/sdk/lib/wbauth):
     the netrc file ($NETRC, else ~/.netrc, else ~/_netrc) by its machine names (a `default`
     entry said as such; no password is read out), and W&B's settings file by whether it names
-    an api_key. The check decides (check/tracker_rules.py)."""
+    an api_key, and the server it names (`wandb login --host URL` writes its base_url there and
+    that server's netrc entry). The check decides (check/tracker_rules.py)."""
     home = os.path.expanduser("~")
     netrc = view.get("NETRC") or next((p for p in (os.path.join(home, ".netrc"), os.path.join(home, "_netrc"))
                                        if os.path.exists(p)), os.path.join(home, ".netrc"))
@@ -251,7 +252,9 @@ def wandb_login(view):
     settings = os.path.join(view.get("WANDB_CONFIG_DIR") or os.path.join(home, ".config", "wandb"), "settings")
     try:
         with open(settings, errors="replace") as f:
-            found["settings_key"] = any(line.split("=", 1)[0].strip() == "api_key" for line in f)
+            pairs = [[part.strip() for part in line.split("=", 1)] for line in f if "=" in line]
+        found["settings_key"] = any(key == "api_key" for key, _ in pairs)
+        found["settings_base_url"] = next((value for key, value in pairs if key == "base_url" and value), None)
     except OSError:
         pass
     return found

@@ -215,6 +215,10 @@ def test_wandb_online_without_a_key_where_rank_0_logs_is_refused(tmp_path):
     assert judged(tmp_path, "wandb", fleet({**other, "machines": ["wandb.corp"]}),
                   env={"WANDB_BASE_URL": "https://wandb.corp"}).ok
     assert judged(tmp_path, "wandb", fleet(), env={"WANDB_BASE_URL": "https://wandb.corp"}).failure  # (no netrc at all)
+    # `wandb login --host URL` (wandb 0.31) writes URL's entry to the netrc and URL as base_url to its settings file
+    hosted = {**other, "machines": ["wandb.corp"], "settings_base_url": "https://wandb.corp"}
+    assert judged(tmp_path, "wandb", fleet(hosted)).ok
+    assert "has no entry for wandb.corp" in judged(tmp_path, "wandb", fleet({**hosted, "machines": []})).details[0]
     # not asked (the docker runtime, an older probe): not judged
     assert judged(tmp_path, "wandb", [facts("node0", versions=versions)]).ok
 
@@ -262,6 +266,34 @@ def test_the_probe_says_no_key_and_no_password():
     for value in ("sqlite:////shared/mlflow.db", "http://mlflow:5000", "databricks", "file:///s/mlruns"):
         assert masked("MLFLOW_TRACKING_URI", value) == value
     assert masked("WANDB_MODE", "offline") == "offline"
+
+
+def test_what_the_real_wandb_login_writes_passes_the_check(tmp_path, monkeypatch):
+    """The probe reads what wandb 0.31's own `wandb login` wrote (its default server's netrc
+    entry, api.forge.coreweave.com; with --host, that server's entry and base_url in W&B's
+    settings file), and the check passes both: they are where wandb.init finds its key."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ftbundle.remote import probe
+    from tests.unit.test_check_unit import facts
+
+    versions = {**BASE, "wandb": "0.31.0"}
+    for extra, machine, base_url in (([], "api.forge.coreweave.com", None),
+                                     (["--host", "https://wandb.corp.example"], "wandb.corp.example",
+                                      "https://wandb.corp.example")):
+        home = tmp_path / (machine + "-home")
+        home.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
+        login = subprocess.run([str(Path(sys.executable).parent / "wandb"), "login", *extra, "--no-verify", "k" * 40],
+                               capture_output=True, text=True, timeout=120, env={**env, "HOME": str(home)})
+        assert login.returncode == 0, login.stdout + login.stderr
+        monkeypatch.setenv("HOME", str(home))
+        seen = probe.wandb_login({})
+        assert seen["machines"] == [machine] and seen.get("settings_base_url") == base_url and not seen["settings_key"]
+        assert judged(tmp_path, "wandb", [facts("node0", versions=versions, wandb_login=seen)]).ok
+        assert "k" * 40 not in json.dumps(seen)  # (the key never leaves the host)
 
 
 def test_the_runs_rank_0_kept_replace_what_the_plan_said():
