@@ -9,6 +9,9 @@ tracker that cannot log stops every rank there:
   MLFLOW_TRACKING_URI the job's env, its env file or the login environment gives, or MLflow's
   own default from 3.7, sqlite:///mlflow.db ("Model registry functionality is unavailable;
   got unsupported URI 'sqlite:///...'");
+- MLflow from 3.13 where rank 0 logs, asked for a file store (a ``file:`` URI or a path: the
+  usual store of a cluster without an MLflow server) without ``MLFLOW_ALLOW_FILE_STORE=true``
+  ("The filesystem tracking backend (e.g., './mlruns') is in maintenance mode ...");
 - W&B online with no key where rank 0 logs ("No API key configured. Use `wandb login` to log
   in."): no WANDB_API_KEY (or identity token) in the job's env, the env file or the login
   environment, no netrc entry for the W&B host, no key in W&B's settings file (the host
@@ -26,6 +29,7 @@ from ..units import release
 from .finding import Check, group_by_value, per_hosts
 
 DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow stores that need SQLAlchemy (full mlflow)
+FILE_STORE_REFUSED = (3, 13)  # MLflow refuses its file store from here unless MLFLOW_ALLOW_FILE_STORE is true
 # W&B's own cloud, as a netrc names it: wandb 0.31's default server is CoreWeave Forge's (its
 # `wandb login` writes `machine api.forge.coreweave.com`) and it reads api.wandb.ai's entry too;
 # older wandb writes and reads api.wandb.ai (WANDB_BASE_URL names another server)
@@ -58,11 +62,17 @@ def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
     env = layout.job.env
     rank0 = next((f for f in facts if f.rank == 0), None)
     if ("mlflow" in names or every) and rank0 is not None:  # (rank 0 alone logs; its URI: the job's, else its own)
-        line = skinny_store(rank0, env.get("MLFLOW_TRACKING_URI") or rank0.env.get("MLFLOW_TRACKING_URI"))
+        uri = env.get("MLFLOW_TRACKING_URI") or rank0.env.get("MLFLOW_TRACKING_URI")
+        line = skinny_store(rank0, uri)
         if line:
             check.failure = check.failure or "tracker cannot log"
             check.details += [line, "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install "
                                     "mlflow beside it)"]
+        line = file_store(rank0, uri, env.get("MLFLOW_ALLOW_FILE_STORE", rank0.env.get("MLFLOW_ALLOW_FILE_STORE")))
+        if line:
+            check.failure = check.failure or "tracker cannot log"
+            check.details += [line, "(set MLFLOW_ALLOW_FILE_STORE: \"true\" in the job's env to keep the file store, "
+                                    "or MLFLOW_TRACKING_URI to your MLflow server)"]
     if ("wandb" in names or every) and rank0 is not None and rank0.wandb_login is not None:
         line = wandb_without_key(rank0, env, installed=(rank0.versions or {}).get("wandb") not in (None, "absent"))
         if line:
@@ -87,6 +97,23 @@ def skinny_store(rank0: HostFacts, uri: str | None) -> str | None:
     store = "sqlite:///mlflow.db (MLflow's default store)" if default else uri
     return (f"mlflow-skinny {skinny} on {rank0.host} cannot write {store}: a database store needs the full mlflow "
             "package (SQLAlchemy)")
+
+
+def file_store(rank0: HostFacts, uri: str | None, allowed: str | None) -> str | None:
+    """The line naming rank 0's host when its MLflow (3.13 or later) would be asked for a file
+    store (a ``file:`` URI or a path) with MLFLOW_ALLOW_FILE_STORE not true (None: it would log)."""
+    versions = rank0.versions or {}
+    version = next((v for v in (versions.get("mlflow"), versions.get("mlflow-skinny")) if v not in (None, "absent")),
+                   None)
+    if version is None or release(version)[:2] < FILE_STORE_REFUSED or not uri:
+        return None
+    if not (uri.lower().startswith("file:") or uri.startswith(("/", "./", "../", "~"))):
+        return None
+    if str(allowed or "").strip().lower() in ("true", "1"):
+        return None
+    return (f"mlflow {version} on {rank0.host} refuses the file store {uri} unless MLFLOW_ALLOW_FILE_STORE is true "
+            "(from MLflow 3.13: 'The filesystem tracking backend ... is in maintenance mode'): the first log would "
+            "stop the run once the model is loaded")
 
 
 def wandb_without_key(rank0: HostFacts, job_env: dict[str, str], installed: bool) -> str | None:

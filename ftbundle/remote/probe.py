@@ -59,7 +59,7 @@ ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # ... and where rank 0 logs to trackers (spec "trackers"): what wandb.init and MLflow read (a key's
 # value, a URI's user and password, never leave the host)
 TRACKER_NAMES = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_ANONYMOUS",
-                 "WANDB_BASE_URL", "NETRC", "WANDB_CONFIG_DIR", "MLFLOW_TRACKING_URI")
+                 "WANDB_BASE_URL", "NETRC", "WANDB_CONFIG_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE")
 ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for v; do printf "%s=%s\\0" "$v" "${!v-}"; done'
 # -- the facts -------------------------------------------------------------------------
 

@@ -153,6 +153,20 @@ def case_wandb_without_a_key(cluster, tmp_path):
                   "`wandb login` there as the user the job runs as"]
 
 
+def case_mlflow_file_store_not_allowed(cluster, tmp_path):
+    """report_to: mlflow with a file store on shared storage (no MLflow server), on MLflow 3.13+
+    without MLFLOW_ALLOW_FILE_STORE: rank 0 loaded the model, then stopped at its first log
+    ('The filesystem tracking backend ... is in maintenance mode')."""
+    store = f"file://{cluster.shared_dir}/mlruns"
+    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
+    job["env"]["MLFLOW_TRACKING_URI"] = store
+    job["train"] = {"llamafactory": lf_config(tmp_path, report_to="mlflow")}
+    path = write_job(tmp_path / "job.yaml", job)
+    return path, [f"{path}: key 'check'", "nothing was started",
+                  f"on node0 refuses the file store {store} unless MLFLOW_ALLOW_FILE_STORE is true",
+                  "set MLFLOW_ALLOW_FILE_STORE: \"true\" in the job's env"]
+
+
 def case_more_cpu_ranks_than_cores(cluster, tmp_path):
     """nproc_per_node: 1024 on 2-core hosts with no GPU passed the check."""
     cores = len(os.sched_getaffinity(0))  # what a host container may use: this machine's cores
@@ -175,6 +189,7 @@ CASES = {
     "interpreter-without-torch": (case_interpreter_without_torch, False),
     "tracker-not-installed": (case_tracker_not_installed, False),
     "wandb-without-a-key": (case_wandb_without_a_key, False),
+    "mlflow-file-store-not-allowed": (case_mlflow_file_store_not_allowed, False),
     "more-cpu-ranks-than-cores": (case_more_cpu_ranks_than_cores, False),
 }
 

@@ -159,8 +159,19 @@ def test_a_lora_reporting_to_mlflow_and_wandb_reaches_both_under_its_run_id(tmp_
     login = subprocess.run([str(Path(sys.executable).parent / "wandb"), "login", "--no-verify", "0" * 40],
                            capture_output=True, text=True, timeout=120, env={**quiet, "HOME": str(home)})
     assert login.returncode == 0 and (home / ".netrc").exists(), login.stdout + login.stderr
+    # a file store (a cluster without an MLflow server): MLflow 3.13+ refuses it without the opt-in,
+    # as the real client does at its first run
+    filed = {**quiet, "HOME": str(home), "MLFLOW_TRACKING_URI": f"file://{store}"}
+    client = subprocess.run([sys.executable, "-c", "import mlflow; mlflow.start_run()"], capture_output=True,
+                            text=True, timeout=120, env=filed)
+    assert client.returncode != 0 and "is in maintenance mode" in client.stderr, client.stderr[-2000:]
     proc = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True, text=True,
-                          timeout=300, env={**quiet, "HOME": str(home), "MLFLOW_TRACKING_URI": f"file://{store}"})
+                          timeout=300, env=filed)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"on localhost refuses the file store file://{store} unless MLFLOW_ALLOW_FILE_STORE is true" in proc.stdout
+    assert "wandb" not in proc.stdout.split("refuses the file store")[1]  # (W&B's login is there now)
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True, text=True,
+                          timeout=300, env={**filed, "MLFLOW_ALLOW_FILE_STORE": "true"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "0" * 40 not in proc.stdout + proc.stderr
 

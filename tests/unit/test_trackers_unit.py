@@ -170,6 +170,38 @@ def test_mlflow_skinny_asked_to_write_a_database_is_refused(tmp_path):
         assert judged(tmp_path, "mlflow", [facts("node0", versions=versions)]).ok
 
 
+def test_mlflow_asked_for_a_file_store_without_the_opt_in_is_refused(tmp_path):
+    """MLflow 3.13 made its file store raise unless MLFLOW_ALLOW_FILE_STORE is true (MLflow
+    3.17.2 here: 'The filesystem tracking backend (e.g., './mlruns') is in maintenance mode ...',
+    at the first log, once the model is loaded): a cluster without an MLflow server writes
+    file:///shared/mlruns. The opt-in from the job's env or rank 0's own passes; older MLflow,
+    servers and databases are not judged by this rule."""
+    from tests.unit.test_check_unit import facts
+
+    full = {**BASE, "mlflow": "3.17.2", "mlflow-skinny": "absent"}
+    fleet = [facts("node0", versions=full), facts("node1", 1, versions=full)]
+    for uri in ("file:///shared/mlruns", "/shared/mlruns", "./mlruns"):
+        c = judged(tmp_path, "mlflow", fleet, env={"MLFLOW_TRACKING_URI": uri})
+        assert c.failure == "tracker cannot log"
+        assert c.details == [
+            f"mlflow 3.17.2 on node0 refuses the file store {uri} unless MLFLOW_ALLOW_FILE_STORE is true (from "
+            "MLflow 3.13: 'The filesystem tracking backend ... is in maintenance mode'): the first log would stop "
+            "the run once the model is loaded",
+            "(set MLFLOW_ALLOW_FILE_STORE: \"true\" in the job's env to keep the file store, or MLFLOW_TRACKING_URI "
+            "to your MLflow server)"]
+    store = {"MLFLOW_TRACKING_URI": "file:///shared/mlruns"}
+    assert judged(tmp_path, "mlflow", fleet, env={**store, "MLFLOW_ALLOW_FILE_STORE": "true"}).ok
+    assert judged(tmp_path, "mlflow", fleet, env={**store, "MLFLOW_ALLOW_FILE_STORE": "1"}).ok
+    assert judged(tmp_path, "mlflow", fleet, env={**store, "MLFLOW_ALLOW_FILE_STORE": "false"}).failure
+    own = [facts("node0", versions=full, env={**store, "MLFLOW_ALLOW_FILE_STORE": "True"}), fleet[1]]
+    assert judged(tmp_path, "mlflow", own).ok  # (rank 0's env file or login environment)
+    skinny = {**BASE, "mlflow": "absent", "mlflow-skinny": "3.13.0"}
+    assert judged(tmp_path, "mlflow", [facts("node0", versions=skinny)], env=store).failure
+    assert judged(tmp_path, "mlflow", [facts("node0", versions={**full, "mlflow": "3.12.1"})], env=store).ok
+    for uri in ("http://mlflow:5000", "databricks", "sqlite:////shared/m.db"):
+        assert judged(tmp_path, "mlflow", fleet, env={"MLFLOW_TRACKING_URI": uri}).ok
+
+
 def test_wandb_online_without_a_key_where_rank_0_logs_is_refused(tmp_path):
     """wandb.init on rank 0 with no key stops the run once the model is loaded (wandb 0.31: 'No
     API key configured. Use `wandb login` to log in.', no terminal to ask). Any place wandb reads
