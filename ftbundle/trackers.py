@@ -20,7 +20,8 @@
 
 Once training has begun, rank 0 keeps the MLflow and W&B runs it logs to in the run directory
 (``trackers.json``, shims/llamafactory_entry.py); :func:`placed` says them. A later attempt of the
-run continues those runs (the entry sets MLFLOW_RUN_ID, WANDB_RUN_ID with WANDB_RESUME=allow).
+run continues those runs (the entry sets MLFLOW_RUN_ID, WANDB_RUN_ID with WANDB_RESUME=allow), and
+so does a run that resumes another's checkpoint (:func:`continued`: that run's record is staged).
 
 Each tracker is a package the ranks import only once the model is loaded and the dataset
 tokenized: :func:`packages` names what the check looks for on every host first
@@ -125,10 +126,10 @@ def placed(said: list[str], kept: dict[str, Any] | None) -> list[str]:
     experiment and store, its W&B run's id and URL or offline directories, the attempts that
     logged to them). Pure."""
     kept = kept if isinstance(kept, dict) else {}
-    attempts = ""
+    attempts = f", continued from run {kept['from_run']}" if kept.get("from_run") else ""
     if str(kept.get("began", "")).isdigit() and str(kept.get("attempt", "")).isdigit() \
             and int(kept["attempt"]) > int(kept["began"]):
-        attempts = f", attempts {kept['began']}-{kept['attempt']}"
+        attempts += f", attempts {kept['began']}-{kept['attempt']}"
     runs = {}
     mlflow = kept.get("mlflow") if isinstance(kept.get("mlflow"), dict) else {}
     if mlflow.get("run_id"):
@@ -142,6 +143,24 @@ def placed(said: list[str], kept: dict[str, Any] | None) -> list[str]:
                          f"wandb run {wandb.get('name')!r} (id {wandb['id']}{attempts}) "
                          + (str(wandb["url"]) if wandb.get("url") else f"in project {wandb.get('project')}"))
     return [runs.get(line.split(" ", 1)[0], line) for line in said]
+
+
+def continued(kept: dict[str, Any] | None, run_id: str) -> dict[str, Any] | None:
+    """What a run that resumes run ``run_id``'s checkpoint stages as its own trackers.json, so
+    that its rank 0 logs on into that run's MLflow and W&B runs (None: it kept none). Pure."""
+    kept = kept if isinstance(kept, dict) else {}
+    runs = {k: kept[k] for k in ("mlflow", "wandb") if isinstance(kept.get(k), dict)}
+    if not runs:
+        return None
+    return {"from_run": run_id, **runs, "wandb_dirs": [str(d) for d in kept.get("wandb_dirs") or [] if d]}
+
+
+def continuing(record: dict[str, Any]) -> str:
+    """`trackers: continuing run R's mlflow run X and wandb run Y`, said before launch. Pure."""
+    runs = [f"mlflow run {record['mlflow'].get('run_id')}" if "mlflow" in record else "",
+            f"wandb run {record['wandb'].get('id')}" if "wandb" in record else ""]
+    return (f"trackers: continuing run {record['from_run']}'s {' and '.join(r for r in runs if r)} (its checkpoint's; "
+            "a fresh output_dir begins new ones)")
 
 
 def mlflow_default(workdir: str, version: str | None) -> str:

@@ -79,4 +79,8 @@ def output_dir_check(plan, cluster):
                      failure="output_dir holds a finished training",
                      details=[f"{finished_words(state)}: `run` would refuse it. Either {FRESH_OR_OVERWRITE}"],
                      notes=notes, label="training")
+    from ..trackers import continued, continuing
+
+    record = continued(state.tracker_runs, state.written_by) if state.written_by else None
+    notes += [continuing(record)] if record else []
     return Check("training", [(state.announcement() or "", host)], notes=notes, label="training")

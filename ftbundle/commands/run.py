@@ -245,6 +245,22 @@ def starting_point(plan: Plan, cluster, job_path: str, leftovers: tuple[str, ...
     return resume
 
 
+def with_tracker_runs(plan: Plan, resume, ui=None) -> Plan:
+    """A run resuming another's checkpoint logs on into that run's MLflow and W&B runs: their
+    record is staged as this run's trackers.json (rank 0's entry continues what it names)."""
+    import dataclasses
+    import json
+
+    from ..rundir import TRACKER_RUNS
+    from ..trackers import continued, continuing
+
+    record = continued(resume.tracker_runs, resume.written_by) if resume.checkpoint and resume.written_by else None
+    if record is None:
+        return plan
+    _say(ui, continuing(record))
+    return dataclasses.replace(plan, files={**plan.files, TRACKER_RUNS: json.dumps(record, indent=1)})
+
+
 def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, verbose: bool = True,
                 leftovers: tuple[str, ...] = (), ui=None, resume=None, policy=None) -> int:
     """Stage the run directory (removing ``leftovers`` on rank 0's host in the same round
@@ -257,6 +273,7 @@ def launch_plan(job: Job, plan: Plan, cluster, *, detach: bool, job_file: str, v
             _say(ui, line)
         if resume.announcement():
             _say(ui, resume.announcement())
+        plan = with_tracker_runs(plan, resume, ui)
     for note in plan.notes:
         _say(ui, note)
     for warning in plan.warnings:

@@ -38,6 +38,7 @@ class ResumeState:
     finished: bool = False  # a final trainer_state.json at its max_steps: nothing left to train
     final_step: int | None = None
     written_by: str | None = None  # the run that wrote it (from the run directories), if known
+    tracker_runs: dict | None = None  # the MLflow and W&B runs that run logged to (its trackers.json)
     cleaned: tuple[str, ...] = ()  # what was removed (an incomplete newest checkpoint)
 
     def announcement(self) -> str | None:
@@ -89,12 +90,14 @@ def read_resume_state(plan: Plan, cluster: Cluster, *, writer: bool = True, look
                          timeout=30)
     state = parse_states(plan.checkpoint_dir, last, states.stdout, cleaned)
     if writer and (state.checkpoint or state.finished):
-        state = ResumeState(**{**state.__dict__, "written_by": _writer(plan, cluster)})
+        by = _writer(plan, cluster)
+        state = ResumeState(**{**state.__dict__, "written_by": by and by.run_id,
+                               "tracker_runs": by and by.tracker_runs})
     return state
 
 
-def _writer(plan: Plan, cluster: Cluster) -> str | None:
-    """The newest earlier run of this job that trained into the same output_dir."""
+def _writer(plan: Plan, cluster: Cluster):
+    """The newest earlier run of this job that trained into the same output_dir (its row)."""
     from ..history import list_runs
 
     try:
@@ -102,7 +105,7 @@ def _writer(plan: Plan, cluster: Cluster) -> str | None:
     except Exception:  # noqa: BLE001 - only a detail of a message: never stop a launch over it
         return None
     mine = [r for r in rows if r.output_dir == plan.checkpoint_dir and r.run_id != plan.run_id]
-    return mine[-1].run_id if mine else None
+    return mine[-1] if mine else None
 
 
 def finished_words(state: ResumeState) -> str:

@@ -27,8 +27,9 @@ and they are put back into the config here, in memory.
 * The trackers' runs (``report_to``): once the trainer has begun, rank 0 writes which MLflow and
   W&B runs it logs to into the run directory (``trackers.json``: ids, experiment or project, the
   store or URL, W&B's offline directory; a URI's user and password left out), where `ftbundle
-  runs` reads them. A later attempt of the same run (a restart, a lost host replaced) continues
-  them rather than beginning new ones: rank 0 sets ``MLFLOW_RUN_ID`` (and
+  runs` reads them. A later attempt of the same run (a restart, a lost host replaced), or a run
+  that resumes this one's checkpoint (ftbundle stages that record as its own), continues them
+  rather than beginning new ones: rank 0 sets ``MLFLOW_RUN_ID`` (and
   ``MLFLOW_MAX_LOG_PARAMS=0``: the params are the first attempt's, and MLflow refuses a changed
   value) and ``WANDB_RUN_ID`` with ``WANDB_RESUME=allow``, each unless the job's env sets it.
 
@@ -144,8 +145,9 @@ def continue_trackers(environ=os.environ) -> list:
         environ.setdefault("WANDB_RESUME", "allow")
         said.append(f"wandb run {wandb['id']}")
     if said:
-        print(f"ftbundle: attempt {environ.get('FTB_ATTEMPT', '?')} continues {' and '.join(said)} (begun by "
-              f"attempt {found.get('began', '?')})", flush=True)
+        by = f"run {found['from_run']}'s" if found.get("from_run") and not found.get("began") else \
+            f"begun by attempt {found.get('began', '?')}"
+        print(f"ftbundle: attempt {environ.get('FTB_ATTEMPT', '?')} continues {' and '.join(said)} ({by})", flush=True)
     return said
 
 
@@ -187,8 +189,10 @@ def keep_tracker_runs() -> None:
     ids = {"mlflow": "run_id", "wandb": "id"}
     same = bool(before) and all((before.get(k) or {}).get(ids[k]) == run[ids[k]] for k, run in found.items())
     dirs = (before.get("wandb_dirs") or [] if same else []) + [found.get("wandb", {}).get("dir")]
-    record = {"attempt": attempt, "began": before.get("began", attempt) if same else attempt, **found,
-              "wandb_dirs": [d for i, d in enumerate(dirs) if d and d not in dirs[:i]]}  # (offline: one a attempt)
+    record = {**(before if same else {}), "attempt": attempt, **found,  # (offline: a directory an attempt)
+              "wandb_dirs": [d for i, d in enumerate(dirs) if d and d not in dirs[:i]]}
+    if not (same and (before.get("began") or before.get("from_run"))):
+        record["began"] = attempt  # (the runs were begun here; else: by an earlier attempt, or another run)
     try:
         with open(path + ".tmp", "w") as f:
             json.dump(record, f, indent=1)

@@ -236,22 +236,24 @@ def rank_processes(run_id: str, attempt: int) -> dict[str, int]:
     return found
 
 
-def test_a_restarted_lora_continues_its_mlflow_and_wandb_runs(tmp_path, tiny_model, monkeypatch):
-    """A run's later attempt (here a restart after a rank was killed) logs to the MLflow and W&B
-    runs its first attempt began, not to new ones: one MLflow run whose loss history goes on from
-    the checkpoint the restart resumed, one W&B run id across both attempts' offline directories
-    (`wandb sync` syncs the files of one run in order), and `runs` says the runs rank 0 kept."""
-    from mlflow.tracking import MlflowClient
-
-    job = quickstart_copy(tmp_path, tiny_model, report_to=["mlflow", "wandb"], max_steps=40, save_steps=4,
+def tracked_job(tmp_path: Path, model: Path, **keys) -> Path:
+    """The quickstart reporting to MLflow (a file store on shared storage) and W&B (offline), 40
+    steps with a checkpoint every 4; ``keys``: the job's own (restarts)."""
+    job = quickstart_copy(tmp_path, model, report_to=["mlflow", "wandb"], max_steps=40, save_steps=4,
                           save_total_limit=3)
-    work = job.parent
-    store = work / ".shared/mlruns"
     spec = yaml.safe_load(job.read_text())
-    spec["restarts"] = 1
-    spec["env"].update({"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true",
-                        "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    spec.update(keys)
+    spec["env"].update({"MLFLOW_TRACKING_URI": f"file://{job.parent}/.shared/mlruns",
+                        "MLFLOW_ALLOW_FILE_STORE": "true", "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     job.write_text(yaml.safe_dump(spec))
+    return job
+
+
+def run_killing_rank_1(job: Path):
+    """`ftbundle run JOB` whose first attempt's rank 1 is killed (SIGKILL) once checkpoint-4 is
+    saved and rank 0 has kept its trackers' runs: (the process, its stdout, its stderr)."""
+    work = job.parent
+    before = set((work / ".shared/runs").glob("*")) if (work / ".shared/runs").exists() else set()
     proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     output = work / ".shared/output/quickstart-lora"
@@ -259,11 +261,11 @@ def test_a_restarted_lora_continues_its_mlflow_and_wandb_runs(tmp_path, tiny_mod
     try:
         deadline = time.monotonic() + 300
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
-            runs = list((work / ".shared/runs").glob("quickstart-lora-*"))
+            runs = [r for r in (work / ".shared/runs").glob("quickstart-lora-*") if r not in before]
             ranks = rank_processes(runs[0].name, 1) if runs else {}
             if (output / "checkpoint-4/trainer_state.json").exists() and "1" in ranks \
-                    and (runs[0] / "trackers.json").exists():
-                os.kill(ranks["1"], signal.SIGKILL)  # (rank 1 dies: torchrun ends the node, ftbundle restarts)
+                    and (runs[0] / "trackers.json").exists() and "began" in (runs[0] / "trackers.json").read_text():
+                os.kill(ranks["1"], signal.SIGKILL)  # (rank 1 dies: torchrun ends the node)
                 killed = ranks["1"]
             time.sleep(0.2)
         out, err = proc.communicate(timeout=600)
@@ -271,6 +273,20 @@ def test_a_restarted_lora_continues_its_mlflow_and_wandb_runs(tmp_path, tiny_mod
         if proc.poll() is None:
             proc.kill()
     assert killed is not None, "the first attempt ended before its checkpoint-4 and its trackers were seen"
+    return proc, out, err
+
+
+def test_a_restarted_lora_continues_its_mlflow_and_wandb_runs(tmp_path, tiny_model, monkeypatch):
+    """A run's later attempt (here a restart after a rank was killed) logs to the MLflow and W&B
+    runs its first attempt began, not to new ones: one MLflow run whose loss history goes on from
+    the checkpoint the restart resumed, one W&B run id across both attempts' offline directories
+    (`wandb sync` syncs the files of one run in order), and `runs` says the runs rank 0 kept."""
+    from mlflow.tracking import MlflowClient
+
+    job = tracked_job(tmp_path, tiny_model, restarts=1)
+    work = job.parent
+    store = work / ".shared/mlruns"
+    proc, out, err = run_killing_rank_1(job)
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
     assert "restarting all nodes (restart 1 of 1)" in err, err[-3000:]
     (run,) = (work / ".shared/runs").iterdir()
@@ -305,3 +321,56 @@ def test_a_restarted_lora_continues_its_mlflow_and_wandb_runs(tmp_path, tiny_mod
         f"mlflow run {run.name!r} (id {found.info.run_id}, experiment {found.info.experiment_id}, attempts 1-2) "
         f"at file://{store}"]
     assert rows[0]["tracker_runs"] == kept
+
+
+def test_a_run_resuming_a_failed_runs_checkpoint_continues_its_mlflow_and_wandb_runs(tmp_path, tiny_model,
+                                                                                     monkeypatch):
+    """The usual way on after a crash: the same job run again resumes the failed run's newest
+    checkpoint, and logs on into that run's MLflow run and W&B run id (the next run's name and
+    tags on them), said before launch; `runs` says which run they came from."""
+    from mlflow.tracking import MlflowClient
+
+    job = tracked_job(tmp_path, tiny_model)  # (restarts: 0: rank 1's death ends the run)
+    work = job.parent
+    store = work / ".shared/mlruns"
+    proc, out, err = run_killing_rank_1(job)
+    assert proc.returncode != 0, out[-2000:] + err[-3000:]
+    (first,) = (work / ".shared/runs").iterdir()
+    kept = json.loads((first / "trackers.json").read_text())
+
+    check = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True, text=True,
+                           timeout=300)
+    assert check.returncode == 0 and (f"trackers: continuing run {first.name}'s mlflow run "
+                                      f"{kept['mlflow']['run_id']}") in check.stdout, check.stdout[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", str(job)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    resumed = int(re.search(rf"resuming from checkpoint-(\d+) of 40 in \S+ \(written by run {first.name}\)",
+                            proc.stderr).group(1))
+    assert (f"trackers: continuing run {first.name}'s mlflow run {kept['mlflow']['run_id']} and wandb run "
+            f"{kept['wandb']['id']}") in proc.stderr, proc.stderr[-3000:]
+    (second,) = [r for r in (work / ".shared/runs").iterdir() if r != first]
+    assert (f"continues mlflow run {kept['mlflow']['run_id']} and wandb run {kept['wandb']['id']} (run "
+            f"{first.name}'s)") in (second / "node-0-localhost.a1.log").read_text()
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=f"file://{store}")
+    (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()])  # (one run, not two)
+    assert found.info.run_id == kept["mlflow"]["run_id"] and found.info.status == "FINISHED"
+    assert found.info.run_name == second.name and found.data.tags["ftbundle.run"] == second.name
+    steps = [m.step for m in client.get_metric_history(found.info.run_id, "loss")]
+    assert steps[-(40 - resumed):] == list(range(resumed + 1, 41)), steps
+    assert set(steps) == set(range(1, 41))
+
+    dirs = [next(first.glob("wandb/offline-run-*")), next(second.glob("wandb/offline-run-*"))]
+    ids = {r.run.run_id for d in dirs for r in wandb_records(next(d.glob("run-*.wandb")))
+           if r.WhichOneof("record_type") == "run"}
+    assert ids == {kept["wandb"]["id"]}
+    rows = json.loads(subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"],
+                                     capture_output=True, text=True, timeout=120).stdout)
+    assert [r["run_id"] for r in rows] == [first.name, second.name]
+    assert rows[1]["trackers"] == [
+        f"wandb offline run {second.name!r} (id {kept['wandb']['id']}, continued from run {first.name}): "
+        f"`wandb sync {dirs[0]} {dirs[1]}`",
+        f"mlflow run {second.name!r} (id {found.info.run_id}, experiment {found.info.experiment_id}, continued from "
+        f"run {first.name}) at file://{store}"]

@@ -401,11 +401,56 @@ def test_rank_0_keeps_its_real_tracker_runs_and_a_later_attempt_continues_them(t
     monkeypatch.setenv("FTB_ATTEMPT", "2")
     wb = wandb.init(mode="offline", dir=str(run_dir), project="p", name="r1", id=kept["wandb"]["id"])
     try:
-        entry.keep_tracker_runs()  # (MLflow's run has ended: only W&B's is kept this time)
+        entry.keep_tracker_runs()  # (MLflow's run has ended: W&B's alone is found, MLflow's stays as kept)
     finally:
         wb.finish()
     again = json.loads((run_dir / "trackers.json").read_text())
-    assert again["attempt"] == 2 and again["began"] == 1 and "mlflow" not in again
+    assert again["attempt"] == 2 and again["began"] == 1 and again["mlflow"] == kept["mlflow"]
     assert len(again["wandb_dirs"]) == 2 and again["wandb_dirs"][0] == kept["wandb_dirs"][0]
     assert entry._without_userinfo("http://u:secret@m:5000/x") == "http://m:5000/x"
     assert entry._without_userinfo("databricks") == "databricks"
+
+
+def test_a_run_resuming_another_runs_checkpoint_continues_its_tracker_runs(tmp_path, monkeypatch, capsys):
+    """The record staged for a run that resumes run R's checkpoint (trackers.continued), what its
+    rank 0 sets and says from it, and what it keeps once its W&B run is the same."""
+    import wandb
+
+    from ftbundle.shims import llamafactory_entry as entry
+
+    kept = {"attempt": 2, "began": 1, "mlflow": {"run_id": "ab12", "name": "R", "experiment_id": "0",
+                                                  "tracking_uri": "file:///s/mlruns"},
+            "wandb": {"id": "x9", "name": "R", "project": "p", "entity": None, "url": None, "offline": True,
+                      "dir": "/s/runs/R/wandb/offline-run-2-x9"},
+            "wandb_dirs": ["/s/runs/R/wandb/offline-run-1-x9", "/s/runs/R/wandb/offline-run-2-x9"]}
+    assert T.continued(None, "R") is None and T.continued({"attempt": 1, "began": 1}, "R") is None
+    record = T.continued(kept, "R")
+    assert record == {"from_run": "R", "mlflow": kept["mlflow"], "wandb": kept["wandb"],
+                      "wandb_dirs": kept["wandb_dirs"]}
+    assert T.continuing(record) == ("trackers: continuing run R's mlflow run ab12 and wandb run x9 (its "
+                                    "checkpoint's; a fresh output_dir begins new ones)")
+    assert T.placed(["wandb run 'S' in project p"], record) == [
+        "wandb offline run 'R' (id x9, continued from run R): `wandb sync /s/runs/R/wandb/offline-run-1-x9 "
+        "/s/runs/R/wandb/offline-run-2-x9`"]
+
+    run_dir = tmp_path / "S"
+    run_dir.mkdir()
+    (run_dir / "trackers.json").write_text(json.dumps(record))
+    for k in [k for k in os.environ if k.startswith(("WANDB_", "MLFLOW_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("FTB_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("FTB_ATTEMPT", "1")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    env = {"RANK": "0", "FTB_ATTEMPT": "1"}
+    assert entry.continue_trackers(env) == ["mlflow run ab12", "wandb run x9"]
+    assert env["MLFLOW_RUN_ID"] == "ab12" and env["WANDB_RUN_ID"] == "x9" and env["WANDB_RESUME"] == "allow"
+    assert "ftbundle: attempt 1 continues mlflow run ab12 and wandb run x9 (run R's)" in capsys.readouterr().out
+    wb = wandb.init(mode="offline", dir=str(run_dir), project="p", name="S", id="x9")
+    try:
+        entry.keep_tracker_runs()
+    finally:
+        wb.finish()
+    again = json.loads((run_dir / "trackers.json").read_text())
+    assert again["from_run"] == "R" and "began" not in again and again["attempt"] == 1
+    assert again["wandb_dirs"][:2] == kept["wandb_dirs"] and len(again["wandb_dirs"]) == 3
+    assert again["wandb_dirs"][2].startswith(str(run_dir / "wandb" / "offline-run-"))
