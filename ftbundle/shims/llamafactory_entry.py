@@ -128,14 +128,38 @@ def _read_tracker_runs() -> dict:
     return found if isinstance(found, dict) else {}
 
 
+def _mlflow_run_missing(run_id: str, environ) -> str | None:
+    """Why MLflow could not go on with run ``run_id`` here (None: it can): MLflow raises at the
+    trainer's start for a run its store does not hold (the job's MLFLOW_TRACKING_URI changed) or
+    one outside the experiment the job names (MLFLOW_EXPERIMENT_NAME / _ID changed)."""
+    store = environ.get("MLFLOW_TRACKING_URI") or "MLflow's default store"
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient()
+        run = client.get_run(run_id)
+        name, wanted = environ.get("MLFLOW_EXPERIMENT_NAME"), environ.get("MLFLOW_EXPERIMENT_ID")
+        if wanted and wanted != run.info.experiment_id:
+            return f"it is in experiment {run.info.experiment_id}, the job names {wanted}"
+        if name and name != client.get_experiment(run.info.experiment_id).name:
+            return f"it is not in experiment {name!r}, which the job names"
+    except Exception as exc:  # noqa: BLE001 - any reason is said, and a new run begins
+        return f"{_without_userinfo(store)}: {type(exc).__name__}: {str(exc)[:200]}"
+    return None
+
+
 def continue_trackers(environ=os.environ) -> list:
-    """Rank 0 of a later attempt: the tracker runs an earlier attempt of this run began are
-    continued (the environment their clients read); what is continued, said."""
+    """Rank 0 of a later attempt, or of a run resuming another's checkpoint: the tracker runs
+    the record names are continued (the environment their clients read); what is continued,
+    said. An MLflow run its store cannot go on with is not: a new one begins, and why is said."""
     if environ.get("RANK", "0") != "0":
         return []
     found, said = _read_tracker_runs(), []
     mlflow = found.get("mlflow") if isinstance(found.get("mlflow"), dict) else {}
-    if mlflow.get("run_id") and "MLFLOW_RUN_ID" not in environ:
+    missing = mlflow.get("run_id") and "MLFLOW_RUN_ID" not in environ and _mlflow_run_missing(mlflow["run_id"], environ)
+    if missing:
+        print(f"ftbundle: mlflow run {mlflow['run_id']} is not continued ({missing}): a new one begins", flush=True)
+    elif mlflow.get("run_id") and "MLFLOW_RUN_ID" not in environ:
         environ["MLFLOW_RUN_ID"] = str(mlflow["run_id"])
         environ.setdefault("MLFLOW_MAX_LOG_PARAMS", "0")
         said.append(f"mlflow run {mlflow['run_id']}")
@@ -181,8 +205,13 @@ def tracker_runs() -> dict:
 
 def keep_tracker_runs() -> None:
     """Rank 0: write what :func:`tracker_runs` finds to the run directory (the attempt that
-    began them kept)."""
-    path, found = _tracker_runs_path(), tracker_runs()
+    began them kept). A record it cannot make is said, never raised: training goes on."""
+    path = _tracker_runs_path()
+    try:
+        found = tracker_runs()
+    except Exception as exc:  # noqa: BLE001 - a client's attribute missing in some version
+        print(f"ftbundle: the trackers' runs were not kept: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return
     if not path or not found:
         return
     before, attempt = _read_tracker_runs(), int(os.environ.get("FTB_ATTEMPT", "1") or 1)

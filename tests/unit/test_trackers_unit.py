@@ -435,16 +435,38 @@ def test_a_run_resuming_another_runs_checkpoint_continues_its_tracker_runs(tmp_p
 
     run_dir = tmp_path / "S"
     run_dir.mkdir()
-    (run_dir / "trackers.json").write_text(json.dumps(record))
     for k in [k for k in os.environ if k.startswith(("WANDB_", "MLFLOW_"))]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("FTB_RUN_DIR", str(run_dir))
     monkeypatch.setenv("FTB_ATTEMPT", "1")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    env = {"RANK": "0", "FTB_ATTEMPT": "1"}
-    assert entry.continue_trackers(env) == ["mlflow run ab12", "wandb run x9"]
-    assert env["MLFLOW_RUN_ID"] == "ab12" and env["WANDB_RUN_ID"] == "x9" and env["WANDB_RESUME"] == "allow"
-    assert "ftbundle: attempt 1 continues mlflow run ab12 and wandb run x9 (run R's)" in capsys.readouterr().out
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/mlruns")
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    theirs = client.create_run(client.create_experiment("theirs")).info.run_id  # (R's run, in its store)
+    record["mlflow"]["run_id"] = theirs
+    (run_dir / "trackers.json").write_text(json.dumps(record))
+    # an MLflow run the job's store or experiment cannot go on with is not continued (MLflow would raise
+    # at the trainer's start): a new one begins, and why is said; W&B's is continued all the same
+    for env, why in (({"MLFLOW_TRACKING_URI": f"file://{tmp_path}/other"},
+                      f"file://{tmp_path}/other: MlflowException: Run '{theirs}' not found"),
+                     ({"MLFLOW_EXPERIMENT_NAME": "ours"}, "it is not in experiment 'ours', which the job names"),
+                     ({"MLFLOW_EXPERIMENT_ID": "0"}, "the job names 0")):
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            env = {"RANK": "0", "FTB_ATTEMPT": "1", **env}
+            assert entry.continue_trackers(env) == ["wandb run x9"] and "MLFLOW_RUN_ID" not in env
+            said = capsys.readouterr().out
+            assert f"ftbundle: mlflow run {theirs} is not continued (" in said and why in said, said
+    env = {"RANK": "0", "FTB_ATTEMPT": "1", "MLFLOW_EXPERIMENT_NAME": "theirs"}
+    assert entry.continue_trackers(env) == [f"mlflow run {theirs}", "wandb run x9"]
+    assert env["MLFLOW_RUN_ID"] == theirs and env["WANDB_RUN_ID"] == "x9" and env["WANDB_RESUME"] == "allow"
+    assert f"ftbundle: attempt 1 continues mlflow run {theirs} and wandb run x9 (run R's)" in capsys.readouterr().out
+    assert mlflow.active_run() is None
     wb = wandb.init(mode="offline", dir=str(run_dir), project="p", name="S", id="x9")
     try:
         entry.keep_tracker_runs()
