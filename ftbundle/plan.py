@@ -278,7 +278,8 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
                                                      job=job.name, env=job.env, workdir=layout.workdir,
                                                      transformers=_package_version(facts, "transformers"),
                                                      mlflow=_package_version(facts, "mlflow")
-                                                     or _package_version(facts, "mlflow-skinny"))
+                                                     or _package_version(facts, "mlflow-skinny"),
+                                                     present=_rank0_trackers(facts))
         staged.update(keys)
         import yaml
 
@@ -401,6 +402,12 @@ def _package_version(facts: ClusterFacts | None, package: str) -> str | None:
     from .facts import package_version  # (only where there are facts: not on plan's import)
 
     return package_version(facts.reached, package) if facts is not None else None
+
+
+def _rank0_trackers(facts: ClusterFacts | None) -> frozenset[str] | None:
+    """The trackers installed where rank 0 logs, as its probe found them (None: not asked)."""
+    rank0 = next((f for f in facts.reached if f.rank == 0), None) if facts is not None else None
+    return trackers.installed(rank0.versions) if rank0 is not None else None
 
 
 def _uses_nccl(job: Job, facts: ClusterFacts | None, gpus: bool) -> bool:

@@ -77,15 +77,28 @@ def probed(config: dict[str, Any]) -> list[str]:
     return [d for dists in chosen.values() for d in dists]
 
 
+def installed(versions: dict[str, str] | None) -> frozenset[str] | None:
+    """The trackers whose packages these versions (a host's, as its probe found them) hold;
+    None: not asked (the probe asks for every tracker's packages where "all" may be used). Pure."""
+    if not versions or not all(d in versions for dists in PACKAGES.values() for d in dists):
+        return None
+    return frozenset(n for n, dists in PACKAGES.items() if any(versions.get(d) not in (None, "absent") for d in dists))
+
+
 def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: dict[str, str],
-           workdir: str = ".", transformers: str | None = None,
-           mlflow: str | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+           workdir: str = ".", transformers: str | None = None, mlflow: str | None = None,
+           present: frozenset[str] | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """(config keys to stage, environment for the ranks, where each tracker is: said by `runs`).
     ``transformers``, ``mlflow``: the versions the hosts' ranks run (None: not known);
-    ``workdir``: the ranks' working directory."""
+    ``workdir``: the ranks' working directory; ``present``: the trackers installed where rank 0
+    logs (:func:`installed`; "all" uses those alone; None: not known, each is said)."""
     names = reported(config, transformers)
     if not names:
         return {}, {}, []
+    if "all" in names and present is not None:  # (every installed one: those rank 0 has)
+        names = [n for n in KNOWN if n in present]
+        if not names:
+            return {}, {}, []
     every = "all" in names
     keys: dict[str, Any] = {}
     extra: dict[str, str] = {}

@@ -476,3 +476,22 @@ def test_a_run_resuming_another_runs_checkpoint_continues_its_tracker_runs(tmp_p
     assert again["from_run"] == "R" and "began" not in again and again["attempt"] == 1
     assert again["wandb_dirs"][:2] == kept["wandb_dirs"] and len(again["wandb_dirs"]) == 3
     assert again["wandb_dirs"][2].startswith(str(run_dir / "wandb" / "offline-run-"))
+
+
+def test_report_to_all_says_the_trackers_rank_0_has():
+    """report_to all (or none on transformers 4) reports to every tracker installed where rank 0
+    logs: `runs` says those, not every tracker transformers knows (the probe asked for all)."""
+    every_dist = {d: "absent" for dists in T.PACKAGES.values() for d in dists}
+    assert T.installed(None) is None and T.installed({"torch": "2.9"}) is None  # (not asked)
+    assert T.installed({**every_dist, "wandb": "0.31.0"}) == frozenset({"wandb"})
+    assert T.installed({**every_dist, "tensorboardX": "2.6", "mlflow-skinny": "3.17.2"}) == {"tensorboard", "mlflow"}
+    assert T.installed(every_dist) == frozenset()
+    config = {**LF, "report_to": "all"}
+    args = dict(run_dir="/s/runs/r1", run_id="r1", job="j", env={}, workdir="/s", mlflow="3.17.2")
+    keys, env, where = T.staged(config, **args, present=frozenset({"tensorboard"}))
+    assert where == ["tensorboard /s/runs/r1/tensorboard"] and set(env) == {"TENSORBOARD_LOGGING_DIR"}
+    assert T.staged(config, **args, present=frozenset()) == ({}, {}, [])  # (none installed: none used)
+    _, _, where = T.staged(config, **args, present=frozenset({"wandb", "clearml"}))
+    assert where == ["wandb run 'r1' in project llamafactory", "clearml run 'r1'"]
+    _, _, where = T.staged(config, **args)  # (not known: each is said)
+    assert [w.split()[0] for w in where] == ["tensorboard", "wandb", "mlflow"]
