@@ -118,7 +118,8 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: 
             extra["WANDB_TAGS"] = f"ftbundle,{job}"
         if "WANDB_RUN_GROUP" not in env:
             extra["WANDB_RUN_GROUP"] = job
-        wandb_dir = env.get("WANDB_DIR") or run_dir
+        # (the job's env wins in the ranks' environment, an empty WANDB_DIR too: W&B's default, cwd)
+        wandb_dir = (env["WANDB_DIR"] or workdir) if "WANDB_DIR" in env else run_dir
         if "WANDB_DIR" not in env:
             extra["WANDB_DIR"] = run_dir
         project = env.get("WANDB_PROJECT", "llamafactory")  # (LlamaFactory's ReporterCallback sets this default)

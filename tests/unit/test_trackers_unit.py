@@ -495,3 +495,11 @@ def test_report_to_all_says_the_trackers_rank_0_has():
     assert where == ["wandb run 'r1' in project llamafactory", "clearml run 'r1'"]
     _, _, where = T.staged(config, **args)  # (not known: each is said)
     assert [w.split()[0] for w in where] == ["tensorboard", "wandb", "mlflow"]
+
+
+def test_an_empty_wandb_dir_in_the_jobs_env_is_said_as_the_ranks_see_it():
+    """The job's env wins in the ranks' environment: an empty WANDB_DIR leaves W&B its default,
+    the working directory, and that is where `runs` says its offline run is."""
+    _, env, where = T.staged({**LF, "report_to": "wandb"}, run_dir="/s/runs/r1", run_id="r1", job="j",
+                             env={"WANDB_DIR": "", "WANDB_MODE": "offline"}, workdir="/work")
+    assert "WANDB_DIR" not in env and where == ["wandb offline run 'r1' in /work/wandb (`wandb sync` it)"]
