@@ -177,6 +177,34 @@ def continuing(record: dict[str, Any]) -> str:
             "a fresh output_dir begins new ones)")
 
 
+PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+WANDB_OFF = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no key and no server
+
+
+def _public(url: str | None) -> str | None:
+    """An http(s) URL's scheme, host and port alone (no user, password or path: it travels in
+    the probe's argv); None for any other store (file:, databricks, sqlite:, ...)."""
+    scheme, sep, rest = (url or "").partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return None
+    return f"{scheme.lower()}://{rest.split('/', 1)[0].rpartition('@')[2]}"
+
+
+def servers_asked(config: dict[str, Any], env: dict[str, str]) -> dict[str, Any] | None:
+    """What rank 0's probe is asked to reach (remote/probe.py ``servers``): W&B's server unless
+    the job's env runs it offline, MLflow's tracking server; the job's own URLs (its host's
+    decide where it sets none), and whether it sets a proxy. None: no tracker that needs one."""
+    every, names = maybe_every(config), reported(config)
+    asked: dict[str, Any] = {}
+    if (every or "wandb" in names) and str(env.get("WANDB_MODE") or "").lower() not in WANDB_OFF:
+        asked["wandb"] = {"url": _public(env.get("WANDB_BASE_URL")), "mode": env.get("WANDB_MODE")}
+    if every or "mlflow" in names:
+        asked["mlflow"] = {"set": bool(env.get("MLFLOW_TRACKING_URI")), "url": _public(env.get("MLFLOW_TRACKING_URI"))}
+    if asked and any(env.get(n) for n in PROXIES):
+        asked["proxies"] = [n for n in PROXIES if env.get(n)]
+    return asked or None
+
+
 def mlflow_default(workdir: str, version: str | None) -> str:
     """Where MLflow keeps a run when no tracking URI is given: in the working directory of the
     rank that logs (rank 0), a SQLite file from MLflow 3.7, ./mlruns before (and after, where

@@ -66,7 +66,7 @@ STORAGE_PATIENCE_S = 30
 # The probe is one program on stdin, written as files by concern (ftbundle/remote/): its parts in
 # this order, main (probe.py) last; the versions script (run by the job's interpreter) as a string.
 PROBE_PARTS = ("evidence.py", "probe_common.py", "probe_gpus.py", "probe_storage.py", "probe_files.py",
-               "probe_tokenized.py", "claims.py")
+               "probe_tokenized.py", "probe_trackers.py", "claims.py")
 
 
 @cache
@@ -162,6 +162,9 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
             spec["trackers"] = True  # (the tracker variables the job sees)
         if not layout.docker and (every or "wandb" in trackers.reported(layout.lf_config)):
             spec["wandb_login"] = True  # (would its wandb find a key? a container's home is not the host's)
+        asked = trackers.servers_asked(layout.lf_config, job.env)
+        if asked:  # (does it reach W&B's and MLflow's servers? the docker runtime shares the host's network)
+            spec["servers"] = asked
     wanted = job_paths(layout)
     if wanted:
         spec["paths"] = wanted

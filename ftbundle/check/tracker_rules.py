@@ -12,6 +12,10 @@ tracker that cannot log stops every rank there:
 - MLflow from 3.13 where rank 0 logs, asked for a file store (a ``file:`` URI or a path: the
   usual store of a cluster without an MLflow server) without ``MLFLOW_ALLOW_FILE_STORE=true``
   ("The filesystem tracking backend (e.g., './mlruns') is in maintenance mode ...");
+- W&B online, or an MLflow tracking server, that rank 0's host does not reach (a TCP connect to
+  each place the tracker would log to; none behind a proxy): an air-gapped cluster, or a URI
+  naming localhost or the launcher's own address ("Timed out while retrying ... no such host",
+  after wandb.init's 90 s);
 - W&B online with no key where rank 0 logs ("No API key configured. Use `wandb login` to log
   in."): no WANDB_API_KEY (or identity token) in the job's env, the env file or the login
   environment, no netrc entry for the W&B host, no key in W&B's settings file (the host
@@ -34,7 +38,7 @@ FILE_STORE_REFUSED = (3, 13)  # MLflow refuses its file store from here unless M
 # `wandb login` writes `machine api.forge.coreweave.com`) and it reads api.wandb.ai's entry too;
 # older wandb writes and reads api.wandb.ai (WANDB_BASE_URL names another server)
 WANDB_HOSTS = ("api.forge.coreweave.com", "api.wandb.ai")
-WANDB_OFF = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no key
+WANDB_OFF = trackers.WANDB_OFF  # WANDB_MODE values that need no key
 
 
 def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
@@ -73,14 +77,48 @@ def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
             check.failure = check.failure or "tracker cannot log"
             check.details += [line, "(set MLFLOW_ALLOW_FILE_STORE: \"true\" in the job's env to keep the file store, "
                                     "or MLFLOW_TRACKING_URI to your MLflow server)"]
+    keyless = None
     if ("wandb" in names or every) and rank0 is not None and rank0.wandb_login is not None:
-        line = wandb_without_key(rank0, env, installed=(rank0.versions or {}).get("wandb") not in (None, "absent"))
-        if line:
+        keyless = wandb_without_key(rank0, env, installed=(rank0.versions or {}).get("wandb") not in (None, "absent"))
+        if keyless:
             check.failure = check.failure or "tracker cannot log"
-            check.details += [line, "(`wandb login` there as the user the job runs as, or set WANDB_API_KEY in the "
-                                    "job's env or its env file; WANDB_MODE: offline keeps the run in the run directory "
-                                    "for `wandb sync`)"]
+            check.details += [keyless, "(`wandb login` there as the user the job runs as, or set WANDB_API_KEY in the "
+                                       "job's env or its env file; WANDB_MODE: offline keeps the run in the run "
+                                       "directory for `wandb sync`)"]
+    for name, hint in (("wandb", "(WANDB_MODE: offline in the job's env keeps the run in the run directory, for "
+                                 "`wandb sync` from a host that reaches W&B; behind a proxy, set HTTPS_PROXY in the "
+                                 "job's env)"),
+                       ("mlflow", "(set MLFLOW_TRACKING_URI in the job's env to an address rank 0's host reaches: "
+                                  "localhost there is not the launcher's)")):
+        line = unreachable(rank0, name, env) if rank0 is not None and (name in names or every) else None
+        if line and not (name == "wandb" and keyless):
+            check.failure = check.failure or "tracker cannot log"
+            check.details += [line, hint]
     return check
+
+
+WAITS = {"wandb": "wandb.init gives up after its init_timeout (90 s), once the model is loaded",
+         "mlflow": "MLflow's first call fails after its retries (4 min against a closed port), once the model "
+                   "is loaded"}
+
+
+def unreachable(rank0: HostFacts, name: str, job_env: dict[str, str]) -> str | None:
+    """The line naming rank 0's host when none of the places its tracker ``name`` would log to
+    answered its probe's TCP connect (None: one did, or it was not asked: offline, a proxy, a
+    store that is not a server, a tracker not installed). The job's WANDB_MODE wins over the
+    host's, as in the ranks' environment."""
+    places = (rank0.servers or {}).get(name)
+    versions = rank0.versions or {}
+    if not isinstance(places, dict) or not places or "ok" in places.values():
+        return None
+    if all(versions.get(d) in (None, "absent") for d in trackers.PACKAGES[name]):
+        return None  # (not installed: said above where report_to names it; "all" does not use it)
+    mode = job_env.get("WANDB_MODE", rank0.env.get("WANDB_MODE"))
+    if name == "wandb" and str(mode or "").lower() in WANDB_OFF:
+        return None
+    said = ", ".join(f"{where} {why}" for where, why in sorted(places.items()))
+    server = "its server" if name == "wandb" else "its tracking server"
+    return f"{name} (report_to) cannot reach {server} from {rank0.host}, where rank 0 logs: {said}: {WAITS[name]}"
 
 
 def skinny_store(rank0: HostFacts, uri: str | None) -> str | None:

@@ -21,7 +21,8 @@ question, not their sum:
   `nvidia-smi -q -d TEMPERATURE` (the slowdown threshold), and the kernel log's NVRM Xid
   lines (dmesg, else `journalctl -k`), raw: ftbundle/gpu_health.py reads them;
 - the environment the job will see (the host's NCCL env file sourced as the node
-  program sources it): CUDA_VISIBLE_DEVICES, NCCL/GLOO socket interfaces;
+  program sources it): CUDA_VISIBLE_DEVICES, NCCL/GLOO socket interfaces; on rank 0, what its
+  trackers read (W&B's key sources, MLflow's URI) and whether their servers answer a TCP connect;
 - directories, and storage: for each path the spec names (shared_dir, output_dir), a
   sentinel written under it (or under its nearest existing parent) and the sentinels of
   every other host waited for: seeing all of them, not a path, proves the storage shared.
@@ -49,6 +50,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .probe_storage import StorageReport, cleanup, storage_apart
     from .probe_files import cache_read, cache_write, fingerprint, fingerprints, model_size
     from .probe_tokenized import tokenized
+    from .probe_trackers import TRACKER_NAMES, masked, servers, wandb_login
     from .claims import claim
 
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "versions.py")) as f:
@@ -56,10 +58,6 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
 
 # the variables whose values the job will see, read after the env file is sourced
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-# ... and where rank 0 logs to trackers (spec "trackers"): what wandb.init and MLflow read (a key's
-# value, a URI's user and password, never leave the host)
-TRACKER_NAMES = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_ANONYMOUS",
-                 "WANDB_BASE_URL", "NETRC", "WANDB_CONFIG_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE")
 ENV_VIEW_SH = 'set -a; [ -r "$1" ] && . "$1" >/dev/null 2>&1; set +a; shift; for v; do printf "%s=%s\\0" "$v" "${!v-}"; done'
 # -- the facts -------------------------------------------------------------------------
 
@@ -220,44 +218,8 @@ def env_view(spec, out):
     out["env"] = {name: masked(name, value) for name, value in view.items()}
     if spec.get("wandb_login"):
         out["wandb_login"] = wandb_login(view)
-
-
-def masked(name, value):
-    """A variable's value as the probe may say it: a key as "(set)", a URI without its user."""
-    if name == "WANDB_API_KEY":
-        return "(set)"
-    scheme, sep, rest = value.partition("://")
-    if sep and "@" in rest.split("/", 1)[0]:
-        return f"{scheme}://{rest.split('@', 1)[1]}"
-    return value
-
-
-def wandb_login(view):
-    """Where wandb.init would look for a key besides the environment (wandb/sdk/lib/wbauth):
-    the netrc file ($NETRC, else ~/.netrc, else ~/_netrc) by its machine names (a `default`
-    entry said as such; no password is read out), and W&B's settings file by whether it names
-    an api_key, and the server it names (`wandb login --host URL` writes its base_url there and
-    that server's netrc entry). The check decides (check/tracker_rules.py)."""
-    home = os.path.expanduser("~")
-    netrc = view.get("NETRC") or next((p for p in (os.path.join(home, ".netrc"), os.path.join(home, "_netrc"))
-                                       if os.path.exists(p)), os.path.join(home, ".netrc"))
-    found = {"netrc": os.path.expanduser(netrc), "machines": None, "settings_key": False}
-    try:
-        with open(found["netrc"], errors="replace") as f:
-            words = f.read().split()
-        found["machines"] = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "machine"]
-        found["machines"] += ["default"] * ("default" in words)
-    except OSError as exc:
-        found["netrc_error"] = exc.strerror
-    settings = os.path.join(view.get("WANDB_CONFIG_DIR") or os.path.join(home, ".config", "wandb"), "settings")
-    try:
-        with open(settings, errors="replace") as f:
-            pairs = [[part.strip() for part in line.split("=", 1)] for line in f if "=" in line]
-        found["settings_key"] = any(key == "api_key" for key, _ in pairs)
-        found["settings_base_url"] = next((value for key, value in pairs if key == "base_url" and value), None)
-    except OSError:
-        pass
-    return found
+    if spec.get("servers"):
+        out["servers"] = servers(spec["servers"], view, (out.get("wandb_login") or {}).get("settings_base_url"))
 
 
 def dirs(spec, out):

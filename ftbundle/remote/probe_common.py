@@ -303,6 +303,32 @@ def accepted(s, timeout):
     return _socket.socket(s.family, s.type, s.proto, fd), addr[0]
 
 
+def knocked(addr, port_number, timeout):
+    """"ok" when a TCP connection to ``addr``:``port_number`` is made at one of the addresses it
+    resolves to, else why not, the most telling first: refused (something is there, not this),
+    then no answer, then the first other error ("localhost" may resolve to an IPv6 address a
+    host cannot use beside the IPv4 one that refuses)."""
+    try:
+        places = _socket.getaddrinfo(_host(addr), port_number, 0, _socket.SOCK_STREAM)
+    except OSError as exc:
+        return "name not resolved" if exc.__class__.__name__ == "gaierror" else exc.strerror or str(exc)
+    whys = []
+    for family, kind, proto, _, where in places:
+        s = _socket.socket(family, kind, proto)
+        try:
+            s.settimeout(timeout)
+            s.connect(where)
+            return "ok"
+        except OSError as exc:
+            whys.append("no answer in %g s" % timeout if isinstance(exc, TIMED_OUT) else exc.strerror or str(exc))
+        finally:
+            s.close()
+    for telling in ("Connection refused", "no answer in %g s" % timeout):
+        if telling in whys:
+            return telling
+    return whys[0] if whys else "no address"
+
+
 def connected(addr, port_number, timeout):
     """A TCP connection to ``addr``:``port_number`` (each address it resolves to, in turn, as
     socket.create_connection); OSError (``_socket.timeout``: timed out) when none answers."""

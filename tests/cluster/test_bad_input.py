@@ -167,6 +167,31 @@ def case_mlflow_file_store_not_allowed(cluster, tmp_path):
                   "set MLFLOW_ALLOW_FILE_STORE: \"true\" in the job's env"]
 
 
+def case_mlflow_server_unreachable(cluster, tmp_path):
+    """report_to: mlflow with the tracking URI the launcher's own shell uses (localhost): on rank
+    0's host nothing listens there, and MLflow's first call fails after its retries, once the
+    model is loaded (MLflow 3.17.2 against a closed port: after 4 min 10 s)."""
+    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
+    job["env"]["MLFLOW_TRACKING_URI"] = "http://localhost:5000"
+    job["train"] = {"llamafactory": lf_config(tmp_path, report_to="mlflow")}
+    path = write_job(tmp_path / "job.yaml", job)
+    return path, [f"{path}: key 'check'", "nothing was started",
+                  "mlflow (report_to) cannot reach its tracking server from node0, where rank 0 logs: localhost:5000 "
+                  "Connection refused", "localhost there is not the launcher's"]
+
+
+def case_wandb_server_unreachable(cluster, tmp_path):
+    """report_to: wandb with a key, online, to a server rank 0's host cannot resolve (an
+    air-gapped cluster): wandb.init gave up after 90 s, once the model was loaded."""
+    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
+    job["env"].update({"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": "https://wandb.invalid"})
+    job["train"] = {"llamafactory": lf_config(tmp_path, report_to="wandb")}
+    path = write_job(tmp_path / "job.yaml", job)
+    return path, [f"{path}: key 'check'", "nothing was started",
+                  "wandb (report_to) cannot reach its server from node0, where rank 0 logs: wandb.invalid:443 name "
+                  "not resolved", "WANDB_MODE: offline in the job's env"]
+
+
 def case_more_cpu_ranks_than_cores(cluster, tmp_path):
     """nproc_per_node: 1024 on 2-core hosts with no GPU passed the check."""
     cores = len(os.sched_getaffinity(0))  # what a host container may use: this machine's cores
@@ -190,6 +215,8 @@ CASES = {
     "tracker-not-installed": (case_tracker_not_installed, False),
     "wandb-without-a-key": (case_wandb_without_a_key, False),
     "mlflow-file-store-not-allowed": (case_mlflow_file_store_not_allowed, False),
+    "mlflow-server-unreachable": (case_mlflow_server_unreachable, False),
+    "wandb-server-unreachable": (case_wandb_server_unreachable, False),
     "more-cpu-ranks-than-cores": (case_more_cpu_ranks_than_cores, False),
 }
 

@@ -129,6 +129,19 @@ def wandb_records(path: Path) -> list:
     return records
 
 
+def wandb_reachable() -> bool:
+    """Whether this machine reaches W&B's cloud (either of its names) by TCP."""
+    import socket
+
+    for host in ("api.forge.coreweave.com", "api.wandb.ai"):
+        try:
+            socket.create_connection((host, 443), 3).close()
+            return True
+        except OSError:
+            pass
+    return False
+
+
 def test_a_lora_reporting_to_mlflow_and_wandb_reaches_both_under_its_run_id(tmp_path, tiny_model, monkeypatch):
     """Issue 47 item 4 with the real MLflow and W&B clients (mlflow-skinny and wandb, as `make
     test` installs them), neither needing a network: MLflow to a file store on shared storage,
@@ -169,11 +182,19 @@ def test_a_lora_reporting_to_mlflow_and_wandb_reaches_both_under_its_run_id(tmp_
                           timeout=300, env=filed)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert f"on localhost refuses the file store file://{store} unless MLFLOW_ALLOW_FILE_STORE is true" in proc.stdout
-    assert "wandb" not in proc.stdout.split("refuses the file store")[1]  # (W&B's login is there now)
+    assert "has no API key" not in proc.stdout  # (W&B's login is there now)
+    allowed = {**filed, "MLFLOW_ALLOW_FILE_STORE": "true"}
     proc = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True, text=True,
-                          timeout=300, env={**filed, "MLFLOW_ALLOW_FILE_STORE": "true"})
+                          timeout=300, env=allowed)
+    assert "0" * 40 not in proc.stdout + proc.stderr and "has no API key" not in proc.stdout  # (logged in now)
+    if not wandb_reachable():  # (this machine's network, as rank 0's probe finds it: W&B online would
+        # give up after wandb.init's 90 s, seen here: "Timed out while retrying ... no such host")
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert ("wandb (report_to) cannot reach its server from localhost, where rank 0 logs: "
+                "api.forge.coreweave.com:443 ") in proc.stdout, proc.stdout[-3000:]
+        proc = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True,
+                              text=True, timeout=300, env={**allowed, "WANDB_MODE": "offline"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "0" * 40 not in proc.stdout + proc.stderr
 
     spec = yaml.safe_load(job.read_text())
     spec["env"].update({"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_ALLOW_FILE_STORE": "true",

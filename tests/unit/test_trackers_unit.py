@@ -308,7 +308,7 @@ def test_what_the_real_wandb_login_writes_passes_the_check(tmp_path, monkeypatch
     import sys
     from pathlib import Path
 
-    from ftbundle.remote import probe
+    from ftbundle.remote import probe_trackers as probe
     from tests.unit.test_check_unit import facts
 
     versions = {**BASE, "wandb": "0.31.0"}
@@ -503,3 +503,108 @@ def test_an_empty_wandb_dir_in_the_jobs_env_is_said_as_the_ranks_see_it():
     _, env, where = T.staged({**LF, "report_to": "wandb"}, run_dir="/s/runs/r1", run_id="r1", job="j",
                              env={"WANDB_DIR": "", "WANDB_MODE": "offline"}, workdir="/work")
     assert "WANDB_DIR" not in env and where == ["wandb offline run 'r1' in /work/wandb (`wandb sync` it)"]
+
+
+def test_rank_0s_probe_knocks_on_its_trackers_servers(monkeypatch):
+    """The probe's TCP connect to each place a tracker would log to, on real sockets: a server
+    listening here answers; a closed port, a name that never resolves (.invalid) do not; W&B's
+    cloud under both its names where nothing else is named; nothing is tried offline or behind a
+    proxy. The job's URL travels without its user, password and path."""
+    import socket
+
+    from ftbundle.remote import probe_trackers as probe
+
+    assert probe.endpoint("https://u:p@mlflow.corp/api") == ("mlflow.corp", 443)
+    assert probe.endpoint("http://10.0.0.5:5000") == ("10.0.0.5", 5000)
+    assert probe.endpoint("http://[::1]:5000/x") == ("::1", 5000)
+    assert probe.endpoint("file:///shared/mlruns") is None and probe.endpoint("databricks") is None
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    up = f"http://127.0.0.1:{server.getsockname()[1]}"
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # (bound, never listening: refused)
+    down = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    try:
+        asked = {"wandb": {"url": up, "mode": None}, "mlflow": {"set": True, "url": down}}
+        found = probe.servers(asked, {})
+        assert found == {"wandb": {up[7:]: "ok"}, "mlflow": {down[7:]: "Connection refused"}}
+        found = probe.servers({"wandb": {"url": None, "mode": None}}, {"WANDB_BASE_URL": "https://wandb.invalid"})
+        assert found == {"wandb": {"wandb.invalid:443": "name not resolved"}}
+        # nothing named: W&B's cloud under both its names (the settings file's base_url when the host has one)
+        assert set(probe.servers({"wandb": {"url": None, "mode": None}}, {})["wandb"]) == {
+            "api.forge.coreweave.com:443", "api.wandb.ai:443"}
+        assert probe.servers({"wandb": {"url": None, "mode": None}}, {}, up) == {"wandb": {up[7:]: "ok"}}
+        # the host's own MLflow URI where the job sets none; none at all: nothing to knock on
+        assert probe.servers({"mlflow": {"set": False, "url": None}}, {"MLFLOW_TRACKING_URI": up}) == {
+            "mlflow": {up[7:]: "ok"}}
+        assert probe.servers({"mlflow": {"set": True, "url": None}}, {"MLFLOW_TRACKING_URI": up}) == {}
+        assert probe.servers({"mlflow": {"set": False, "url": None}}, {}) == {}
+        # offline (the job's mode wins), a proxy (the job's or the host's): not tried
+        assert probe.servers({"wandb": {"url": down, "mode": None}}, {"WANDB_MODE": "offline"}) == {}
+        assert probe.servers({"wandb": {"url": down, "mode": "online"}}, {"WANDB_MODE": "offline"}) == {
+            "wandb": {down[7:]: "Connection refused"}}
+        assert probe.servers({"wandb": {"url": down, "mode": None}}, {"https_proxy": "http://p:3128"}) == {
+            "proxy": "https_proxy"}
+        assert probe.servers({"mlflow": {"set": True, "url": down}, "proxies": ["HTTPS_PROXY"]}, {}) == {
+            "proxy": "HTTPS_PROXY"}
+    finally:
+        server.close()
+        closed.close()
+
+    asked = T.servers_asked({**LF, "report_to": ["wandb", "mlflow"]},
+                            {"WANDB_BASE_URL": "https://wandb.corp/x", "MLFLOW_TRACKING_URI": "https://u:pw@m:5000/a"})
+    assert asked == {"wandb": {"url": "https://wandb.corp", "mode": None}, "mlflow": {"set": True, "url": "https://m:5000"}}
+    assert T.servers_asked({**LF, "report_to": "wandb"}, {"WANDB_MODE": "offline"}) is None
+    assert T.servers_asked({**LF, "report_to": "tensorboard"}, {}) is None
+    assert T.servers_asked({**LF, "report_to": "mlflow"}, {"MLFLOW_TRACKING_URI": "file:///s/mlruns",
+                                                           "HTTPS_PROXY": "http://p"}) == {
+        "mlflow": {"set": True, "url": None}, "proxies": ["HTTPS_PROXY"]}
+
+
+def test_a_trackers_server_rank_0_does_not_reach_is_refused(tmp_path):
+    """The check names rank 0's host and what its probe saw at each place; silent where one
+    place answered, where nothing was tried, where W&B runs offline or is not installed, and
+    for W&B after a missing key (said first: the key is the first thing to mend)."""
+    from ftbundle.check import probe_spec
+    from tests.unit.test_check_unit import facts
+
+    layout = layout_of(tmp_path, 2, train={"llamafactory": {**LF, "report_to": ["wandb", "mlflow"]}},
+                       env={"MLFLOW_TRACKING_URI": "http://localhost:5000"})
+    assert probe_spec(layout, 0, token=None, expect=[0, 1], port_peers=None)["servers"] == {
+        "wandb": {"url": None, "mode": None}, "mlflow": {"set": True, "url": "http://localhost:5000"}}
+    assert "servers" not in probe_spec(layout, 1, token=None, expect=[0, 1], port_peers=None)
+
+    versions = {**BASE, "wandb": "0.31.0", "mlflow": "3.17.2", "mlflow-skinny": "absent"}
+    keyed = {"netrc": "/root/.netrc", "machines": ["api.forge.coreweave.com"], "settings_key": False}
+    cloud = {"api.forge.coreweave.com:443": "name not resolved", "api.wandb.ai:443": "name not resolved"}
+
+    def fleet(servers, login=keyed, env=None):
+        return [facts("node0", versions=versions, wandb_login=login, env=env or {}, servers=servers),
+                facts("node1", 1, versions=versions)]
+
+    job = {"env": {"MLFLOW_TRACKING_URI": "http://localhost:5000"}}
+    c = judged(tmp_path, ["wandb", "mlflow"], fleet({"wandb": cloud, "mlflow": {"localhost:5000": "Connection refused"}}),
+               **job)
+    assert c.failure == "tracker cannot log"
+    assert c.details == [
+        "wandb (report_to) cannot reach its server from node0, where rank 0 logs: api.forge.coreweave.com:443 name "
+        "not resolved, api.wandb.ai:443 name not resolved: wandb.init gives up after its init_timeout (90 s), once "
+        "the model is loaded",
+        "(WANDB_MODE: offline in the job's env keeps the run in the run directory, for `wandb sync` from a host that "
+        "reaches W&B; behind a proxy, set HTTPS_PROXY in the job's env)",
+        "mlflow (report_to) cannot reach its tracking server from node0, where rank 0 logs: localhost:5000 "
+        "Connection refused: MLflow's first call fails after its retries (4 min against a closed port), once the "
+        "model is loaded",
+        "(set MLFLOW_TRACKING_URI in the job's env to an address rank 0's host reaches: localhost there is not the "
+        "launcher's)"]
+    half = {"api.forge.coreweave.com:443": "ok", "api.wandb.ai:443": "name not resolved"}
+    for servers in ({"wandb": half}, {"proxy": "HTTPS_PROXY"}, {}, None):
+        assert judged(tmp_path, ["wandb", "mlflow"], fleet(servers), **job).ok
+    assert judged(tmp_path, "wandb", fleet({"wandb": cloud}, env={"WANDB_MODE": "offline"})).ok
+    assert judged(tmp_path, "tensorboard", fleet({"wandb": cloud})).ok  # (not reported to)
+    bare = {"netrc": "/root/.netrc", "machines": None, "settings_key": False, "netrc_error": "No such file"}
+    c = judged(tmp_path, "wandb", fleet({"wandb": cloud}, login=bare))
+    assert len(c.details) == 2 and "has no API key on node0" in c.details[0]  # (the key first, alone)
+    absent = [facts("node0", versions={**versions, "wandb": "absent"}, wandb_login=keyed, servers={"wandb": cloud})]
+    assert "cannot reach" not in " ".join(judged(tmp_path, "wandb", absent).details)
