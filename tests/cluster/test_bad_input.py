@@ -129,12 +129,19 @@ def case_interpreter_without_torch(cluster, tmp_path):
                   "point the job's runtime.python at an interpreter that has them"]
 
 
+def tracker_job(cluster, tmp_path, report_to, **env) -> Path:
+    """A LlamaFactory job reporting to ``report_to``, its workdir on shared storage, ``env`` in
+    its env."""
+    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
+    job["env"].update(env)
+    job["train"] = {"llamafactory": lf_config(tmp_path, report_to=report_to)}
+    return write_job(tmp_path / "job.yaml", job)
+
+
 def case_tracker_not_installed(cluster, tmp_path):
     """report_to: clearml started, loaded the model, tokenized, then every rank stopped at the
     trainer ("ClearMLCallback requires 'clearml' to be installed"): the hosts' interpreter says first."""
-    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
-    job["train"] = {"llamafactory": lf_config(tmp_path, report_to=["tensorboard", "clearml"])}
-    path = write_job(tmp_path / "job.yaml", job)
+    path = tracker_job(cluster, tmp_path, ["tensorboard", "clearml"])
     python = os.path.normpath(sys.executable)
     return path, [f"{path}: key 'check'", "nothing was started",
                   f"clearml (report_to in train.llamafactory (inline)) is not installed in {python} on node[0-1]",
@@ -144,9 +151,7 @@ def case_tracker_not_installed(cluster, tmp_path):
 def case_wandb_without_a_key(cluster, tmp_path):
     """report_to: wandb, never logged in on the hosts: rank 0 loaded the model, then stopped at
     wandb.init ('No API key configured'). Only rank 0's host logs, and only it is named."""
-    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
-    job["train"] = {"llamafactory": lf_config(tmp_path, report_to="wandb")}
-    path = write_job(tmp_path / "job.yaml", job)
+    path = tracker_job(cluster, tmp_path, "wandb")
     return path, [f"{path}: key 'check'", "nothing was started",
                   "wandb (report_to) has no API key on node0, where rank 0 logs: no WANDB_API_KEY in the job's env, "
                   "its env file or the login environment, no /root/.netrc, and WANDB_MODE is not offline",
@@ -158,10 +163,7 @@ def case_mlflow_file_store_not_allowed(cluster, tmp_path):
     without MLFLOW_ALLOW_FILE_STORE: rank 0 loaded the model, then stopped at its first log
     ('The filesystem tracking backend ... is in maintenance mode')."""
     store = f"file://{cluster.shared_dir}/mlruns"
-    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
-    job["env"]["MLFLOW_TRACKING_URI"] = store
-    job["train"] = {"llamafactory": lf_config(tmp_path, report_to="mlflow")}
-    path = write_job(tmp_path / "job.yaml", job)
+    path = tracker_job(cluster, tmp_path, "mlflow", MLFLOW_TRACKING_URI=store)
     return path, [f"{path}: key 'check'", "nothing was started",
                   f"on node0 refuses the file store {store} unless MLFLOW_ALLOW_FILE_STORE is true",
                   "set MLFLOW_ALLOW_FILE_STORE: \"true\" in the job's env"]
@@ -171,10 +173,7 @@ def case_mlflow_server_unreachable(cluster, tmp_path):
     """report_to: mlflow with the tracking URI the launcher's own shell uses (localhost): on rank
     0's host nothing listens there, and MLflow's first call fails after its retries, once the
     model is loaded (MLflow 3.17.2 against a closed port: after 4 min 10 s)."""
-    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
-    job["env"]["MLFLOW_TRACKING_URI"] = "http://localhost:5000"
-    job["train"] = {"llamafactory": lf_config(tmp_path, report_to="mlflow")}
-    path = write_job(tmp_path / "job.yaml", job)
+    path = tracker_job(cluster, tmp_path, "mlflow", MLFLOW_TRACKING_URI="http://localhost:5000")
     return path, [f"{path}: key 'check'", "nothing was started",
                   "mlflow (report_to) cannot reach its tracking server from node0, where rank 0 logs: localhost:5000 "
                   "Connection refused", "localhost there is not the launcher's"]
@@ -183,10 +182,7 @@ def case_mlflow_server_unreachable(cluster, tmp_path):
 def case_wandb_server_unreachable(cluster, tmp_path):
     """report_to: wandb with a key, online, to a server rank 0's host cannot resolve (an
     air-gapped cluster): wandb.init gave up after 90 s, once the model was loaded."""
-    job = good_job(cluster, tmp_path, workdir=str(cluster.shared_dir))
-    job["env"].update({"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": "https://wandb.invalid"})
-    job["train"] = {"llamafactory": lf_config(tmp_path, report_to="wandb")}
-    path = write_job(tmp_path / "job.yaml", job)
+    path = tracker_job(cluster, tmp_path, "wandb", WANDB_API_KEY="k" * 40, WANDB_BASE_URL="https://wandb.invalid")
     return path, [f"{path}: key 'check'", "nothing was started",
                   "wandb (report_to) cannot reach its server from node0, where rank 0 logs: wandb.invalid:443 name "
                   "not resolved", "WANDB_MODE: offline in the job's env"]

@@ -356,6 +356,19 @@ def test_the_runs_rank_0_kept_replace_what_the_plan_said():
     assert row.trackers == said and row.tracker_runs is None
 
 
+def rank_0_of(run_dir, monkeypatch):
+    """The environment rank 0's entry sees on attempt 1 of a run in ``run_dir``, with MLflow's
+    file store beside it (MLFLOW_TRACKING_URI set here: mlflow.set_tracking_uri would also set it
+    in os.environ for good, seen by every later test's subprocesses) and W&B quiet."""
+    run_dir.mkdir()
+    for k in [k for k in os.environ if k.startswith(("WANDB_", "MLFLOW_"))]:
+        monkeypatch.delenv(k)
+    for k, v in {"FTB_RUN_DIR": str(run_dir), "FTB_ATTEMPT": "1", "MLFLOW_ALLOW_FILE_STORE": "true",
+                 "MLFLOW_TRACKING_URI": f"file://{run_dir.parent}/mlruns", "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(k, v)
+    return run_dir
+
+
 def test_rank_0_keeps_its_real_tracker_runs_and_a_later_attempt_continues_them(tmp_path, monkeypatch):
     """The entry's record of the real MLflow (a file store) and W&B (offline) runs, and what a
     later attempt's rank 0 sets from it; the job's own choices are kept, other ranks untouched."""
@@ -364,17 +377,8 @@ def test_rank_0_keeps_its_real_tracker_runs_and_a_later_attempt_continues_them(t
 
     from ftbundle.shims import llamafactory_entry as entry
 
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    for k in [k for k in os.environ if k.startswith(("WANDB_", "MLFLOW_"))]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("FTB_RUN_DIR", str(run_dir))
-    monkeypatch.setenv("FTB_ATTEMPT", "1")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = rank_0_of(tmp_path / "run", monkeypatch)
     assert entry.continue_trackers({"RANK": "0"}) == []  # (no record yet: the first attempt)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/mlruns")  # (mlflow.set_tracking_uri would
-    # also set it in os.environ for good, seen by every later test's subprocesses)
     wb = wandb.init(mode="offline", dir=str(run_dir), project="p", name="r1")
     try:
         with mlflow.start_run(run_name="r1") as ml:
@@ -433,15 +437,7 @@ def test_a_run_resuming_another_runs_checkpoint_continues_its_tracker_runs(tmp_p
         "wandb offline run 'R' (id x9, continued from run R): `wandb sync /s/runs/R/wandb/offline-run-1-x9 "
         "/s/runs/R/wandb/offline-run-2-x9`"]
 
-    run_dir = tmp_path / "S"
-    run_dir.mkdir()
-    for k in [k for k in os.environ if k.startswith(("WANDB_", "MLFLOW_"))]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("FTB_RUN_DIR", str(run_dir))
-    monkeypatch.setenv("FTB_ATTEMPT", "1")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/mlruns")
+    run_dir = rank_0_of(tmp_path / "S", monkeypatch)
     import mlflow
     from mlflow.tracking import MlflowClient
 
