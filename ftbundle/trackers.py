@@ -177,7 +177,7 @@ def continuing(record: dict[str, Any]) -> str:
             "a fresh output_dir begins new ones)")
 
 
-PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")  # (the probe has its own)
 WANDB_OFF = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no key and no server
 
 

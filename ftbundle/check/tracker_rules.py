@@ -38,7 +38,6 @@ FILE_STORE_REFUSED = (3, 13)  # MLflow refuses its file store from here unless M
 # `wandb login` writes `machine api.forge.coreweave.com`) and it reads api.wandb.ai's entry too;
 # older wandb writes and reads api.wandb.ai (WANDB_BASE_URL names another server)
 WANDB_HOSTS = ("api.forge.coreweave.com", "api.wandb.ai")
-WANDB_OFF = trackers.WANDB_OFF  # WANDB_MODE values that need no key
 
 
 def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
@@ -114,7 +113,7 @@ def unreachable(rank0: HostFacts, name: str, job_env: dict[str, str]) -> str | N
     if all(versions.get(d) in (None, "absent") for d in trackers.PACKAGES[name]):
         return None  # (not installed: said above where report_to names it; "all" does not use it)
     mode = job_env.get("WANDB_MODE", rank0.env.get("WANDB_MODE"))
-    if name == "wandb" and str(mode or "").lower() in WANDB_OFF:
+    if name == "wandb" and str(mode or "").lower() in trackers.WANDB_OFF:
         return None
     said = ", ".join(f"{where} {why}" for where, why in sorted(places.items()))
     server = "its server" if name == "wandb" else "its tracking server"
@@ -163,7 +162,7 @@ def wandb_without_key(rank0: HostFacts, job_env: dict[str, str], installed: bool
     if not installed:
         return None  # (said above, where report_to names it; with "all" it is not used)
     env = {**rank0.env, **{k: str(v) for k, v in job_env.items()}}
-    if (str(env.get("WANDB_MODE", "")).lower() in WANDB_OFF or env.get("WANDB_API_KEY")
+    if (str(env.get("WANDB_MODE", "")).lower() in trackers.WANDB_OFF or env.get("WANDB_API_KEY")
             or env.get("WANDB_IDENTITY_TOKEN_FILE") or env.get("WANDB_ANONYMOUS")
             or str(env.get("WANDB_DISABLED", "")).lower() in ("true", "1", "yes")):
         return None

@@ -14,9 +14,10 @@ if __package__:  # imported (tests); shipped, the texts of these come before thi
 
 # ... and where rank 0 logs to trackers (spec "trackers"): what wandb.init and MLflow read (a key's
 # value, a URI's user and password, never leave the host)
+PROXY_NAMES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")  # (trackers.PROXIES)
 TRACKER_NAMES = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_ANONYMOUS",
                  "WANDB_BASE_URL", "NETRC", "WANDB_CONFIG_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE",
-                 "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+                 *PROXY_NAMES)
 WANDB_CLOUD = ("https://api.forge.coreweave.com", "https://api.wandb.ai")  # (wandb 0.31's default; older wandb's)
 REACH_S = 3  # a tracker's server not answering a TCP connect in this long is not reachable
 
@@ -39,8 +40,7 @@ def servers(asked, view, settings_base_url=None):
     its settings file names, else W&B's cloud under both its names) unless W&B runs offline;
     MLflow's (an http(s) MLFLOW_TRACKING_URI, the job's else this host's). Behind a proxy the
     trackers go through it: said, not tried. {"wandb": {"host:port": "ok" or why}, ...}"""
-    proxy = next((n for n in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-                  if n in asked.get("proxies", ()) or view.get(n)), None)
+    proxy = next((n for n in PROXY_NAMES if n in asked.get("proxies", ()) or view.get(n)), None)
     if proxy:
         return {"proxy": proxy}
     targets = {}
