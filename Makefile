@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 QUICKSTART := examples/quickstart
 
-.PHONY: demo test venv engine image model tools unit cluster lint clean bench
+.PHONY: demo test venv mlflow-venv engine image model tools unit cluster lint clean bench
 
 demo: venv model  ## a real LoRA fine-tune of a tiny local model, 2 ranks on localhost
 	@rm -rf $(QUICKSTART)/.shared/output/quickstart-lora  # a fresh fine-tune, not a resume of the last one
@@ -14,7 +14,7 @@ demo: venv model  ## a real LoRA fine-tune of a tiny local model, 2 ranks on loc
 # at a time, longest first: tests/conftest.py); TEST_WORKERS=0 runs them one after another.
 TEST_WORKERS ?= 3
 
-test: tools venv engine image  ## everything CI runs
+test: tools venv mlflow-venv engine image  ## everything CI runs
 	$(PY) -m pytest -v -p no:cacheprovider --timeout 1500 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 tests
 
 unit: venv  ## the fast tests: no Docker, no training, no lint (tests/unit; tests/gpu too, skipped without a GPU)
@@ -22,6 +22,9 @@ unit: venv  ## the fast tests: no Docker, no training, no lint (tests/unit; test
 
 venv:
 	@bash .ci/venv.sh
+
+mlflow-venv:  ## .venv-mlflow: the full mlflow package, for the MLflow tracking server a test runs against
+	@bash .ci/mlflow-venv.sh
 
 engine:  ## a Docker engine (installed and started when missing)
 	@bash .ci/docker-engine.sh

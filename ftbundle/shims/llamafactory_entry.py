@@ -33,6 +33,18 @@ and they are put back into the config here, in memory.
   ``MLFLOW_MAX_LOG_PARAMS=0``: the params are the first attempt's, and MLflow refuses a changed
   value) and ``WANDB_RUN_ID`` with ``WANDB_RESUME=allow``, each unless the job's env sets it.
 
+* A tracker's server that does not answer does not hold the run's end. MLflow sends the
+  metrics from a queue; with its server gone each send retries for about 4 minutes, 10 at a time,
+  and ``end_run`` (transformers calls it when training ends, before the model is saved) waits
+  for every one: seen here, a LoRA whose MLflow server stopped at step 8 sat at "step 40/40"
+  past 10 minutes with its adapter unsaved, every failed send's ERROR line keeping the stall
+  clock from firing. So rank 0 says the first failed send
+  at once (a warning the launcher shows, with the server and the reason), ends its MLflow run
+  at the rank's exit instead (after the model is saved), and the rank's exit handlers (MLflow's
+  queue, W&B's upload) get ``FTB_TRACKERS_END_S`` (300 s: one whole MLflow retry, so a server
+  back within minutes takes every metric) before the rank leaves without them, said. Every
+  loss is in the output directory's trainer_log.jsonl either way.
+
 * A rank whose training has returned leaves through ``leave()``: Python's exit handlers run
   while the interpreter is whole, stdout and stderr are flushed, and the process ends with
   ``os._exit``, skipping interpreter finalization and C++ static destructors. There, torch
@@ -47,7 +59,9 @@ import atexit
 import json
 import logging
 import os
+import re
 import sys
+import threading
 import time
 
 _STARTED = time.monotonic()  # (before torch: the imports' time is said once they are done)
@@ -241,6 +255,89 @@ def _tracker_record():
     return TrackerRuns()
 
 
+TRACKERS_END_S = 300.0  # a finished rank's exit waits this long for its trackers' servers (FTB_TRACKERS_END_S)
+MLFLOW_QUEUE_LOGGER = "mlflow.utils.async_logging.async_logging_queue"  # (its ERROR: a send that failed)
+
+
+def trackers_end_s(environ=os.environ) -> float:
+    """How long a finished rank's exit handlers may wait on the trackers' servers."""
+    try:
+        return max(1.0, float(environ.get("FTB_TRACKERS_END_S") or TRACKERS_END_S))
+    except ValueError:
+        return TRACKERS_END_S
+
+
+def _mlflow_store() -> str:
+    mlflow = sys.modules.get("mlflow")
+    try:
+        return _without_userinfo(str(mlflow.get_tracking_uri())) if mlflow is not None else "?"
+    except Exception:  # noqa: BLE001 - only said
+        return "?"
+
+
+def _why(message: str) -> str:
+    """The reason in one of MLflow's failed-send messages, without its URLs (a URL may hold a
+    user and password): "[Errno 111] Connection refused", else the message's tail."""
+    found = re.search(r"\[Errno -?\d+\][^'\")]*", message)
+    if found:
+        return found.group(0).strip()
+    return re.sub(r"https?://\S+", "<url>", message.rpartition("Exception: ")[2])[-200:]
+
+
+class TrackerSends(logging.Filter):
+    """Rank 0's failed MLflow sends (MLflow's queue logs each as an ERROR): the first is said as a
+    warning at once, the rest counted for the exit's word. MLflow's line names the URL it sent to,
+    a user and password in it too: they are cut from the record before any handler writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed = 0
+
+    def filter(self, record):
+        message = record.getMessage()
+        if "://" in message and "@" in message:
+            record.msg, record.args = re.sub(r"(https?://)[^/@\s]+@", r"\1", message), ()
+        if "Failed to log run data" not in message:
+            return True
+        self.failed += 1
+        if self.failed == 1:
+            print(f"ftbundle: warning: mlflow cannot send this run's metrics to its server ({_mlflow_store()}): "
+                  f"{_why(record.getMessage())}. MLflow retries each send for about 4 minutes while training goes "
+                  f"on; the run's end waits at most {trackers_end_s():g} s for it (FTB_TRACKERS_END_S), and every "
+                  "loss is in trainer_log.jsonl", file=sys.stderr, flush=True)
+        return True
+
+
+_SENDS = TrackerSends()
+_MLFLOW_END_DEFERRED = False  # rank 0's MLflow run is ended at its exit (leave), not when training ends
+
+
+def _end_mlflow_at_exit() -> None:
+    """Rank 0: transformers' MLflowCallback ends its run when training ends, before the model is
+    saved, and that end waits for every queued send (its ``__del__`` too); here both leave the
+    run to the rank's exit, which :func:`leave` bounds. Failed sends are said (TrackerSends)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    logging.getLogger(MLFLOW_QUEUE_LOGGER).addFilter(_SENDS)
+    try:
+        from transformers.integrations.integration_utils import MLflowCallback
+    except ImportError:
+        return
+    on_train_end, on_del = MLflowCallback.on_train_end, MLflowCallback.__del__
+
+    def deferred_end(self, args, state, control, **kwargs):
+        global _MLFLOW_END_DEFERRED
+        if not (getattr(self, "_initialized", False) and state.is_world_process_zero and self._auto_end_run):
+            return on_train_end(self, args, state, control, **kwargs)
+        _MLFLOW_END_DEFERRED = True
+
+    def deferred_del(self):
+        if not _MLFLOW_END_DEFERRED:
+            on_del(self)
+
+    MLflowCallback.on_train_end, MLflowCallback.__del__ = deferred_end, deferred_del
+
+
 @record
 def main() -> None:
     from llamafactory.train.tuner import run_exp
@@ -250,6 +347,7 @@ def main() -> None:
           flush=True)
 
     continue_trackers()
+    _end_mlflow_at_exit()
     callbacks = [_attempt_fence(), *_step_times(), _tracker_record()]
     credentials = _credentials()
     if credentials:
@@ -262,9 +360,73 @@ def main() -> None:
         run_exp(callbacks=callbacks)
 
 
+def _ending() -> None:
+    """What a finished rank's exit waits for: its MLflow run's end (deferred: _end_mlflow_at_exit),
+    then the exit handlers a normal exit runs first (trainer and logger hooks, MLflow's queue,
+    W&B's upload, logging.shutdown)."""
+    mlflow = sys.modules.get("mlflow")
+    if _MLFLOW_END_DEFERRED and mlflow is not None:
+        try:
+            mlflow.end_run()
+        except Exception as exc:  # noqa: BLE001 - the model is saved: said, not raised
+            print(f"ftbundle: warning: mlflow could not end its run at {_mlflow_store()}: {type(exc).__name__}: "
+                  f"{_why(str(exc))}; every loss is in trainer_log.jsonl", file=sys.stderr, flush=True)
+    atexit._run_exitfuncs()
+
+
+def _answers(url: str) -> str | None:
+    """Why an http(s) server does not take a TCP connect in 3 s (None: it does, or not a URL)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return None
+        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)), 3).close()
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    except ValueError:
+        return None
+    return None
+
+
+def _left_waiting(code: int, limit: float) -> None:
+    """The exit handlers are still waiting after ``limit`` seconds: say on what, and leave."""
+    down = _answers(_mlflow_store()) if _MLFLOW_END_DEFERRED else None
+    failed = f"; {_SENDS.failed} send(s) failed" if _SENDS.failed else ""
+    waiting = (f"mlflow's server {_mlflow_store()} ({down or 'answering now'}{failed}; its run may stay RUNNING "
+               "there)" if down or _SENDS.failed else "its exit handlers (a tracker's server, as a rule)")
+    print(f"ftbundle: warning: rank {os.environ.get('RANK', '?')} finished and saved, and waited {limit:g} s "
+          f"(FTB_TRACKERS_END_S) on {waiting}: it leaves without them; every loss is in trainer_log.jsonl",
+          file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+WAIT_SAID_S = 15.0  # a finished rank's exit still waiting this long is said (the live line is at its last step)
+
+
+def _still_waiting(limit: float) -> None:
+    """The exit handlers wait past WAIT_SAID_S: say so before the limit, with MLflow's server."""
+    down = _answers(_mlflow_store()) if _MLFLOW_END_DEFERRED else None
+    on = f"mlflow's server {_mlflow_store()} ({down})" if down else "its exit handlers (a tracker's server, as a rule)"
+    print(f"ftbundle: warning: rank {os.environ.get('RANK', '?')} finished and saved; its exit waits on {on}, "
+          f"{limit:g} s at most (FTB_TRACKERS_END_S)", file=sys.stderr, flush=True)
+
+
 def leave(code: int = 0) -> None:
-    """End the process after a successful run without interpreter finalization (see above)."""
-    atexit._run_exitfuncs()  # what a normal exit runs first: trainer/logger hooks, logging.shutdown
+    """End the process after a successful run without interpreter finalization (see above); its
+    exit handlers get :func:`trackers_end_s` seconds."""
+    limit = trackers_end_s()
+    guards = [threading.Timer(limit, _left_waiting, (code, limit))]
+    if limit > 2 * WAIT_SAID_S:
+        guards.append(threading.Timer(WAIT_SAID_S, _still_waiting, (limit,)))
+    for guard in guards:
+        guard.daemon = True
+        guard.start()
+    _ending()
+    for guard in guards:
+        guard.cancel()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -240,7 +240,7 @@ def test_wandb_online_without_a_key_where_rank_0_logs_is_refused(tmp_path):
     assert judged(tmp_path, "wandb", fleet(env={"WANDB_API_KEY": "(set)"})).ok  # (the login's or the env file's)
     assert judged(tmp_path, "wandb", fleet(env={"WANDB_MODE": "disabled"})).ok
     assert judged(tmp_path, "wandb", fleet({**other, "machines": ["api.wandb.ai"]})).ok
-    # wandb 0.31's `wandb login` writes its default server's entry (tests/train/test_quickstart.py runs it)
+    # wandb 0.31's `wandb login` writes its default server's entry (tests/train/test_trackers.py runs it)
     assert judged(tmp_path, "wandb", fleet({**other, "machines": ["api.forge.coreweave.com"]})).ok
     assert judged(tmp_path, "wandb", fleet({**other, "machines": ["default"]})).ok
     assert judged(tmp_path, "wandb", fleet({**bare, "settings_key": True})).ok
