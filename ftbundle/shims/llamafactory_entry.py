@@ -40,10 +40,12 @@ and they are put back into the config here, in memory.
   past 10 minutes with its adapter unsaved, every failed send's ERROR line keeping the stall
   clock from firing. So rank 0 says the first failed send
   at once (a warning the launcher shows, with the server and the reason), ends its MLflow run
-  at the rank's exit instead (after the model is saved), and the rank's exit handlers (MLflow's
-  queue, W&B's upload) get ``FTB_TRACKERS_END_S`` (300 s: one whole MLflow retry, so a server
-  back within minutes takes every metric) before the rank leaves without them, said. Every
-  loss is in the output directory's trainer_log.jsonl either way.
+  at the rank's exit instead (after the model is saved), and where a tracker's server is in
+  trouble (MLflow's failed sends, or MLflow's or W&B's server not taking a connect) the rank's
+  exit handlers (MLflow's queue, W&B's upload) get ``FTB_TRACKERS_END_S`` (300 s: one whole
+  MLflow retry, so a server back within minutes takes every metric) before the rank leaves
+  without them, said. Without that evidence nothing is cut: W&B uploading a model's artifacts
+  to a server that answers may take long. Every loss is in trainer_log.jsonl either way.
 
 * A rank whose training has returned leaves through ``leave()``: Python's exit handlers run
   while the interpreter is whole, stdout and stderr are flushed, and the process ends with
@@ -391,42 +393,63 @@ def _answers(url: str) -> str | None:
     return None
 
 
-def _left_waiting(code: int, limit: float) -> None:
-    """The exit handlers are still waiting after ``limit`` seconds: say on what, and leave."""
-    down = _answers(_mlflow_store()) if _MLFLOW_END_DEFERRED else None
-    failed = f"; {_SENDS.failed} send(s) failed" if _SENDS.failed else ""
-    waiting = (f"mlflow's server {_mlflow_store()} ({down or 'answering now'}{failed}; its run may stay RUNNING "
-               "there)" if down or _SENDS.failed else "its exit handlers (a tracker's server, as a rule)")
-    print(f"ftbundle: warning: rank {os.environ.get('RANK', '?')} finished and saved, and waited {limit:g} s "
-          f"(FTB_TRACKERS_END_S) on {waiting}: it leaves without them; every loss is in trainer_log.jsonl",
-          file=sys.stderr, flush=True)
-    os._exit(code)
+def trouble() -> str | None:
+    """Evidence that a tracker's server is not taking what rank 0 holds for it: MLflow's failed
+    sends, or MLflow's or W&B's (online) server not taking a TCP connect. None: no evidence (a
+    long exit is then a healthy upload, W&B's artifacts say, and is not cut)."""
+    found = []
+    if _MLFLOW_END_DEFERRED:
+        down = _answers(_mlflow_store())
+        if down or _SENDS.failed:
+            failed = f"; {_SENDS.failed} send(s) failed" if _SENDS.failed else ""
+            found.append(f"mlflow's server {_mlflow_store()} ({down or 'answering now'}{failed}; its run may stay "
+                         "RUNNING there)")
+    wandb = sys.modules.get("wandb")
+    try:
+        run = getattr(wandb, "run", None) if wandb is not None else None
+        url = None if run is None or getattr(run, "offline", False) else str(run.settings.base_url or "")
+    except Exception:  # noqa: BLE001 - a client's attribute missing in some version: no evidence
+        url = None
+    down = _answers(url) if url else None
+    if down:
+        found.append(f"wandb's server {_without_userinfo(url)} ({down}; `wandb sync` the run's directory later)")
+    return "; ".join(found) or None
 
 
-WAIT_SAID_S = 15.0  # a finished rank's exit still waiting this long is said (the live line is at its last step)
+WAIT_SAID_S = 15.0  # a finished rank's exit waiting this long on a tracker in trouble is said
 
 
-def _still_waiting(limit: float) -> None:
-    """The exit handlers wait past WAIT_SAID_S: say so before the limit, with MLflow's server."""
-    down = _answers(_mlflow_store()) if _MLFLOW_END_DEFERRED else None
-    on = f"mlflow's server {_mlflow_store()} ({down})" if down else "its exit handlers (a tracker's server, as a rule)"
-    print(f"ftbundle: warning: rank {os.environ.get('RANK', '?')} finished and saved; its exit waits on {on}, "
-          f"{limit:g} s at most (FTB_TRACKERS_END_S)", file=sys.stderr, flush=True)
+def _exit_guard(code: int, limit: float, done: threading.Event) -> None:
+    """Beside a finished rank's exit handlers: where a tracker's server is in trouble (:func:`trouble`)
+    the wait is said after WAIT_SAID_S, and at ``limit`` seconds the rank leaves without them,
+    said. Without evidence nothing is said or cut, and it is looked at again each ``limit``."""
+    rank, started = os.environ.get("RANK", "?"), time.monotonic()
+    if done.wait(min(WAIT_SAID_S, limit)):
+        return
+    if limit > 2 * WAIT_SAID_S:
+        said = trouble()
+        if said:
+            print(f"ftbundle: warning: rank {rank} finished and saved; its exit waits on {said}, {limit:g} s at most "
+                  "(FTB_TRACKERS_END_S)", file=sys.stderr, flush=True)
+    deadline = started + limit
+    while not done.wait(max(0.0, deadline - time.monotonic())):
+        said = trouble()
+        if said:
+            print(f"ftbundle: warning: rank {rank} finished and saved, and waited {time.monotonic() - started:.0f} s "
+                  f"(FTB_TRACKERS_END_S) on {said}: it leaves without them; every loss is in trainer_log.jsonl",
+                  file=sys.stderr, flush=True)
+            os._exit(code)
+        deadline += limit
 
 
 def leave(code: int = 0) -> None:
     """End the process after a successful run without interpreter finalization (see above); its
-    exit handlers get :func:`trackers_end_s` seconds."""
-    limit = trackers_end_s()
-    guards = [threading.Timer(limit, _left_waiting, (code, limit))]
-    if limit > 2 * WAIT_SAID_S:
-        guards.append(threading.Timer(WAIT_SAID_S, _still_waiting, (limit,)))
-    for guard in guards:
-        guard.daemon = True
-        guard.start()
+    exit handlers are bounded where a tracker's server is in trouble (:func:`_exit_guard`)."""
+    done = threading.Event()
+    threading.Thread(target=_exit_guard, args=(code, trackers_end_s(), done), daemon=True,
+                     name="ftbundle-exit-guard").start()
     _ending()
-    for guard in guards:
-        guard.cancel()
+    done.set()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -399,8 +399,8 @@ def test_a_lora_whose_mlflow_server_goes_away_saves_its_adapter_and_ends(tmp_pat
     assert (output / "adapter_model.safetensors").exists()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["state"] == "finished" and summary["steps"] == 40
-    assert (f"rank 0 finished and saved, and waited 20 s (FTB_TRACKERS_END_S) on mlflow's server "
-            f"{mlflow_server.url} (Connection refused") in err, err[-3000:]
+    assert re.search(rf"rank 0 finished and saved, and waited \d+ s \(FTB_TRACKERS_END_S\) on mlflow's server "
+                     rf"{mlflow_server.url} \(Connection refused", err), err[-3000:]
     assert ended_in < 200, ended_in  # (the 20 s, not MLflow's retries: each failed send alone takes about 4 min)
 
 

@@ -1,5 +1,7 @@
 """The seeds' traps, turned into warnings before launch (pure: job + hosts -> plan)."""
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,69 @@ raise SystemExit(3)
     assert subprocess.run([sys.executable, "-c", normal], capture_output=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2]).returncode == 0
     assert (tmp_path / "finalized").read_text() == "ran"
+
+
+EXIT_WAIT = """
+import atexit, os, sys, time
+import mlflow
+import ftbundle.shims.llamafactory_entry as entry
+def slow():  # (an exit handler still sending: MLflow's queue, W&B's upload)
+    time.sleep(float(os.environ["HANDLER_S"]))
+    print("HANDLER DONE", flush=True)
+atexit.register(slow)
+mlflow.set_tracking_uri(os.environ["URI"])
+entry._MLFLOW_END_DEFERRED = os.environ["DEFERRED"] == "1"  # (rank 0 logged to MLflow; no run active here)
+entry.leave(0)
+"""
+
+
+def closed_port() -> int:
+    """A port of this machine bound by nobody now: a connect to it is refused."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def exit_waiting(uri: str, deferred: bool, handler_s: float) -> tuple:
+    """The entry's leave() under FTB_TRACKERS_END_S=2 with an exit handler that takes handler_s:
+    (the process, its seconds)."""
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "URI": uri, "DEFERRED": "1" if deferred else "0", "HANDLER_S": str(handler_s),
+           "FTB_TRACKERS_END_S": "2", "RANK": "0"}
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", EXIT_WAIT], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
+    return proc, time.monotonic() - began
+
+
+def test_a_finished_ranks_exit_is_cut_only_on_evidence_of_a_trackers_server_in_trouble():
+    """leave()'s bound (FTB_TRACKERS_END_S) ends a finished rank's exit handlers only where a tracker's
+    server is in trouble: MLflow's server refusing its connect (a real closed port) cuts a 60 s
+    handler at the limit, said with the server and why; with a server that answers (here a listening
+    socket), and with no tracker at all, a handler that outlasts the limit (a healthy upload) runs to
+    its end, and nothing is said."""
+    import socket
+
+    port = closed_port()
+    proc, took = exit_waiting(f"http://ann:secret@127.0.0.1:{port}", deferred=True, handler_s=60)
+    assert proc.returncode == 0 and took < 30, (took, proc.stderr[-2000:])
+    assert "HANDLER DONE" not in proc.stdout
+    assert re.search(rf"ftbundle: warning: rank 0 finished and saved, and waited \d+ s \(FTB_TRACKERS_END_S\) on "
+                     rf"mlflow's server http://127.0.0.1:{port} \(Connection refused; its run may stay RUNNING there\): "
+                     "it leaves without them", proc.stderr), proc.stderr[-2000:]
+    assert "secret" not in proc.stderr
+
+    with socket.socket() as server:  # (a server that answers: the wait is a healthy one)
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        proc, took = exit_waiting(f"http://127.0.0.1:{server.getsockname()[1]}", deferred=True, handler_s=5)
+    assert proc.returncode == 0 and "HANDLER DONE" in proc.stdout, proc.stderr[-2000:]
+    assert "warning" not in proc.stderr and took >= 5
+    proc, took = exit_waiting(f"http://127.0.0.1:{port}", deferred=False, handler_s=5)  # (MLflow not used)
+    assert proc.returncode == 0 and "HANDLER DONE" in proc.stdout, proc.stderr[-2000:]
+    assert "warning" not in proc.stderr and took >= 5
