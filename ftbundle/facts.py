@@ -204,6 +204,7 @@ class HostFacts:
     tokenized: dict | None = None  # the kept tokenized dataset's key and state (rank 0: remote/probe_tokenized.py)
     wandb_login: dict | None = None  # where rank 0's wandb would find a key (remote/probe.py wandb_login)
     servers: dict | None = None  # whether rank 0 reaches its trackers' servers (remote/probe.py servers)
+    mlruns: str | None = None  # rank 0's ./mlruns where it holds runs and no URI is set: MLflow's default then
     problems: list[str] = field(default_factory=list)  # facts that could not be had
 
     def visible_gpus(self, job_env: dict[str, str]) -> list[Gpu]:
@@ -275,6 +276,7 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
     f.paths = dict(data.get("paths") or {})
     f.wandb_login = data.get("wandb_login") if isinstance(data.get("wandb_login"), dict) else None
     f.servers = data.get("servers") if isinstance(data.get("servers"), dict) else None
+    f.mlruns = data.get("mlruns") if isinstance(data.get("mlruns"), str) else None
     f.fingerprints = {k: v for k, v in (data.get("fingerprints") or {}).items() if isinstance(v, dict)}
     f.model = data.get("model") if isinstance(data.get("model"), dict) else None
     f.tokenized = data.get("tokenized") if isinstance(data.get("tokenized"), dict) else None

@@ -279,7 +279,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
                                                      transformers=_package_version(facts, "transformers"),
                                                      mlflow=_package_version(facts, "mlflow")
                                                      or _package_version(facts, "mlflow-skinny"),
-                                                     present=_rank0_trackers(facts))
+                                                     present=_rank0_trackers(facts), rank0_mlflow=_rank0_mlflow(facts))
         staged.update(keys)
         import yaml
 
@@ -408,6 +408,13 @@ def _rank0_trackers(facts: ClusterFacts | None) -> frozenset[str] | None:
     """The trackers installed where rank 0 logs, as its probe found them (None: not asked)."""
     rank0 = next((f for f in facts.reached if f.rank == 0), None) if facts is not None else None
     return trackers.installed(rank0.versions) if rank0 is not None else None
+
+
+def _rank0_mlflow(facts: ClusterFacts | None) -> tuple[str | None, str | None]:
+    """Rank 0's host's MLFLOW_TRACKING_URI (its env file or login; the probe cut its user and
+    password) and its ./mlruns where that holds runs, as its probe found them."""
+    rank0 = next((f for f in facts.reached if f.rank == 0), None) if facts is not None else None
+    return (rank0.env.get("MLFLOW_TRACKING_URI"), rank0.mlruns) if rank0 is not None else (None, None)
 
 
 def _uses_nccl(job: Job, facts: ClusterFacts | None, gpus: bool) -> bool:

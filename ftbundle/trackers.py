@@ -87,11 +87,14 @@ def installed(versions: dict[str, str] | None) -> frozenset[str] | None:
 
 def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: dict[str, str],
            workdir: str = ".", transformers: str | None = None, mlflow: str | None = None,
-           present: frozenset[str] | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+           present: frozenset[str] | None = None, rank0_mlflow: tuple[str | None, str | None] = (None, None)
+           ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """(config keys to stage, environment for the ranks, where each tracker is: said by `runs`).
     ``transformers``, ``mlflow``: the versions the hosts' ranks run (None: not known);
     ``workdir``: the ranks' working directory; ``present``: the trackers installed where rank 0
-    logs (:func:`installed`; "all" uses those alone; None: not known, each is said)."""
+    logs (:func:`installed`; "all" uses those alone; None: not known, each is said);
+    ``rank0_mlflow``: its host's MLFLOW_TRACKING_URI (env file or login, without user and password)
+    and its ./mlruns where that holds runs (the probe's; MLflow's default is then that store)."""
     names = reported(config, transformers)
     if not names:
         return {}, {}, []
@@ -129,7 +132,9 @@ def staged(config: dict[str, Any], *, run_dir: str, run_id: str, job: str, env: 
     if every or "mlflow" in names:
         if "MLFLOW_TAGS" not in env:
             extra["MLFLOW_TAGS"] = json.dumps({"ftbundle.job": job, "ftbundle.run": run_id})
-        where.append(f"mlflow run {name!r} at {env.get('MLFLOW_TRACKING_URI') or mlflow_default(workdir, mlflow)}")
+        host_uri, mlruns = rank0_mlflow
+        where.append(f"mlflow run {name!r} at " + (env.get("MLFLOW_TRACKING_URI") or host_uri or (
+            f"{mlruns} (MLflow's default: it holds runs already)" if mlruns else mlflow_default(workdir, mlflow))))
     where += [f"{n} run {name!r}" for n in names if n not in ("all", "tensorboard", "wandb", "mlflow")]
     return keys, extra, where
 

@@ -10,7 +10,8 @@ tracker that cannot log stops every rank there:
   own default from 3.7, sqlite:///mlflow.db ("Model registry functionality is unavailable;
   got unsupported URI 'sqlite:///...'");
 - MLflow from 3.13 where rank 0 logs, asked for a file store (a ``file:`` URI or a path: the
-  usual store of a cluster without an MLflow server) without ``MLFLOW_ALLOW_FILE_STORE=true``
+  usual store of a cluster without an MLflow server; or no URI where ./mlruns in rank 0's working
+  directory holds runs, a user's of MLflow before 3.7) without ``MLFLOW_ALLOW_FILE_STORE=true``
   ("The filesystem tracking backend (e.g., './mlruns') is in maintenance mode ...");
 - W&B online, or an MLflow tracking server, that rank 0's host does not reach (a TCP connect to
   each place the tracker would log to; none behind a proxy): an air-gapped cluster, or a URI
@@ -66,12 +67,14 @@ def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
     rank0 = next((f for f in facts if f.rank == 0), None)
     if ("mlflow" in names or every) and rank0 is not None:  # (rank 0 alone logs; its URI: the job's, else its own)
         uri = env.get("MLFLOW_TRACKING_URI") or rank0.env.get("MLFLOW_TRACKING_URI")
-        line = skinny_store(rank0, uri)
+        line = skinny_store(rank0, uri or rank0.mlruns)  # (./mlruns holding runs: MLflow's default is that file store)
         if line:
             check.failure = check.failure or "tracker cannot log"
             check.details += [line, "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install "
                                     "mlflow beside it)"]
-        line = file_store(rank0, uri, env.get("MLFLOW_ALLOW_FILE_STORE", rank0.env.get("MLFLOW_ALLOW_FILE_STORE")))
+        line = file_store(rank0, uri or rank0.mlruns,
+                          env.get("MLFLOW_ALLOW_FILE_STORE", rank0.env.get("MLFLOW_ALLOW_FILE_STORE")),
+                          default=not uri)
         if line:
             check.failure = check.failure or "tracker cannot log"
             check.details += [line, "(set MLFLOW_ALLOW_FILE_STORE: \"true\" in the job's env to keep the file store, "
@@ -136,9 +139,11 @@ def skinny_store(rank0: HostFacts, uri: str | None) -> str | None:
             "package (SQLAlchemy)")
 
 
-def file_store(rank0: HostFacts, uri: str | None, allowed: str | None) -> str | None:
+def file_store(rank0: HostFacts, uri: str | None, allowed: str | None, default: bool = False) -> str | None:
     """The line naming rank 0's host when its MLflow (3.13 or later) would be asked for a file
-    store (a ``file:`` URI or a path) with MLFLOW_ALLOW_FILE_STORE not true (None: it would log)."""
+    store (a ``file:`` URI or a path; ``default``: no URI is set, and ./mlruns in rank 0's working
+    directory holds runs, so MLflow's default is that) with MLFLOW_ALLOW_FILE_STORE not true
+    (None: it would log)."""
     versions = rank0.versions or {}
     version = next((v for v in (versions.get("mlflow"), versions.get("mlflow-skinny")) if v not in (None, "absent")),
                    None)
@@ -148,7 +153,8 @@ def file_store(rank0: HostFacts, uri: str | None, allowed: str | None) -> str | 
         return None
     if str(allowed or "").strip().lower() in ("true", "1"):
         return None
-    return (f"mlflow {version} on {rank0.host} refuses the file store {uri} unless MLFLOW_ALLOW_FILE_STORE is true "
+    store = f"{uri} (MLflow's default with no MLFLOW_TRACKING_URI: it holds runs already)" if default else uri
+    return (f"mlflow {version} on {rank0.host} refuses the file store {store} unless MLFLOW_ALLOW_FILE_STORE is true "
             "(from MLflow 3.13: 'The filesystem tracking backend ... is in maintenance mode'): the first log would "
             "stop the run once the model is loaded")
 

@@ -104,3 +104,21 @@ def wandb_login(view):
     except OSError:
         pass
     return found
+
+
+def mlruns(asked, view, workdir):
+    """Where rank 0's MLflow keeps its runs by default when it holds runs there already: the job
+    and this host name no MLFLOW_TRACKING_URI, and ./mlruns in the ranks' working directory holds
+    a numbered experiment directory with its meta.yaml (MLflow's own test: then its default is that
+    file store, not its SQLite file). The path, else None."""
+    if (asked.get("mlflow") or {}).get("set", True) or view.get("MLFLOW_TRACKING_URI") or not workdir:
+        return None
+    path = os.path.join(workdir, "mlruns")
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.name.isdigit() and entry.is_dir() and os.path.lexists(os.path.join(entry.path, "meta.yaml")):
+                    return path
+    except OSError:
+        return None
+    return None

@@ -22,6 +22,30 @@ from tests.train.test_quickstart import REPO, quickstart_copy, tiny_model  # noq
 pytestmark = pytest.mark.train
 
 
+def test_the_check_judges_the_mlruns_an_earlier_mlflow_left_in_the_workdir(tmp_path, tiny_model):
+    """A workdir where MLflow before 3.7 kept its runs (./mlruns, its default then) keeps that
+    file store as MLflow's default when the job names no URI: MLflow 3.13+ refuses it at the first
+    log without the opt-in. Rank 0's real probe finds it; the check says so (exit 2, nothing
+    started), and with the opt-in it passes: with mlflow-skinny, as here, the check refused that
+    before as a database it cannot write."""
+    job = quickstart_copy(tmp_path, tiny_model, report_to="mlflow", max_steps=2)
+    work = job.parent
+    quiet = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WANDB_"))}
+    made = subprocess.run([sys.executable, "-c", "import mlflow; mlflow.set_tracking_uri('file:./mlruns'); "
+                           "mlflow.start_run(); mlflow.end_run()"], capture_output=True, text=True, timeout=120,
+                          cwd=work, env={**quiet, "MLFLOW_ALLOW_FILE_STORE": "true"})
+    assert made.returncode == 0 and any((work / "mlruns").glob("*/meta.yaml")), made.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", str(job)], capture_output=True, text=True,
+                          timeout=300, env=quiet)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert (f"refuses the file store {work}/mlruns (MLflow's default with no MLFLOW_TRACKING_URI: it holds runs "
+            "already) unless MLFLOW_ALLOW_FILE_STORE is true") in proc.stderr, proc.stderr[-3000:]
+    assert "cannot write sqlite" not in proc.stderr and not (work / ".shared/runs").exists()
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True, text=True,
+                          timeout=300, env={**quiet, "MLFLOW_ALLOW_FILE_STORE": "true"})  # (rank 0's login env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def wandb_records(path: Path) -> list:
     """The records of a W&B run file (run-<id>.wandb), as wandb writes them: a 7-byte header
     (":W&B", magic, version), then LevelDB's log format: 32 KiB blocks of chunks, each with a
