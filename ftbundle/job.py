@@ -42,6 +42,17 @@ def is_secret(name: str) -> bool:
     return any(marker in upper for marker in SECRET_MARKERS)
 
 
+# a URL's password (scheme://user:password@host): a tracking server's, a proxy's, a database's
+URL_PASSWORD_RE = re.compile(r"\b[A-Za-z][\w+.-]*://[^/?#@\s:]*:([^/?#@\s]+)@")
+
+
+def url_passwords(env: dict[str, str]) -> list[str]:
+    """The passwords in an environment's URL values (MLFLOW_TRACKING_URI, HTTPS_PROXY, ...):
+    secrets whatever the variable's name, masked as a secret variable's value is."""
+    return sorted({m.group(1) for value in env.values() for m in URL_PASSWORD_RE.finditer(str(value))
+                   if len(m.group(1)) >= MIN_SECRET_LEN})
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Where the ranks' processes run: this interpreter on the host, or a pinned image."""

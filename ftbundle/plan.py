@@ -25,7 +25,7 @@ from .speed import SpeedBasis, basis_of, token_setting
 from .rundir import LLAMAFACTORY_CONFIG, NCCL_TRACE_PREFIX, NodeFiles, RunDir, node_log_name
 from .inventory import Host
 from .units import release
-from .job import MIN_SECRET_LEN, Job, check_pinned_image, is_secret
+from .job import MIN_SECRET_LEN, Job, check_pinned_image, is_secret, url_passwords
 
 if TYPE_CHECKING:
     from .facts import ClusterFacts
@@ -153,9 +153,10 @@ class Plan:
 
     @functools.cached_property
     def secret_values(self) -> list[str]:
-        """Values of secret variables, longest first (long enough to mask safely)."""
-        return sorted({v for n in self.nodes for k, v in n.env.items() if is_secret(k) and len(v) >= MIN_SECRET_LEN},
-                      key=len, reverse=True)
+        """Values of secret variables and the passwords in URL values, longest first (long enough
+        to mask safely)."""
+        return sorted({v for n in self.nodes for k, v in n.env.items() if is_secret(k) and len(v) >= MIN_SECRET_LEN}
+                      | {v for n in self.nodes for v in url_passwords(n.env)}, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
         for value in self.secret_values:
@@ -166,7 +167,7 @@ class Plan:
         """The plan as data, secrets redacted: what plan.json and --dry-run show. A secret's
         value is masked wherever it appears, a command line included."""
         def env(values: dict[str, str]) -> dict[str, str]:
-            return {k: (REDACTED if redact and is_secret(k) else v) for k, v in values.items()}
+            return {k: (REDACTED if is_secret(k) else self.redact(v)) if redact else v for k, v in values.items()}
 
         def argv(values) -> list[str]:
             return [self.redact(a) for a in values] if redact else list(values)

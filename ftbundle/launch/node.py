@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from .. import gpu_metrics, protocol, shipped
 from ..cluster import Cluster, HostUnreachable, Proc, bash_argv, first_line
-from ..job import MIN_SECRET_LEN, is_secret
+from ..job import MIN_SECRET_LEN, is_secret, url_passwords
 from ..layout import CLAIM_DIR
 from ..plan import NodePlan, Plan
 from ..protocol import env_payload
@@ -85,7 +85,10 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_ENV_FILE": node.env_file or "",
         "FTB_PATH_PREPEND": node.path_prepend or "",
         "FTB_CONTAINER": node.container or "",
-        "FTB_SECRET_NAMES": " ".join(name for name in node.env if is_secret(name)),
+        # (a URL's password travels as a variable of its own, to be masked as the named secrets are)
+        "FTB_SECRET_NAMES": " ".join([name for name in node.env if is_secret(name)]
+                                     + [f"FTB_URL_SECRET_{i}" for i, _ in enumerate(url_passwords(node.env))]),
+        **{f"FTB_URL_SECRET_{i}": password for i, password in enumerate(url_passwords(node.env))},
         "FTB_MIN_SECRET_LEN": str(MIN_SECRET_LEN),
         "FTB_WATCHDOG": str(WATCHDOG_S),
         "FTB_HEARTBEAT": str(HEARTBEAT_S),

@@ -427,6 +427,31 @@ def test_secret_values_never_reach_the_terminal(tmp_path, capfd):
     assert (run_dir / "node-0.a1.exit").read_text().strip() == "5"  # the job's code, not the filter's
 
 
+def test_a_urls_password_is_a_secret_whatever_its_variables_name(tmp_path, capfd):
+    """MLFLOW_TRACKING_URI=http://user:password@host (MLflow takes its credentials so), a proxy's
+    URL: not secret by name, yet the password in them is masked wherever a secret's value is (the
+    terminal, the node log, plan.json, --dry-run); the user, host and the job's own value stay."""
+    from ftbundle.cli import main
+
+    path = job_file(tmp_path, "name: urls\nshared_dir: .s\nenv: {MLFLOW_TRACKING_URI: 'http://ann:s3cret-pw@ml:5000', "
+                              "HTTPS_PROXY: 'http://proxy-user:pr0xy-pw-9@proxy:3128', PLAIN_URL: 'http://ml:5000', "
+                              "SHORT: 'http://u:pw@h'}\n"
+                              "train: {command: 'echo uri is $MLFLOW_TRACKING_URI via $HTTPS_PROXY; exit 5'}\n")
+    assert main(["run", "-v", str(path)]) == 5
+    captured = capfd.readouterr()
+    assert "s3cret-pw" not in captured.out + captured.err and "pr0xy-pw-9" not in captured.out + captured.err
+    assert "uri is http://ann:<redacted>@ml:5000 via http://proxy-user:<redacted>@proxy:3128" in captured.out
+    run_dir = sorted((tmp_path / ".s/runs").iterdir())[0]
+    assert (run_dir / "node-0-localhost.a1.log").read_text() == (
+        "uri is http://ann:<redacted>@ml:5000 via http://proxy-user:<redacted>@proxy:3128\n")
+    env = json.loads((run_dir / "plan.json").read_text())["nodes"][0]["env"]
+    assert env["MLFLOW_TRACKING_URI"] == "http://ann:<redacted>@ml:5000" and env["PLAIN_URL"] == "http://ml:5000"
+    assert env["SHORT"] == "http://u:pw@h"  # (too short to mask safely, as any secret)
+    assert main(["run", str(path), "--dry-run"]) == 0
+    out = capfd.readouterr().out
+    assert "s3cret-pw" not in out and "MLFLOW_TRACKING_URI=http://ann:<redacted>@ml:5000" in out, out
+
+
 def test_reprs_and_the_plan_file_hide_secret_values_wherever_they_appear(tmp_path, inventory, capsys):
     """repr() of a node, a host and a job shows no env or vars; a train.args or train.command
     value equal to a secret is masked in plan.json and --dry-run (not only the env entry)."""
