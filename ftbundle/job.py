@@ -46,6 +46,12 @@ def is_secret(name: str) -> bool:
 URL_PASSWORD_RE = re.compile(r"\b[A-Za-z][\w+.-]*://[^/?#@\s:]*:([^/?#@\s]+)@")
 
 
+def holds_secret(name: str, value: str) -> bool:
+    """A secret variable by its name, or one whose URL value holds a password (an exported job
+    takes it from the submitting environment or a Kubernetes Secret, not from the file)."""
+    return is_secret(name) or bool(url_passwords({name: value}))
+
+
 def url_passwords(env: dict[str, str]) -> list[str]:
     """The passwords in an environment's URL values (MLFLOW_TRACKING_URI, HTTPS_PROXY, ...):
     secrets whatever the variable's name, masked as a secret variable's value is."""

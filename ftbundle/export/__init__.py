@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .. import runtimes
 from ..errors import UserError
 from ..inventory import GPUS_VAR
-from ..job import Job, check_pinned_image, is_secret
+from ..job import Job, check_pinned_image, holds_secret
 from ..plan import Plan
 
 TARGETS = ("slurm", "k8s", "trainjob", "pbs")
@@ -104,8 +104,8 @@ class ExportSpec:
 def spec_from(job: Job, plan: Plan) -> ExportSpec:
     node = plan.nodes[0]
     env = {k: v for k, v in node.env.items()
-           if k not in PER_NODE_ENV and not is_secret(k)}
-    secrets = tuple(k for k in node.env if is_secret(k))
+           if k not in PER_NODE_ENV and not holds_secret(k, v)}
+    secrets = tuple(k for k, v in node.env.items() if holds_secret(k, v))
     warnings = list(plan.warnings)
     chosen = [n.host.name for n in plan.nodes if n.host.vars.get(GPUS_VAR) is not None]
     if chosen and job.gpus_per_node != 0 and "CUDA_VISIBLE_DEVICES" not in job.env:

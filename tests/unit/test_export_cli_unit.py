@@ -196,7 +196,8 @@ def test_hostile_values_stay_in_their_string_comment_or_scalar(tmp_path, shellch
     shared = tmp_path / "shared"
     work = shared / "w\n$(touch PWNED)'"
     work.mkdir(parents=True)
-    job = job_file(jobdir, env={"HOSTILE": HOSTILE, "API_AUTH": "sekrit-auth", "DB_PASSWD": "sekrit-pw"},
+    job = job_file(jobdir, env={"HOSTILE": HOSTILE, "API_AUTH": "sekrit-auth", "DB_PASSWD": "sekrit-pw",
+                                "TRACKING": "http://ann:sekrit-url@ml:5000"},  # (a URL's password: a secret too)
                    shared_dir=str(shared), workdir=str(work), train={"command": 'printf %s "$HOSTILE" > "$SEEN"'})
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -206,14 +207,15 @@ def test_hostile_values_stay_in_their_string_comment_or_scalar(tmp_path, shellch
     (bin_dir / "ssh").write_text('#!/bin/bash\nshift\nexec "$@"\n')
     # pbsdsh: a task gets the job's environment (-V: the submitter's), not the script's exports
     (bin_dir / "pbsdsh").write_text('#!/bin/bash\n[ "$1 $2 $3" = "-n 0 --" ] || exit 9\nshift 3\n'
-                                    'exec env -i PATH="$PATH" SEEN="$SEEN" API_AUTH="$API_AUTH" DB_PASSWD="$DB_PASSWD" "$@"\n')
+                                    'exec env -i PATH="$PATH" SEEN="$SEEN" API_AUTH="$API_AUTH" DB_PASSWD="$DB_PASSWD" '
+                                    'TRACKING="$TRACKING" "$@"\n')
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     for to, args in (("slurm", []), ("pbs", ["--launcher", "ssh"]), ("pbs", [])):
         out = tmp_path / f"job.{to}{len(args)}"
         assert main(["export", str(job), "--to", to, "--nodes", "1", "-o", str(out), *args]) == 0
         text = out.read_text()
-        assert "sekrit" not in text and "API_AUTH" in text and "DB_PASSWD" in text  # names only
+        assert "sekrit" not in text and "API_AUTH" in text and "DB_PASSWD" in text and "TRACKING" in text  # names
         subprocess.run([shellcheck, str(out)], check=True)
         for line in text.splitlines()[:text.splitlines().index("set -euo pipefail")]:
             assert line.startswith("#"), line  # nothing before the body is code
@@ -222,7 +224,7 @@ def test_hostile_values_stay_in_their_string_comment_or_scalar(tmp_path, shellch
         nodefile.write_text("localhost\n")
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SEEN": str(seen), "SLURM_JOB_NUM_NODES": "1",
                "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "1", "PBS_NODEFILE": str(nodefile),
-               "SLURM_CPUS_ON_NODE": "2", "API_AUTH": "x", "DB_PASSWD": "y"}
+               "SLURM_CPUS_ON_NODE": "2", "API_AUTH": "x", "DB_PASSWD": "y", "TRACKING": "z"}
         p = subprocess.run(["bash", str(out)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
                            check=False)
         assert p.returncode == 0, p.stdout + p.stderr
@@ -241,6 +243,7 @@ def test_hostile_values_stay_in_their_string_comment_or_scalar(tmp_path, shellch
         env = {e["name"]: e for e in env}
         assert env["HOSTILE"]["value"] == HOSTILE
         assert "secretKeyRef" in env["API_AUTH"]["valueFrom"] and "secretKeyRef" in env["DB_PASSWD"]["valueFrom"]
+        assert "secretKeyRef" in env["TRACKING"]["valueFrom"]
 
 
 def test_nodes_default_to_the_inventory_host_count(tmp_path):
