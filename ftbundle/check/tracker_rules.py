@@ -168,13 +168,15 @@ def wandb_without_key(rank0: HostFacts, job_env: dict[str, str], installed: bool
     if not installed:
         return None  # (said above, where report_to names it; with "all" it is not used)
     env = {**rank0.env, **{k: str(v) for k, v in job_env.items()}}
-    if (str(env.get("WANDB_MODE", "")).lower() in trackers.WANDB_OFF or env.get("WANDB_API_KEY")
+    login = rank0.wandb_login or {}
+    mode = env.get("WANDB_MODE") or login.get("workspace_mode")  # (`wandb offline` in the workdir: its settings)
+    if (str(mode or "").lower() in trackers.WANDB_OFF or env.get("WANDB_API_KEY")
             or env.get("WANDB_IDENTITY_TOKEN_FILE") or env.get("WANDB_ANONYMOUS")
             or str(env.get("WANDB_DISABLED", "")).lower() in ("true", "1", "yes")):
         return None
-    login = rank0.wandb_login or {}
     machines = login.get("machines") or []
-    other = env.get("WANDB_BASE_URL") or login.get("settings_base_url")  # (`wandb login --host` writes it there)
+    # (`wandb login --host` writes the server to W&B's settings file; the workdir's settings may name one too)
+    other = env.get("WANDB_BASE_URL") or login.get("workspace_base_url") or login.get("settings_base_url")
     servers = (urlsplit(other).netloc,) if other else WANDB_HOSTS
     if "default" in machines or set(servers) & set(machines) or (other and machines) or login.get("settings_key"):
         return None

@@ -50,7 +50,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .probe_storage import StorageReport, cleanup, storage_apart
     from .probe_files import cache_read, cache_write, fingerprint, fingerprints, model_size
     from .probe_tokenized import tokenized
-    from .probe_trackers import TRACKER_NAMES, masked, mlruns, servers, wandb_login
+    from .probe_trackers import TRACKER_NAMES, masked, mlruns, servers, wandb_login, wandb_workspace
     from .claims import claim
 
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "versions.py")) as f:
@@ -216,10 +216,12 @@ def env_view(spec, out):
             if sep and value:
                 view[name] = value
     out["env"] = {name: masked(name, value) for name, value in view.items()}
+    asked = spec.get("servers") or {}
+    workspace = wandb_workspace(spec.get("workdir")) if spec.get("wandb_login") or "wandb" in asked else {}
     if spec.get("wandb_login"):
-        out["wandb_login"] = wandb_login(view)
-    if spec.get("servers"):
-        out["servers"] = servers(spec["servers"], view, (out.get("wandb_login") or {}).get("settings_base_url"))
+        out["wandb_login"] = wandb_login(view, workspace)
+    if asked:
+        out["servers"] = servers(asked, view, (out.get("wandb_login") or {}).get("settings_base_url"), workspace)
         out["mlruns"] = mlruns(spec["servers"], view, spec.get("workdir"))
 
 

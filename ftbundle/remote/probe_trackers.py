@@ -34,21 +34,22 @@ def endpoint(url):
     return (host.strip("[]"), int(port)) if host else None
 
 
-def servers(asked, view, settings_base_url=None):
+def servers(asked, view, settings_base_url=None, workspace=None):
     """Whether rank 0's host reaches the servers its trackers log to, by a TCP connect of at most
     REACH_S each, all at once: W&B's (the job's WANDB_BASE_URL, else this host's, else the one
-    its settings file names, else W&B's cloud under both its names) unless W&B runs offline;
+    its workspace's or its settings file names, else W&B's cloud under both its names) unless W&B
+    runs offline (WANDB_MODE, else the workspace's mode: `wandb offline` in the workdir);
     MLflow's (an http(s) MLFLOW_TRACKING_URI, the job's else this host's). Behind a proxy the
     trackers go through it: said, not tried. {"wandb": {"host:port": "ok" or why}, ...}"""
     proxy = next((n for n in PROXY_NAMES if n in asked.get("proxies", ()) or view.get(n)), None)
     if proxy:
         return {"proxy": proxy}
     targets = {}
-    wandb = asked.get("wandb")
-    if wandb is not None and str(wandb.get("mode") or view.get("WANDB_MODE") or "").lower() not in (
-            "offline", "dryrun", "disabled"):
-        urls = [wandb.get("url") or view.get("WANDB_BASE_URL") or settings_base_url] if (
-            wandb.get("url") or view.get("WANDB_BASE_URL") or settings_base_url) else list(WANDB_CLOUD)
+    wandb, workspace = asked.get("wandb"), workspace or {}
+    if wandb is not None and str(wandb.get("mode") or view.get("WANDB_MODE") or workspace.get("mode") or "").lower(
+            ) not in ("offline", "dryrun", "disabled"):
+        url = wandb.get("url") or view.get("WANDB_BASE_URL") or workspace.get("base_url") or settings_base_url
+        urls = [url] if url else list(WANDB_CLOUD)
         targets["wandb"] = [e for e in map(endpoint, urls) if e]
     mlflow = asked.get("mlflow")
     if mlflow is not None:
@@ -78,12 +79,34 @@ def masked(name, value):
     return value
 
 
-def wandb_login(view):
+def _pairs(path):
+    """A W&B settings file's `key = value` lines (its sections ignored); OSError when unread."""
+    with open(path, errors="replace") as f:
+        return [[part.strip() for part in line.split("=", 1)] for line in f if "=" in line]
+
+
+def wandb_workspace(workdir):
+    """What the W&B settings file of the ranks' working directory says (``wandb offline``, ``wandb
+    online``, ``wandb init`` write it there: ./wandb/settings, ./.wandb/settings where that folder
+    is): wandb.init reads it from its working directory whatever WANDB_DIR is, and the environment
+    wins over it. {"path", "mode", "base_url"} as it names them; {} where there is none."""
+    if not workdir:
+        return {}
+    path = os.path.join(workdir, ".wandb" if os.path.isdir(os.path.join(workdir, ".wandb")) else "wandb", "settings")
+    try:
+        pairs = _pairs(path)
+    except OSError:
+        return {}
+    return {"path": path, **{key: value for key, value in pairs if key in ("mode", "base_url") and value}}
+
+
+def wandb_login(view, workspace=None):
     """Where wandb.init would look for a key besides the environment (wandb/sdk/lib/wbauth):
     the netrc file ($NETRC, else ~/.netrc, else ~/_netrc) by its machine names (a `default`
     entry said as such; no password is read out), and W&B's settings file by whether it names
     an api_key, and the server it names (`wandb login --host URL` writes its base_url there and
-    that server's netrc entry). The check decides (check/tracker_rules.py)."""
+    that server's netrc entry); and what the workdir's settings say (``workspace``:
+    :func:`wandb_workspace`). The check decides (check/tracker_rules.py)."""
     home = os.path.expanduser("~")
     netrc = view.get("NETRC") or next((p for p in (os.path.join(home, ".netrc"), os.path.join(home, "_netrc"))
                                        if os.path.exists(p)), os.path.join(home, ".netrc"))
@@ -96,9 +119,9 @@ def wandb_login(view):
     except OSError as exc:
         found["netrc_error"] = exc.strerror
     settings = os.path.join(view.get("WANDB_CONFIG_DIR") or os.path.join(home, ".config", "wandb"), "settings")
+    found.update({f"workspace_{key}": value for key, value in (workspace or {}).items()})
     try:
-        with open(settings, errors="replace") as f:
-            pairs = [[part.strip() for part in line.split("=", 1)] for line in f if "=" in line]
+        pairs = _pairs(settings)
         found["settings_key"] = any(key == "api_key" for key, _ in pairs)
         found["settings_base_url"] = next((value for key, value in pairs if key == "base_url" and value), None)
     except OSError:

@@ -46,6 +46,24 @@ def test_the_check_judges_the_mlruns_an_earlier_mlflow_left_in_the_workdir(tmp_p
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
+def test_wandb_offline_typed_in_the_workdir_passes_the_check_without_a_key(tmp_path, tiny_model):
+    """`wandb offline` in the job's workdir (./wandb/settings) keeps W&B offline for the ranks,
+    which run there (wandb.init reads it whatever WANDB_DIR says): rank 0's real probe reads it,
+    and the check asks for no key and no server; `wandb online` there and the refusal is back."""
+    job = quickstart_copy(tmp_path, tiny_model, report_to="wandb", max_steps=2)
+    work, home = job.parent, tmp_path / "home"
+    home.mkdir()
+    quiet = {**{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WANDB_")) and k != "NETRC"},
+             "HOME": str(home)}
+    wandb = str(Path(sys.executable).parent / "wandb")
+    for mode, code in (("offline", 0), ("online", 2)):
+        subprocess.run([wandb, mode], capture_output=True, text=True, timeout=120, cwd=work, env=quiet, check=True)
+        proc = subprocess.run([sys.executable, "-m", "ftbundle", "check", str(job)], capture_output=True, text=True,
+                              timeout=300, env=quiet)
+        assert proc.returncode == code, (mode, proc.stdout[-3000:] + proc.stderr[-2000:])
+    assert "wandb (report_to) has no API key on localhost" in proc.stdout
+
+
 def wandb_records(path: Path) -> list:
     """The records of a W&B run file (run-<id>.wandb), as wandb writes them: a 7-byte header
     (":W&B", magic, version), then LevelDB's log format: 32 KiB blocks of chunks, each with a
@@ -209,8 +227,8 @@ def tracked_job(tmp_path: Path, model: Path, mlflow: str | None = None, **keys) 
                           save_total_limit=3)
     spec = yaml.safe_load(job.read_text())
     spec.update(keys)
-    spec["env"].update({"MLFLOW_TRACKING_URI": mlflow} if mlflow else
-                       {"MLFLOW_TRACKING_URI": f"file://{job.parent}/.shared/mlruns", "MLFLOW_ALLOW_FILE_STORE": "true"})
+    store = {"MLFLOW_TRACKING_URI": f"file://{job.parent}/.shared/mlruns", "MLFLOW_ALLOW_FILE_STORE": "true"}
+    spec["env"].update({"MLFLOW_TRACKING_URI": mlflow} if mlflow else store)
     spec["env"].update({"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     job.write_text(yaml.safe_dump(spec))
     return job
