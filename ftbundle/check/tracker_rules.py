@@ -67,12 +67,13 @@ def check_trackers(facts: list[HostFacts], layout: Layout) -> Check | None:
     rank0 = next((f for f in facts if f.rank == 0), None)
     if ("mlflow" in names or every) and rank0 is not None:  # (rank 0 alone logs; its URI: the job's, else its own)
         uri = env.get("MLFLOW_TRACKING_URI") or rank0.env.get("MLFLOW_TRACKING_URI")
-        line = skinny_store(rank0, uri or rank0.mlruns)  # (./mlruns holding runs: MLflow's default is that file store)
+        store = uri or rank0.mlruns  # (no URI, ./mlruns holding runs: MLflow's default is that file store)
+        line = skinny_store(rank0, store)
         if line:
             check.failure = check.failure or "tracker cannot log"
             check.details += [line, "(set MLFLOW_TRACKING_URI in the job's env to your MLflow server, or install "
                                     "mlflow beside it)"]
-        line = file_store(rank0, uri or rank0.mlruns,
+        line = file_store(rank0, store,
                           env.get("MLFLOW_ALLOW_FILE_STORE", rank0.env.get("MLFLOW_ALLOW_FILE_STORE")),
                           default=not uri)
         if line:

@@ -75,6 +75,7 @@ def stop_argv(files: NodeFiles, node: NodePlan) -> list[str]:
 
 def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, detach: bool) -> dict[str, str]:
     """Everything the node program reads, and the job's own environment after it."""
+    passwords = url_passwords(node.env)  # (a URL's password travels as a variable of its own, masked as the rest)
     control = {
         # every name in the run directory (ftbundle/rundir.py): the node program builds none
         **plan.rundir.env(attempt),
@@ -85,10 +86,9 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_ENV_FILE": node.env_file or "",
         "FTB_PATH_PREPEND": node.path_prepend or "",
         "FTB_CONTAINER": node.container or "",
-        # (a URL's password travels as a variable of its own, to be masked as the named secrets are)
         "FTB_SECRET_NAMES": " ".join([name for name in node.env if is_secret(name)]
-                                     + [f"FTB_URL_SECRET_{i}" for i, _ in enumerate(url_passwords(node.env))]),
-        **{f"FTB_URL_SECRET_{i}": password for i, password in enumerate(url_passwords(node.env))},
+                                     + [f"FTB_URL_SECRET_{i}" for i in range(len(passwords))]),
+        **{f"FTB_URL_SECRET_{i}": password for i, password in enumerate(passwords)},
         "FTB_MIN_SECRET_LEN": str(MIN_SECRET_LEN),
         "FTB_WATCHDOG": str(WATCHDOG_S),
         "FTB_HEARTBEAT": str(HEARTBEAT_S),

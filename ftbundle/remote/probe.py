@@ -222,7 +222,7 @@ def env_view(spec, out):
         out["wandb_login"] = wandb_login(view, workspace)
     if asked:
         out["servers"] = servers(asked, view, (out.get("wandb_login") or {}).get("settings_base_url"), workspace)
-        out["mlruns"] = mlruns(spec["servers"], view, spec.get("workdir"))
+        out["mlruns"] = mlruns(asked, view, spec.get("workdir"))
 
 
 def dirs(spec, out):

@@ -399,11 +399,11 @@ def trouble() -> str | None:
     long exit is then a healthy upload, W&B's artifacts say, and is not cut)."""
     found = []
     if _MLFLOW_END_DEFERRED:
-        down = _answers(_mlflow_store())
+        store = _mlflow_store()
+        down = _answers(store)
         if down or _SENDS.failed:
             failed = f"; {_SENDS.failed} send(s) failed" if _SENDS.failed else ""
-            found.append(f"mlflow's server {_mlflow_store()} ({down or 'answering now'}{failed}; its run may stay "
-                         "RUNNING there)")
+            found.append(f"mlflow's server {store} ({down or 'answering now'}{failed}; its run may stay RUNNING there)")
     wandb = sys.modules.get("wandb")
     try:
         run = getattr(wandb, "run", None) if wandb is not None else None
