@@ -205,6 +205,31 @@ ftb_env() {  # read the environment from stdin (up to the empty pair) and export
   # shellcheck disable=SC2163  # (kv is NAME=VALUE: export it as such)
   for kv in "${pairs[@]}"; do export -- "$kv"; done
   if [ -n "${FTB_PATH_PREPEND:-}" ]; then export PATH="$FTB_PATH_PREPEND:$PATH"; fi
+  ftb_env_file_secrets
+}
+
+# The env file's secrets join the job's (FTB_SECRET_NAMES, the log filter's list): a variable
+# secret by its name (job.py SECRET_MARKERS), and the password of any URL in a value
+# (scheme://user:PASSWORD@host, job.py URL_PASSWORD_RE), which travels as FTB_URL_SECRET_Fn.
+# The launcher never sees this file, so only this program can know them.
+ftb_env_file_secrets() {
+  [ -n "${FTB_ENV_FILE:-}" ] && [ -r "$FTB_ENV_FILE" ] || return 0
+  local line name value n=0
+  local url='[A-Za-z][A-Za-z0-9_+.-]*://[^/?#@[:space:]:]*:([^/?#@[:space:]]+)@'
+  local -a names=()
+  while IFS= read -r line || [ -n "$line" ]; do
+    [[ $line =~ ^[[:space:]]*(export[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*)= ]] || continue
+    name=${BASH_REMATCH[2]}
+    value=${!name-}
+    case ${name^^} in
+      *TOKEN*|*KEY*|*SECRET*|*PASSWORD*|*PASSWD*|*CREDENTIAL*|*AUTH*) names+=("$name"); continue ;;
+    esac
+    while [[ $value =~ $url ]]; do
+      export "FTB_URL_SECRET_F$n=${BASH_REMATCH[1]}"; names+=("FTB_URL_SECRET_F$n"); n=$((n + 1))
+      value=${value#*"${BASH_REMATCH[0]}"}
+    done
+  done <"$FTB_ENV_FILE"
+  [ "${#names[@]}" = 0 ] || export FTB_SECRET_NAMES="${FTB_SECRET_NAMES:+$FTB_SECRET_NAMES }${names[*]}"
 }
 
 # Replaces every secret value (>= FTB_MIN_SECRET_LEN characters) in the job's output with

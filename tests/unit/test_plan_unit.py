@@ -452,6 +452,36 @@ def test_a_urls_password_is_a_secret_whatever_its_variables_name(tmp_path, capfd
     assert "s3cret-pw" not in out and "MLFLOW_TRACKING_URI=http://ann:<redacted>@ml:5000" in out, out
 
 
+def test_the_hosts_env_files_secrets_are_masked_in_the_log_as_the_jobs_are(tmp_path, capfd):
+    """The host's env file (sourced by the node program; the launcher never reads it) may hold a
+    tracking server's URL with its password, or a token: a rank printing them (MLflow's traceback
+    names the URL it called) has them masked in the node log and on the terminal as the job's own
+    secrets are; the rest of the file's values, and the job's own, are untouched."""
+    from ftbundle.cli import main
+
+    env_file = tmp_path / "nccl.env"
+    env_file.write_text("NCCL_DEBUG=WARN\n"
+                        "export MLFLOW_TRACKING_URI=http://ann:f1le-pw-77@ml:5000/x\n"
+                        "HUB_TOKEN='hf-from-file-123'\n"
+                        "PROXIES=\"http://a:two-pw-one@p1:1 https://b:two-pw-two@p2:2\"\n"
+                        "  LAST_URL=ftp://c:no-newline-pw@h")  # (no newline at its end)
+    path = job_file(tmp_path, f"name: envfile\nshared_dir: .s\nruntime: {{env_file: {env_file}}}\n"
+                              "env: {JOB_TOKEN: job-tok-456}\n"
+                              "train: {command: 'echo $NCCL_DEBUG $MLFLOW_TRACKING_URI $HUB_TOKEN; echo $PROXIES; "
+                              "echo $LAST_URL $JOB_TOKEN; exit 5'}\n")
+    assert main(["run", "-v", str(path)]) == 5
+    captured = capfd.readouterr()
+    expected = ("WARN http://ann:<redacted>@ml:5000/x <redacted>\n"
+                "http://a:<redacted>@p1:1 https://b:<redacted>@p2:2\n"
+                "ftp://c:<redacted>@h <redacted>\n")
+    for secret in ("f1le-pw-77", "hf-from-file-123", "two-pw-one", "two-pw-two", "no-newline-pw", "job-tok-456"):
+        assert secret not in captured.out + captured.err, secret
+    run_dir = sorted((tmp_path / ".s/runs").iterdir())[0]
+    assert (run_dir / "node-0-localhost.a1.log").read_text() == expected
+    for line in expected.splitlines():
+        assert line in captured.out, captured.out
+
+
 def test_reprs_and_the_plan_file_hide_secret_values_wherever_they_appear(tmp_path, inventory, capsys):
     """repr() of a node, a host and a job shows no env or vars; a train.args or train.command
     value equal to a secret is masked in plan.json and --dry-run (not only the env entry)."""
