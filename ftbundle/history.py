@@ -32,11 +32,12 @@ _HEADER = re.compile(r"^==> (.*) <==$")
 
 
 def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, started: float, duration_s: float,
-                progress, failed_host: str | None, stalled: bool = False) -> dict:
+                progress, failed_host: str | None, stalled: bool = False, requested: bool = False) -> dict:
     """summary.json's content. Pure. ``stalled``: the stall watchdog stopped the run (it
-    made no progress for stall_timeout), which `ftbundle runs` lists as such, not "failed"."""
-    state = ("finished" if exit_code == 0 else "interrupted" if interrupted else "stalled" if stalled
-             else "failed")
+    made no progress for stall_timeout), which `ftbundle runs` lists as such, not "failed";
+    ``requested``: `ftbundle stop` stopped it ("stopped", as a detached run so stopped)."""
+    state = ("finished" if exit_code == 0 else "stopped" if requested else "interrupted" if interrupted
+             else "stalled" if stalled else "failed")
     return {
         "run_id": plan.run_id, "job": plan.job_name, "state": state, "exit_code": exit_code,
         "attempt": attempt, "started": started, "duration_s": round(duration_s, 1),

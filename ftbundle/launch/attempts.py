@@ -517,7 +517,7 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
 
     progress = outcome.progress or Progress()
     summary = run_summary(plan, exit_code=outcome.exit_code, interrupted=outcome.interrupted,
-                          stalled=outcome.stalled,
+                          stalled=outcome.stalled, requested=outcome.requested,
                           attempt=attempt, started=started_wall, duration_s=duration_s, progress=progress,
                           failed_host=outcome.failure.host if outcome.failure else None)
     if gpus is not None:  # (every attempt's readings, not the last one's alone: gpu_metrics.over_attempts)

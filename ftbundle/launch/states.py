@@ -16,6 +16,7 @@ from ..ui.progress import Progress
 START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never ran
 PROBE_S = 1.5  # a silent node's host must answer within this long, or the node is lost
 LOST_EXIT_CODE = 255  # like ssh, for a node whose connection or heartbeat was lost
+INTERRUPTED_EXIT_CODE = 130  # ctrl-c (128 + SIGINT), and a run stopped by `ftbundle stop`
 
 
 class State(enum.Enum):
@@ -48,7 +49,8 @@ class Failure:
 class Outcome:
     exit_code: int
     failure: Failure | None = None
-    interrupted: bool = False
+    interrupted: bool = False  # ctrl-c, or `ftbundle stop` (``requested``): no restart follows
+    requested: bool = False  # stopped by `ftbundle stop` (its stop-requested file), not failed
     teardown_s: float | None = None
     lost: tuple[int, ...] = ()  # ranks that could not be confirmed stopped
     progress: Progress | None = None  # what rank 0 said about training (without -v)

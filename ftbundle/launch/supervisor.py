@@ -42,10 +42,10 @@ from .display import Display, ProgressFeed
 from .failure import exit_reason, rank_failure, read_tail, unreachable_note
 from .node import WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
 from .stall import STALLED_EXIT_CODE, StallClock, ending, stall_report
-from .states import (LOST_EXIT_CODE, PROBE_S, START_TIMEOUT_S, Failure, NodeStatus, Outcome, Silence, State,
+from .states import (INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, PROBE_S, START_TIMEOUT_S, Failure, NodeStatus, Outcome, Silence, State,
                      silence_verdict)
 from .storage import StorageWatch
-from .teardown import stop_nodes
+from .teardown import STOPPED_CODES, stop_nodes, stop_requested
 
 LOST_AFTER_DEFAULT_S = 5.0
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", LOST_AFTER_DEFAULT_S))
@@ -193,7 +193,7 @@ class Supervisor:
             lost, took = self._teardown()
             self.say(f"all nodes stopped in {took:.1f}s" if not lost else
                      f"reachable nodes stopped in {took:.1f}s; " + self._unreachable_note(lost))
-            outcome = Outcome(130, interrupted=True, teardown_s=took, lost=tuple(lost))
+            outcome = Outcome(INTERRUPTED_EXIT_CODE, interrupted=True, teardown_s=took, lost=tuple(lost))
         finally:
             self._stop_pinging.set()
             self.display.close(timeout=2)
@@ -388,6 +388,11 @@ class Supervisor:
             self.ui.stop()
         if self._lost_all_at_once():
             return self._lost_all(first, took)
+        if first.code in STOPPED_CODES and stop_requested(self.plan, self.cluster):
+            self.say(f"stopped by `ftbundle stop` ({self.plan.rundir.stop_request}): every node stopped in {took:.1f}s"
+                     + (f"; {self._unreachable_note(lost)}" if lost else ""))
+            return Outcome(INTERRUPTED_EXIT_CODE, interrupted=True, requested=True, teardown_s=took, lost=tuple(lost),
+                           progress=self.progress)
         self.say(f"node {first.host} (node rank {first.rank}, {node.host.address}) failed first: {first.reason}")
         for f in sorted((f for f in self.failures if f is not first), key=lambda f: f.at):
             self.say(f"  then {f.host} (node rank {f.rank}): {f.reason}")

@@ -130,3 +130,22 @@ class Stoppers:
         """No more jobs: the threads end once the ones given have run."""
         for _ in self.threads:
             self.work.put(None)
+
+
+STOPPED_CODES = (143, 137)  # a job ended by SIGTERM (and SIGKILL after the grace): what `ftbundle stop` does
+REQUEST_ASK_S = 3.0
+
+
+def stop_requested(plan, cluster) -> bool:
+    """Whether `ftbundle stop` asked this run to stop (its ``stop-requested`` file in the run
+    directory, written before it stops the nodes), as the first node that answers sees shared
+    storage: an attached run so stopped is not a failure to report, nor one to restart. A
+    storage that does not answer within REQUEST_ASK_S: not asked."""
+    for node in plan.nodes:
+        if not cluster.alive(node.host):
+            continue
+        try:
+            return cluster.run(node.host, ["test", "-e", plan.rundir.stop_request], timeout=REQUEST_ASK_S).ok
+        except Exception:  # noqa: BLE001 - not known: not asked
+            return False
+    return False

@@ -5,6 +5,7 @@ for `status` and `stop`."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,48 @@ def test_a_runs_curve_keeps_every_attempt_and_plot_draws_each(tmp_path):
     assert sorted(got) == ["j-20261128-100000-aaaa attempt 1", "j-20261128-100000-aaaa attempt 2",
                            "j-20261128-110000-bbbb"]
     assert [r["current_steps"] for r in got["j-20261128-100000-aaaa attempt 2"]] == [2, 3]
+
+
+def test_stop_on_an_attached_run_stops_it_for_good_and_not_as_a_failure(tmp_path):
+    """`ftbundle stop` from another terminal on a run attached to its launcher, with restarts left:
+    the launcher said "failed: exit code 143 (SIGTERM)" with a traceback's place, restarted the
+    run (`stop` had said "stopped"), and told its notifier a failure. It is a stop: said as one,
+    no restart, exit 130, state "stopped" in summary.json, `runs` and the notifier's word."""
+    import threading
+    import time
+
+    told = tmp_path / "told.json"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "attached", "nproc_per_node": 1, "shared_dir": str(tmp_path / "shared"), "check": False,
+        "restarts": 2, "notify": {"command": f"cat > {told}"},
+        "train": {"command": "echo started; sleep 120"}}))
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", "job.yaml"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "shared").glob("runs/*/node-0-*.a1.log")) or "started" not in "".join(
+                p.read_text() for p in (tmp_path / "shared").glob("runs/*/node-0-*.a1.log")):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(out)
+            time.sleep(0.2)
+        stop = ftb(tmp_path, "stop", "job.yaml")
+        assert stop.returncode == 0 and "rank 0 localhost: stopped" in stop.stderr, stop.stderr
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(5)
+    text = "".join(out)
+    assert code == 130, text
+    run_dir = next((tmp_path / "shared" / "runs").iterdir())
+    assert f"stopped by `ftbundle stop` ({run_dir / STOP_REQUEST}): every node stopped in " in text, text
+    assert "restarting" not in text and "failed" not in text and "143" not in text, text
+    assert not list(run_dir.glob("*.a2.*")), sorted(p.name for p in run_dir.iterdir())  # (no second attempt)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["state"], summary["exit_code"], summary["failed_host"]) == ("stopped", 130, None)
+    word = json.loads(told.read_text())
+    assert word["state"] == "stopped" and word["failure"] is None, word
+    runs = ftb(tmp_path, "runs", "job.yaml", "--json")
+    assert json.loads(runs.stdout)[0]["state"] == "stopped", runs.stdout
