@@ -145,18 +145,25 @@ def parse_bar(line: str) -> tuple[int, int] | None:
     return (step, total) if 0 <= step <= total else None
 
 
+_DAYS = re.compile(r"^\s*(-?\d+) days?, (.*)$")
+
+
 def _seconds(text) -> float | None:
-    """LlamaFactory writes times as H:MM:SS."""
+    """LlamaFactory writes times as Python's timedelta prints them: H:MM:SS, and from a day on
+    "1 day, H:MM:SS", "6 days, H:MM:SS" (a week-long run's clock, and a long run's ETA)."""
     if isinstance(text, (int, float)):
         return float(text)
+    days, text = 0, str(text)
+    if (m := _DAYS.match(text)) is not None:
+        days, text = int(m.group(1)), m.group(2)
     try:
-        parts = [float(p) for p in str(text).split(":")]
+        parts = [float(p) for p in text.split(":")]
     except ValueError:
         return None
     total = 0.0
     for part in parts:
         total = total * 60 + part
-    return total
+    return days * 86400 + total
 
 
 @dataclass

@@ -150,3 +150,17 @@ def test_a_versions_leading_numbers_are_what_every_version_rule_compares():
     assert release("2.7rc1") == (2, 7)
     assert release("5") == (5,)
     assert release(None) == () and release("") == () and release("absent") == ()
+
+
+def test_a_run_past_its_first_day_keeps_its_clock():
+    """LlamaFactory's elapsed_time and remaining_time are str(timedelta): "1 day, 0:00:05" from the
+    second day on. Read as H:MM:SS they were no time at all: the run's tokens/s and samples/s froze
+    at their first day's figures, and its ETA was gone."""
+    p = Progress()
+    p.feed_record({"current_steps": 100, "total_steps": 1000, "loss": 1.0, "elapsed_time": "23:59:50",
+                   "remaining_time": "9 days, 0:00:00", "total_tokens": 1_000_000})
+    p.feed_record({"current_steps": 200, "total_steps": 1000, "loss": 1.0, "elapsed_time": "2 days, 0:00:00",
+                   "remaining_time": "8 days, 0:00:00", "total_tokens": 1_728_000_000})
+    assert p.elapsed_s == 2 * 86400 and p.remaining_s == 8 * 86400
+    assert p.tokens_per_s() == 1_728_000_000 / (2 * 86400)
+    assert p.steps_per_s() == 200 / (2 * 86400)
