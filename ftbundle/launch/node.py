@@ -58,10 +58,16 @@ def follow_log_argv(path: str, pid: str, *, poll_s: float) -> list[str]:
     return ["bash", "-c", FOLLOW_LOG, "ftb-log", "-n", "+1", "-F", "-s", f"{poll_s:g}", f"--pid={pid}", "--", path]
 
 
+NODE_ENV_MARKER = "# -- ftb_env, ftb_env_file_secrets, mode_job: node_env.sh's"
+
+
 @functools.cache
 def program() -> str:
-    """The text of the node program (ftbundle/remote/node.sh, shipped in the package)."""
-    return shipped.read_text("remote", "node.sh")
+    """The text of the node program (ftbundle/remote/node.sh, shipped in the package), with its
+    part on the job's environment and output (node_env.sh) at its marker line."""
+    main, part = shipped.read_text("remote", "node.sh"), shipped.read_text("remote", "node_env.sh")
+    marker = next(line for line in main.splitlines(keepends=True) if line.startswith(NODE_ENV_MARKER))
+    return main.replace(marker, part, 1)
 
 
 def node_argv(mode: str, *args: str) -> list[str]:
