@@ -25,7 +25,7 @@ from .protocol import parse_steps
 from .recovery import attempts_said
 from .rundir import ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, TRACKER_RUNS, node_glob, node_name, runs_dir
 from .trackers import placed
-from .ui import stragglers
+from .ui import pace, stragglers
 
 _RUN_ID = re.compile(r"^(?P<job>.+)-(?P<date>\d{8}-\d{6})-[0-9a-f]+$")
 _HEADER = re.compile(r"^==> (.*) <==$")
@@ -51,6 +51,8 @@ def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, starte
         "step_times": stragglers.as_record(progress.node_steps.values(), progress.straggler_factor),
         # each node's mean GPU utilization and peak memory, and what was named (ftbundle.gpu_metrics)
         "gpus": progress.gpus.record(),
+        # where the whole run slowed against its own pace, and came back (ui.pace)
+        "slowdowns": progress.pace.record(),
     }
 
 
@@ -88,6 +90,7 @@ class RunRow:
     step_times: dict | None = None  # every node's median and p90 step time, the stragglers (ui.stragglers)
     gpu_faults: list[str] = field(default_factory=list)  # the Xids logged during the run (gpu_health)
     gpus: dict | None = None  # each node's mean GPU utilization and peak memory (gpu_metrics)
+    slowdowns: list[dict] = field(default_factory=list)  # where the whole run slowed, and came back (ui.pace)
 
 
 def _start_of(run_id: str, summary: dict) -> str:
@@ -160,7 +163,8 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   step_times=summary.get("step_times") or steps_of(files, plan, attempt),
                   gpu_faults=summary.get("gpu_faults") or fold_findings(faults_of(files, plan, attempt)),
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []),
-                  gpus=summary.get("gpus") if isinstance(summary.get("gpus"), dict) else gpus_of(files, plan, attempt))
+                  gpus=summary.get("gpus") if isinstance(summary.get("gpus"), dict) else gpus_of(files, plan, attempt),
+                  slowdowns=pace.recorded(summary.get("slowdowns")))
 
 
 def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]:
@@ -336,6 +340,7 @@ def format_runs(rows: list[RunRow]) -> str:
         lines += [f"  {said}" for said in (rows[i - 1].attempts if i else [])]  # (under its run: a lost host)
         lines += [f"  tracker: {where}" for where in (rows[i - 1].trackers if i else [])]
         lines += [f"  {said}" for said in (rows[i - 1].staged if i else [])]
+        lines += [f"  slowed {pace.said(s)}" for s in (rows[i - 1].slowdowns if i else [])]
     return "\n".join(lines)
 
 

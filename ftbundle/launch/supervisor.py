@@ -256,6 +256,8 @@ class Supervisor:
                 self.say(("warning: " if said[1] else "") + said[0])
             for said in self.progress.gpu_tick(time.monotonic(), self.marks.get("first_step")):
                 self.say("warning: " + said)  # (the GPUs' readings: ftbundle.gpu_metrics)
+            if (paced := self.progress.pace_tick()) is not None:  # (the whole run slowed, or is back: ui.pace)
+                self.say(("warning: " if paced[1] else "") + paced[0])
             if self.failures:
                 return self._fail()
             if self.stall.stalled(time.monotonic()) and (outcome := self._stalled()) is not None:

@@ -20,6 +20,7 @@ from ..gpu_metrics import GpuFleet
 from ..protocol import parse_steps
 from ..speed import SpeedBasis
 from . import stragglers
+from .pace import Pace
 
 STRAGGLERS_EVERY_S = 1.0  # the fleet's step times are judged again at most this often (feed_steps)
 # the Trainer's own bar has no description ("35%|###5   | 21/60 [00:03<...]"); a dataset's
@@ -206,6 +207,8 @@ class Progress:
     rank_tokens: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
     # every node's GPU readings while the run goes (ftbundle.gpu_metrics: the live line's GPU field)
     gpus: GpuFleet = field(default_factory=GpuFleet)
+    # the run's recent pace against its own (ui.pace): a slowdown of the whole fleet, said while it goes
+    pace: Pace = field(default_factory=Pace)
     # parts of the start-up that came before the launch: ("staging data", seconds) (ftbundle.stage)
     before: tuple[tuple[str, float], ...] = ()
     _slowest: str | None = None  # the live line's straggler, as last judged (feed_steps)
@@ -238,6 +241,8 @@ class Progress:
                 self.tokens_first = (self.elapsed_s, self.tokens)
             rate = record.get("throughput")  # (LlamaFactory's: the count over its own clock, to the ms)
             self.tokens_rate = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+        tokens = record.get("total_tokens")
+        self.pace.feed(_seconds(record.get("elapsed_time")), tokens if isinstance(tokens, int) else None, self.step)
         if "loss" in record:  # the last record (the trainer's end) has none: nothing to plot
             self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
 
@@ -246,6 +251,20 @@ class Progress:
         input-bound or waiting from its step times."""
         return self.gpus.tick(now, step=self.shown_step, first_step=first_step, cause=lambda host: stragglers.idle_cause(
             host, self.node_steps, self.straggler_factor))
+
+    def pace_tick(self) -> tuple[str, bool] | None:
+        """(what to say, whether it is a warning) when the run slowed or is back (ui.pace); with the
+        node that sets the pace when the step times name one, else that every node slowed alike."""
+        said = self.pace.judge()
+        if said is None:
+            return None
+        if self.pace.slowed is None:
+            return said, False
+        if self._slowest:
+            return f"{said}; the slowest node: {self._slowest} the fleet's median step compute", True
+        if len(self.node_steps) >= stragglers.MIN_NODES:
+            return f"{said}; the step times name no straggler: every node slowed alike (their input, the network, the hosts)", True
+        return said, True
 
     def feed_steps(self, host: str, text: str, now: float | None = None) -> bool:
         """A node's ``ftb-steps`` line; True when it changed what is shown (who is slowest). The

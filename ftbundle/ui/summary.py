@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from . import stragglers
+from . import pace, stragglers
 from .. import gpu_metrics
 from ..speed import tokens_text
 from .progress import Progress, clock, startup_text
@@ -186,6 +186,7 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
         if progress.speed.gpus:
             lines.append(f"  MFU          " + (f"{mfu:.1%}: {progress.speed.mfu_basis()}" if mfu is not None
                                                else progress.speed.mfu_basis()))
+    lines += pace.summary_lines(progress.pace.record())
     lines += stragglers.summary_lines(progress.node_steps.values(), progress.straggler_factor)
     lines += gpu_metrics.summary_lines(gpus if gpus is not None else progress.gpus.record())
     if output_dir:

@@ -1,0 +1,113 @@
+"""The whole run slowing is said while it goes, and its return (ftbundle/ui/pace.py): 2
+containerized hosts train a real LlamaFactory LoRA; once the run has a pace, both hosts' CPUs
+are capped by their cgroups (`docker update --cpus`, what another job on the hosts or a starved
+input would do to every node alike); the launcher says the run slowed (no straggler: every node
+alike), then, the caps lifted, that it is back; summary.json and `runs --json` keep it.
+
+The pace's window is 20 s here (FTB_PACE_WINDOW_S; 300 s by default): 5 s chunks of the
+trainer's clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.support.helpers import REPO, base_job, quickstart_lora, write_job
+
+pytestmark = pytest.mark.cluster
+
+
+def elapsed(log) -> float:
+    """The trainer's clock (trainer_log.jsonl's last elapsed_time), 0 before its first record."""
+    from ftbundle.ui.progress import _seconds
+
+    try:
+        last = log.read_text().strip().splitlines()[-1]
+        return _seconds(json.loads(last).get("elapsed_time")) or 0.0
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    train = quickstart_lora(shared, max_steps=100_000, save_strategy="no", logging_steps=1)
+    job = write_job(tmp_path / "job.yaml", base_job("pace", shared, inventory, {"llamafactory": train}))
+    log = shared / "output/lora/trainer_log.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job), "--no-check"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "FTB_PACE_WINDOW_S": "20"})
+    lines: queue.Queue[str] = queue.Queue()
+    out: list[str] = []
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+
+    def wait_for(text: str, seconds: float) -> str:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                assert proc.poll() is None, "".join(out)[-3000:]
+                continue
+            out.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no {text!r} in {seconds:.0f} s:\n" + "".join(out)[-3000:])
+
+    capped = []
+    try:
+        # a pace first: 2 chunks of warm-up, then twice the window's (and 5 chunks at least)
+        deadline = time.monotonic() + 400
+        while elapsed(log) < 75:
+            assert time.monotonic() < deadline and proc.poll() is None, f"trainer at {elapsed(log)} s"
+            time.sleep(0.5)
+        # each rank gets about one core of 2 here; a tenth of one is a slowdown no noise explains
+        for host in cluster.hosts:
+            subprocess.run(["docker", "update", "--cpus", "0.1", host.container], check=True, capture_output=True)
+            capped.append(host)
+        slowed = wait_for("the run slowed to ", 180)
+        for host in capped:
+            subprocess.run(["docker", "update", "--cpu-quota", "-1", host.container], check=True, capture_output=True)
+        capped.clear()
+        back = wait_for("the run is back to its pace: ", 180)
+    finally:
+        for host in capped:
+            subprocess.run(["docker", "update", "--cpu-quota", "-1", host.container], capture_output=True, check=False)
+        subprocess.run([sys.executable, "-m", "ftbundle", "stop", str(job)], cwd=REPO, capture_output=True,
+                       timeout=120, check=False)
+        try:
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    time.sleep(0.5)
+    while not lines.empty():
+        out.append(lines.get())
+    text = "".join(out)
+    print(text[-4000:])
+    assert "warning: the run slowed to 0." in slowed, slowed
+    ratio = float(slowed.split("the run slowed to ")[1].split("x")[0])
+    assert ratio < 0.7, slowed
+    assert " tok/s over its last " in slowed and "tok/s before" in slowed, slowed
+    # both hosts were capped alike: no node is named the one that sets the pace
+    assert slowed.rstrip().endswith("the step times name no straggler: every node slowed alike "
+                                    "(their input, the network, the hosts)"), slowed
+    assert "warning" not in back and "before it slowed at step " in back, back
+    assert text.count("the run slowed to ") == 1 and text.count("the run is back to its pace") == 1, text[-3000:]
+
+    runs = subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=True)
+    [row] = json.loads(runs.stdout)
+    [episode] = row["slowdowns"]
+    assert episode["unit"] == "tok/s" and episode["ratio"] < 0.7 and episode["back_step"] > episode["step"], episode
+    table = subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job)], cwd=REPO,
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+    assert f"  slowed to {episode['ratio']:.2f}x at step {episode['step']} (" in table, table
