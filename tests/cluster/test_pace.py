@@ -2,7 +2,8 @@
 containerized hosts train a real LlamaFactory LoRA; once the run has a pace, both hosts' CPUs
 are capped by their cgroups (`docker update --cpus`, what another job on the hosts or a starved
 input would do to every node alike); the launcher says the run slowed (no straggler: every node
-alike), then, the caps lifted, that it is back; summary.json and `runs --json` keep it.
+alike), then, the caps lifted, that it is back; summary.json and `runs --json` keep it. The
+run is ended by `ftbundle stop`, as from another terminal: stopped, not failed.
 
 The pace's window is 20 s here (FTB_PACE_WINDOW_S; 300 s by default): 5 s chunks of the
 trainer's clock."""
@@ -102,10 +103,13 @@ def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster,
                                     "(their input, the network, the hosts)"), slowed
     assert "warning" not in back and "before it slowed at step " in back, back
     assert text.count("the run slowed to ") == 1 and text.count("the run is back to its pace") == 1, text[-3000:]
+    # (ended by `ftbundle stop` from here, as from another terminal: a stop, over SSH on both hosts)
+    assert proc.returncode == 130 and "stopped by `ftbundle stop` (" in text and "failed" not in text, text[-3000:]
 
     runs = subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=True)
     [row] = json.loads(runs.stdout)
+    assert row["state"] == "stopped", row
     [episode] = row["slowdowns"]
     assert episode["unit"] == "tok/s" and episode["ratio"] < 0.7 and episode["back_step"] > episode["step"], episode
     table = subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job)], cwd=REPO,
