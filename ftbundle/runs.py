@@ -221,6 +221,8 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
         print(line, file=out)
     for line in _detached_kept(ref, cluster):
         print(line, file=out)
+    for line in _pace(ref, cluster):
+        print(line, file=out)
     return 1 if failed or summary.startswith("stopped") or summary == "stalled" else 0
 
 
@@ -262,6 +264,23 @@ def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
     files = split_tail_output(result.stdout, runs_dir(ref.shared_dir)).get(ref.run_id, {})
     nodes, factor = step_nodes(files, ref.record, ref.attempt)
     return stragglers.summary_lines(nodes, factor) + run_fault_lines(faults_of(files, ref.record, ref.attempt))
+
+
+PACE_RECORDS = 20_000  # the trainer log's last records `status` judges the run's pace on
+
+
+def _pace(ref: RunRef, cluster: Cluster) -> list[str]:
+    """The run's pace (ui.pace) from its trainer log's last records, read through rank 0's host:
+    what an attached run's launcher says while it goes, for a detached run or another terminal.
+    Nothing for a job without a trainer log (a script's)."""
+    from .ui.pace import status_lines
+
+    out_dir = ref.record.get("checkpoint_dir")
+    if not isinstance(out_dir, str) or not out_dir:
+        return []
+    path = posixpath.join(out_dir, "trainer_log.jsonl")
+    result = _run_dir_command(cluster, ref.nodes[0].host, ["tail", "-n", str(PACE_RECORDS), "--", path], path)
+    return status_lines(result.stdout) if result.ok else []
 
 
 def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[str]:

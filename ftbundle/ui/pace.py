@@ -17,7 +17,9 @@ a long slowdown does not become the norm it is judged by). Each is said once.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections import deque
 from dataclasses import asdict, dataclass
 
@@ -28,6 +30,27 @@ WARMUP_CHUNKS = 2
 KEEP = 2000  # chunks the pace before is the median of (at 10 s a chunk, the last 5.5 hours)
 SLOW = 0.7
 BACK = 0.85
+
+
+_DAYS = re.compile(r"^\s*(-?\d+) days?, (.*)$")
+
+
+def trainer_seconds(text) -> float | None:
+    """LlamaFactory writes times as Python's timedelta prints them: H:MM:SS, and from a day on
+    "1 day, H:MM:SS", "6 days, H:MM:SS" (a week-long run's clock, and a long run's ETA)."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    days, text = 0, str(text)
+    if (m := _DAYS.match(text)) is not None:
+        days, text = int(m.group(1)), m.group(2)
+    try:
+        parts = [float(p) for p in text.split(":")]
+    except ValueError:
+        return None
+    total = 0.0
+    for part in parts:
+        total = total * 60 + part
+    return days * 86400 + total
 
 
 def chunk_seconds(window_s: float) -> float:
@@ -77,8 +100,11 @@ class Pace:
         self.unit: str | None = None  # "tok/s" (the trainer counts tokens) or "steps/s"
         self.chunks: deque[tuple[float, float, float]] = deque(maxlen=KEEP + WARMUP_CHUNKS)  # (begin, end, rate)
         self._open: tuple[float, float] | None = None  # (elapsed, count) where the chunk being cut began
-        self._seen = 0  # chunks cut so far (the first WARMUP_CHUNKS are left out)
+        self._seen = 0  # chunks cut so far
+        self._skip = WARMUP_CHUNKS  # chunks still to leave out: a trainer's first ones (and a resumed one's)
         self._judged = 0
+        self._offset = 0.0  # added to the trainer's clock: a resumed trainer's starts again at 0
+        self._last = 0.0  # the latest record's time, the offset added
         self.step: int | None = None
         self.slowdowns: list[Slowdown] = []
 
@@ -92,14 +118,20 @@ class Pace:
         if self.unit != unit or self._open is None or elapsed_s < self._open[0] or count < self._open[1]:
             if self.unit != unit:  # (a count of another kind: start again)
                 self.chunks.clear()
-                self._seen = 0
-            self.unit, self._open = unit, (elapsed_s, count)  # (a new clock: a resumed trainer's)
+            # a new clock (a resumed trainer's): its times go on from the last one's, so that the
+            # window is still the last window_s of training; its first chunks warm up again
+            self._offset = self._last - elapsed_s
+            self._skip = WARMUP_CHUNKS
+            self.unit, self._open = unit, (elapsed_s, count)
             return
+        self._last = elapsed_s + self._offset
         began, counted = self._open
         if elapsed_s - began >= self.chunk_s:
             self._seen += 1
-            if self._seen > WARMUP_CHUNKS:
-                self.chunks.append((began, elapsed_s, (count - counted) / (elapsed_s - began)))
+            if self._skip:
+                self._skip -= 1
+            else:
+                self.chunks.append((began + self._offset, self._last, (count - counted) / (elapsed_s - began)))
             self._open = (elapsed_s, count)
 
     def _split(self) -> tuple[list[float], list[float]] | None:
@@ -144,6 +176,17 @@ class Pace:
                     f"(step {self.step}; {_rate(episode.before, episode.unit)} before it slowed at step {episode.step})")
         return None
 
+    def now(self) -> str | None:
+        """The pace now against the pace before, in a line (None while too few chunks)."""
+        split = self._split()
+        if split is None:
+            return None
+        before, recent = split
+        # (while slow: against the pace before it slowed, as the slowdown itself is judged)
+        now, pace = _median(recent), self.slowed.before if self.slowed else _median(before)
+        return (f"{_rate(now, self.unit or '')} over its last {self._span(len(recent))} (step {self.step}), "
+                f"{now / pace:.2f}x its {_rate(pace, self.unit or '')} before" if pace > 0 else None)
+
     def _span(self, chunks: int) -> str:
         seconds = self.chunks[-1][1] - self.chunks[-chunks][0]
         return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
@@ -161,9 +204,11 @@ def recorded(value: object) -> list[dict]:
     return [s for s in value if whole(s)] if isinstance(value, list) else []
 
 
-def said(s: dict) -> str:
-    """One slowdown (from :meth:`Pace.record`) in a line: the summary's and `ftbundle runs`'."""
-    back = f"back at step {s['back_step']}" if s.get("back_step") is not None else "slow to the end"
+def said(s: dict, going: bool = False) -> str:
+    """One slowdown (from :meth:`Pace.record`) in a line: the summary's and `ftbundle runs`'
+    (``going``: `status`'s, of a run that may still go: "still slow")."""
+    back = (f"back at step {s['back_step']}" if s.get("back_step") is not None
+            else "still slow" if going else "slow to the end")
     return (f"to {s['ratio']:.2f}x at step {s['step']} ({_rate(s['rate'], s['unit'])} against "
             f"{_rate(s['before'], s['unit'])}), {back}")
 
@@ -171,3 +216,22 @@ def said(s: dict) -> str:
 def summary_lines(slowdowns: list[dict]) -> list[str]:
     """The closing summary's line for each slowdown."""
     return [f"  slowed       {said(s)}" for s in slowdowns]
+
+
+def status_lines(trainer_log: str) -> list[str]:
+    """`ftbundle status`'s lines on the run's pace, from its trainer log's text (its last records:
+    a detached run has no launcher to say it, and another terminal none either)."""
+    pace = Pace()
+    for line in trainer_log.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "current_steps" in record:
+            tokens = record.get("total_tokens")
+            step = record.get("current_steps")
+            pace.feed(trainer_seconds(record.get("elapsed_time")), tokens if isinstance(tokens, int) else None,
+                      step if isinstance(step, int) else None)
+            pace.judge()
+    now = pace.now()
+    return ([f"pace: {now}"] if now else []) + [f"  slowed {said(s, going=True)}" for s in pace.record()]

@@ -20,7 +20,7 @@ from ..gpu_metrics import GpuFleet
 from ..protocol import parse_steps
 from ..speed import SpeedBasis
 from . import stragglers
-from .pace import Pace
+from .pace import Pace, trainer_seconds
 
 STRAGGLERS_EVERY_S = 1.0  # the fleet's step times are judged again at most this often (feed_steps)
 # the Trainer's own bar has no description ("35%|###5   | 21/60 [00:03<...]"); a dataset's
@@ -146,27 +146,6 @@ def parse_bar(line: str) -> tuple[int, int] | None:
     return (step, total) if 0 <= step <= total else None
 
 
-_DAYS = re.compile(r"^\s*(-?\d+) days?, (.*)$")
-
-
-def _seconds(text) -> float | None:
-    """LlamaFactory writes times as Python's timedelta prints them: H:MM:SS, and from a day on
-    "1 day, H:MM:SS", "6 days, H:MM:SS" (a week-long run's clock, and a long run's ETA)."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    days, text = 0, str(text)
-    if (m := _DAYS.match(text)) is not None:
-        days, text = int(m.group(1)), m.group(2)
-    try:
-        parts = [float(p) for p in text.split(":")]
-    except ValueError:
-        return None
-    total = 0.0
-    for part in parts:
-        total = total * 60 + part
-    return days * 86400 + total
-
-
 @dataclass
 class Progress:
     """Where training is. ``feed_*`` fold one observation in; the rest is read-only."""
@@ -233,8 +212,8 @@ class Progress:
             self.lr = float(record["lr"])
         if record.get("epoch") is not None:
             self.epoch = float(record["epoch"])
-        self.elapsed_s = _seconds(record.get("elapsed_time")) or self.elapsed_s
-        self.remaining_s = _seconds(record.get("remaining_time"))
+        self.elapsed_s = trainer_seconds(record.get("elapsed_time")) or self.elapsed_s
+        self.remaining_s = trainer_seconds(record.get("remaining_time"))
         if isinstance(record.get("total_tokens"), int):
             self.tokens = record["total_tokens"]
             if self.tokens_first is None and self.elapsed_s is not None:
@@ -242,7 +221,7 @@ class Progress:
             rate = record.get("throughput")  # (LlamaFactory's: the count over its own clock, to the ms)
             self.tokens_rate = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
         tokens = record.get("total_tokens")
-        self.pace.feed(_seconds(record.get("elapsed_time")), tokens if isinstance(tokens, int) else None, self.step)
+        self.pace.feed(trainer_seconds(record.get("elapsed_time")), tokens if isinstance(tokens, int) else None, self.step)
         if "loss" in record:  # the last record (the trainer's end) has none: nothing to plot
             self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
 

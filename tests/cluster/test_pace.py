@@ -3,7 +3,8 @@ containerized hosts train a real LlamaFactory LoRA; once the run has a pace, bot
 are capped by their cgroups (`docker update --cpus`, what another job on the hosts or a starved
 input would do to every node alike); the launcher says the run slowed (no straggler: every node
 alike), then, the caps lifted, that it is back; summary.json and `runs --json` keep it. The
-run is ended by `ftbundle stop`, as from another terminal: stopped, not failed.
+run is ended by `ftbundle stop`, as from another terminal: stopped, not failed; `status` then
+judges the trainer log's records as the launcher did.
 
 The pace's window is 20 s here (FTB_PACE_WINDOW_S; 300 s by default): 5 s chunks of the
 trainer's clock."""
@@ -27,13 +28,27 @@ pytestmark = pytest.mark.cluster
 
 def elapsed(log) -> float:
     """The trainer's clock (trainer_log.jsonl's last elapsed_time), 0 before its first record."""
-    from ftbundle.ui.progress import _seconds
+    from ftbundle.ui.pace import trainer_seconds
 
     try:
         last = log.read_text().strip().splitlines()[-1]
-        return _seconds(json.loads(last).get("elapsed_time")) or 0.0
+        return trainer_seconds(json.loads(last).get("elapsed_time")) or 0.0
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def rates(log, capped_at: float) -> tuple[float, float]:
+    """The trainer log's own tokens/s (its clock, its count): from its 10th second to the caps, and
+    over its last 25 s."""
+    from ftbundle.ui.pace import trainer_seconds
+
+    points = [(trainer_seconds(r.get("elapsed_time")), r["total_tokens"])
+              for r in map(json.loads, log.read_text().splitlines()) if "total_tokens" in r]
+
+    def rate(t0, t1):
+        inside = [(t, n) for t, n in points if t0 <= t <= t1]
+        return (inside[-1][1] - inside[0][1]) / max(1.0, inside[-1][0] - inside[0][0])
+    return rate(10, capped_at), rate(points[-1][0] - 25, points[-1][0])
 
 
 def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster, tmp_path):
@@ -61,7 +76,7 @@ def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster,
             out.append(line)
             if text in line:
                 return line
-        raise AssertionError(f"no {text!r} in {seconds:.0f} s:\n" + "".join(out)[-3000:])
+        return ""
 
     capped = []
     try:
@@ -71,14 +86,22 @@ def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster,
             assert time.monotonic() < deadline and proc.poll() is None, f"trainer at {elapsed(log)} s"
             time.sleep(0.5)
         # each rank gets about one core of 2 here; a tenth of one is a slowdown no noise explains
+        capped_at = elapsed(log)
         for host in cluster.hosts:
             subprocess.run(["docker", "update", "--cpus", "0.1", host.container], check=True, capture_output=True)
             capped.append(host)
         slowed = wait_for("the run slowed to ", 180)
+        assert slowed, "no slowdown said in 180 s:\n" + "".join(out)[-3000:]
         for host in capped:
             subprocess.run(["docker", "update", "--cpu-quota", "-1", host.container], check=True, capture_output=True)
         capped.clear()
-        back = wait_for("the run is back to its pace: ", 180)
+        back = wait_for("the run is back to its pace: ", 240)
+        if not back:
+            # the machine's other load (CI runs other modules beside this one) may hold the uncapped run
+            # under its pace before for all that time: then the silence is right, and must be so
+            before, after = rates(log, capped_at)
+            print(f"no return said: {after:,.0f} tok/s over the last 25 s against {before:,.0f} before the caps")
+            assert after < 0.9 * before, (before, after, "".join(out)[-3000:])
     finally:
         for host in capped:
             subprocess.run(["docker", "update", "--cpu-quota", "-1", host.container], capture_output=True, check=False)
@@ -101,8 +124,9 @@ def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster,
     # both hosts were capped alike: no node is named the one that sets the pace
     assert slowed.rstrip().endswith("the step times name no straggler: every node slowed alike "
                                     "(their input, the network, the hosts)"), slowed
-    assert "warning" not in back and "before it slowed at step " in back, back
-    assert text.count("the run slowed to ") == 1 and text.count("the run is back to its pace") == 1, text[-3000:]
+    if back:
+        assert "warning" not in back and "before it slowed at step " in back, back
+    assert text.count("the run slowed to ") == 1 and text.count("the run is back to its pace") == bool(back), text[-3000:]
     # (ended by `ftbundle stop` from here, as from another terminal: a stop, over SSH on both hosts)
     assert proc.returncode == 130 and "stopped by `ftbundle stop` (" in text and "failed" not in text, text[-3000:]
 
@@ -111,7 +135,15 @@ def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster,
     [row] = json.loads(runs.stdout)
     assert row["state"] == "stopped", row
     [episode] = row["slowdowns"]
-    assert episode["unit"] == "tok/s" and episode["ratio"] < 0.7 and episode["back_step"] > episode["step"], episode
+    assert episode["unit"] == "tok/s" and episode["ratio"] < 0.7, episode
+    assert (episode["back_step"] > episode["step"]) if back else episode["back_step"] is None, episode
+    # `status` judges the trainer log's last records as the launcher did (a detached run, another terminal)
+    status = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job)], cwd=REPO,
+                            env={**os.environ, "FTB_PACE_WINDOW_S": "20"},
+                            capture_output=True, text=True, timeout=120, check=False).stdout
+    assert "\npace: " in status and " tok/s over its last " in status, status
+    assert "  slowed to " in status and f"at step {episode['step']} (" in status, status
+    assert (", back at step " if back else ", still slow") in status, status
     table = subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job)], cwd=REPO,
                            capture_output=True, text=True, timeout=120, check=True).stdout
     assert f"  slowed to {episode['ratio']:.2f}x at step {episode['step']} (" in table, table

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from ftbundle.history import format_runs, run_row, run_summary
 from ftbundle.ui import stragglers
-from ftbundle.ui.pace import BACK, SLOW, Pace, recorded
+from ftbundle.ui.pace import BACK, Pace, recorded, status_lines, trainer_seconds
 from ftbundle.ui.progress import Progress
 from ftbundle.ui.summary import closing_summary
 
@@ -42,15 +42,10 @@ def feed(pace: Pace, recs) -> list[tuple[int, str]]:
     """What the pace said, with the step it was said at."""
     said = []
     for r in recs:
-        pace.feed(Progress_seconds(r["elapsed_time"]), r.get("total_tokens"), r["current_steps"])
+        pace.feed(trainer_seconds(r["elapsed_time"]), r.get("total_tokens"), r["current_steps"])
         if (text := pace.judge()) is not None:
             said.append((r["current_steps"], text))
     return said
-
-
-def Progress_seconds(text):  # noqa: N802 - the progress module's own parser, as the launcher uses it
-    from ftbundle.ui.progress import _seconds
-    return _seconds(text)
 
 
 def test_a_healthy_run_with_its_saves_evaluations_and_noise_says_nothing_in_a_day():
@@ -99,11 +94,19 @@ def test_a_slowdown_longer_than_the_pace_before_it_is_judged_against_that_pace()
 def test_a_slowdown_of_under_a_third_or_a_resumed_clock_is_no_slowdown():
     # 0.75x for an hour: within the rule's margin
     assert feed(Pace(300), records(lambda t: 7500 if 3600 <= t < 7200 else 10000, 3 * 3600)) == []
-    # a resumed trainer: its clock starts again (elapsed and count lower): no rate from across it
+    # a resumed trainer: its clock starts again (elapsed and count lower): no rate from across it,
+    # and its first chunks (loading, compiling: a tenth of the pace here) are left out as a fresh one's
     pace = Pace(300)
-    first = records(lambda t: 5000, 1800)
-    again = records(lambda t: 5000, 1800, seed=2)
+    first = records(lambda t: 5000, 3600, every=60.0)
+    again = records(lambda t: 500 if t < 250 else 5000, 3600, every=60.0, seed=2)
     assert feed(pace, first + again) == []
+    # ... and a slowdown after the resume is judged on the resumed clock's last window, as before it
+    # (its times go on from the first clock's: not an hour of the old clock's chunks counted "recent")
+    pace = Pace(300)
+    slow_later = records(lambda t: 1500 if t >= 1200 else 5000, 3600, seed=4)
+    said = feed(pace, records(lambda t: 5000, 3600) + slow_later)
+    assert [text.split(" to ")[0] for _, text in said] == ["the run slowed"], said
+    assert 1200 / 2 < said[0][0] <= (1200 + 300) / 2, said
 
 
 def test_the_live_warning_says_whether_a_node_sets_the_pace_and_the_summary_and_runs_keep_it(tmp_path):
@@ -158,3 +161,22 @@ def test_summary_json_carries_the_slowdowns():
     summary = run_summary(Plan(), exit_code=0, interrupted=False, attempt=1, started=0.0, duration_s=3600.0,
                           progress=p, failed_host=None)
     assert [s["step"] for s in summary["slowdowns"]] == [s.step for s in p.pace.slowdowns] and summary["slowdowns"]
+
+
+def test_status_reads_the_pace_from_the_trainer_logs_text():
+    """`ftbundle status` (a detached run, another terminal) judges the trainer log's last records as
+    the launcher judges them live: the pace now against before, and each slowdown, one still going
+    said "still slow"; a log too short to judge, or no log, says nothing."""
+    def rate(t):
+        return 2000 if t >= 3600 else 6000
+    text = "not json\n" + "\n".join(json.dumps(r) for r in records(rate, 2 * 3600)) + "\n"
+    lines = status_lines(text)
+    assert lines[0].startswith("pace: ") and " tok/s over its last 5 min (step " in lines[0], lines
+    assert "x its 6,0" in lines[0] or "x its 5,9" in lines[0], lines
+    assert lines[1].startswith("  slowed to 0.3") and lines[1].endswith(", still slow"), lines
+    healthy = "\n".join(json.dumps(r) for r in records(lambda t: 6000, 3600))
+    [line] = status_lines(healthy)
+    assert line.startswith("pace: ") and "(step " in line, line
+    assert 0.85 < float(line.split("), ")[1].split("x its")[0]) < 1.15, line
+    assert status_lines("\n".join(json.dumps(r) for r in records(lambda t: 6000, 60))) == []
+    assert status_lines("") == []
