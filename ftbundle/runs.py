@@ -513,8 +513,16 @@ def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:
     out = out or sys.stderr
     states = [state for _, state, _ in node_states(ref, cluster)]
     if states and all(s.startswith(("exited", "stopped")) for s in states):
+        state = run_state(states)[0]
+        if state != "finished" and _read(cluster, ref.nodes[0].host, ref.rundir.summary) is None:
+            # failed with no launcher's record of its end: its launcher may be between two attempts
+            # (a restart, a lost host's wait), and would start the next one: it is told not to
+            stage_files(cluster, ref.nodes[0].host, ref.run_dir, {STOP_REQUEST: "stop requested\n"})
+            print(f"ftbundle: run {ref.run_id} has no node running (state: {state}) and no record of its end: if its "
+                  "launcher is between attempts, it starts no other (stop-requested written)", file=out)
+            return 0
         # over already: nothing to stop, and nothing written into its run directory
-        print(f"ftbundle: run {ref.run_id} is not running (state: {run_state(states)[0]}): nothing to stop", file=out)
+        print(f"ftbundle: run {ref.run_id} is not running (state: {state}): nothing to stop", file=out)
         return 0
     stage_files(cluster, ref.nodes[0].host, ref.run_dir, {STOP_REQUEST: "stop requested\n"})
 

@@ -40,8 +40,9 @@ from ..recovery import RECOVERY_PARTS, attempts_said, recovery_said
 from ..ui.progress import Progress
 from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
 from .staging import stage_files
-from .states import LOST_EXIT_CODE, Outcome, State
+from .states import INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, Outcome, State
 from .supervisor import Supervisor
+from .teardown import stop_requested
 
 RESTART_DELAY_S = 1.0
 RECORD_TIMEOUT_S = 5.0  # writing summary.json at the end of a run, through one host
@@ -402,8 +403,17 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
                 send(plan.notify, {**summary, "failure": failure_said(outcome)}, say)
         return outcome.exit_code
 
+    def stopped_between(outcome: Outcome, attempt: int) -> int:
+        """`ftbundle stop` asked between two attempts (no node was running to be stopped): the
+        next one is not started, and the run is recorded as stopped."""
+        say(f"stopped by `ftbundle stop` ({plan.rundir.stop_request}): attempt {attempt} not started")
+        return finish(dataclasses.replace(outcome, exit_code=INTERRUPTED_EXIT_CODE, failure=None, interrupted=True,
+                                          requested=True), attempt - 1)
+
     attempts = restarts + 1
     for attempt in range(1, attempts + 1):
+        if attempt > 1 and stop_requested(plan, cluster):  # (`ftbundle stop` while the restart was prepared)
+            return stopped_between(outcome, attempt)
         if attempt > 1:
             files = {rundir.ATTEMPT: f"{attempt}\n"}
             if len(history) > 1:
@@ -439,6 +449,8 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             if attempts > 1 and not outcome.interrupted:
                 say(f"giving up after {attempts} attempts")
             return finish(outcome, attempt)
+        if stop_requested(plan, cluster):  # (`ftbundle stop` as this attempt ended)
+            return stopped_between(outcome, attempt + 1)
         pending = restart_marks(outcome)
         problems = fence(plan, cluster, attempt, frozenset(
             rank for rank, st in enumerate(supervisor.status) if st.state is State.LOST))

@@ -184,3 +184,52 @@ def test_stop_on_an_attached_run_stops_it_for_good_and_not_as_a_failure(tmp_path
     assert word["state"] == "stopped" and word["failure"] is None, word
     runs = ftb(tmp_path, "runs", "job.yaml", "--json")
     assert json.loads(runs.stdout)[0]["state"] == "stopped", runs.stdout
+
+
+def test_a_stop_between_two_attempts_starts_no_other(tmp_path):
+    """`ftbundle stop` while the launcher is between attempts (no node running: the restart's teardown,
+    a lost host's wait) said "not running: nothing to stop", and the launcher then started the next
+    attempt. Now `stop` writes its request into a failed run with no record of its end, and the
+    launcher reads it before each restart: the failure is reported as what it was, no attempt 2."""
+    import threading
+    import time
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "between", "nproc_per_node": 1, "shared_dir": str(tmp_path / "shared"), "check": False,
+        "restarts": 2, "train": {"command": "echo started; sleep 3; exit 3"}}))
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", "job.yaml"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "shared").glob("runs/*/node-0-*.a1.log")):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(out)
+            time.sleep(0.1)
+        run_dir = next((tmp_path / "shared" / "runs").iterdir())
+        # (the request as `stop` writes it, while attempt 1 runs: it fails by itself, exit 3, after)
+        (run_dir / STOP_REQUEST).write_text("stop requested\n")
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(5)
+    text = "".join(out)
+    assert code == 130, text
+    assert "exit code 3" in text and "stopped by `ftbundle stop` (" in text and "attempt 2 not started" in text, text
+    assert "restarting" not in text and not list(run_dir.glob("*.a2.*")), text
+    assert json.loads((run_dir / "summary.json").read_text())["state"] == "stopped"
+
+    # `stop` on a failed run with no record of its end writes the request (its launcher may be
+    # between attempts); on one with a record it writes nothing (the finished run's test above)
+    (run_dir / STOP_REQUEST).unlink()
+    (run_dir / "summary.json").rename(run_dir / "kept.json")
+    stop = ftb(tmp_path, "stop", "job.yaml")
+    assert stop.returncode == 0 and "has no node running (state: failed) and no record of its end: if its launcher " \
+        "is between attempts, it starts no other (stop-requested written)" in stop.stderr, stop.stderr
+    assert (run_dir / STOP_REQUEST).exists()
+    (run_dir / STOP_REQUEST).unlink()
+    (run_dir / "kept.json").rename(run_dir / "summary.json")
+    stop = ftb(tmp_path, "stop", "job.yaml")
+    assert "is not running (state: failed): nothing to stop" in stop.stderr and not (run_dir / STOP_REQUEST).exists()
