@@ -141,30 +141,43 @@ def test_a_runs_curve_keeps_every_attempt_and_plot_draws_each(tmp_path):
     assert [r["current_steps"] for r in got["j-20261128-100000-aaaa attempt 2"]] == [2, 3]
 
 
+def run_in_background(cwd: Path):
+    """`ftbundle run job.yaml` started, its output read as it comes: (the process, its lines so far,
+    the reading thread)."""
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", "job.yaml"], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    return proc, out, reader
+
+
+def wait_for_attempt_log(cwd: Path, proc, out: list[str], text: str = "") -> Path:
+    """Attempt 1's node log holding ``text`` (60 s at most); the run directory."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while not any(text in p.read_text() for p in (cwd / "shared").glob("runs/*/node-0-*.a1.log")):
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(out)
+        time.sleep(0.1)
+    return next((cwd / "shared" / "runs").iterdir())
+
+
 def test_stop_on_an_attached_run_stops_it_for_good_and_not_as_a_failure(tmp_path):
     """`ftbundle stop` from another terminal on a run attached to its launcher, with restarts left:
     the launcher said "failed: exit code 143 (SIGTERM)" with a traceback's place, restarted the
     run (`stop` had said "stopped"), and told its notifier a failure. It is a stop: said as one,
     no restart, exit 130, state "stopped" in summary.json, `runs` and the notifier's word."""
-    import threading
-    import time
-
     told = tmp_path / "told.json"
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({
         "name": "attached", "nproc_per_node": 1, "shared_dir": str(tmp_path / "shared"), "check": False,
         "restarts": 2, "notify": {"command": f"cat > {told}"},
         "train": {"command": "echo started; sleep 120"}}))
-    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", "job.yaml"], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
-    reader.start()
+    proc, out, reader = run_in_background(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not list((tmp_path / "shared").glob("runs/*/node-0-*.a1.log")) or "started" not in "".join(
-                p.read_text() for p in (tmp_path / "shared").glob("runs/*/node-0-*.a1.log")):
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(out)
-            time.sleep(0.2)
+        run_dir = wait_for_attempt_log(tmp_path, proc, out, "started")
         stop = ftb(tmp_path, "stop", "job.yaml")
         assert stop.returncode == 0 and "rank 0 localhost: stopped" in stop.stderr, stop.stderr
         code = proc.wait(timeout=60)
@@ -174,7 +187,6 @@ def test_stop_on_an_attached_run_stops_it_for_good_and_not_as_a_failure(tmp_path
     reader.join(5)
     text = "".join(out)
     assert code == 130, text
-    run_dir = next((tmp_path / "shared" / "runs").iterdir())
     assert f"stopped by `ftbundle stop` ({run_dir / STOP_REQUEST}): every node stopped in " in text, text
     assert "restarting" not in text and "failed" not in text and "143" not in text, text
     assert not list(run_dir.glob("*.a2.*")), sorted(p.name for p in run_dir.iterdir())  # (no second attempt)
@@ -191,23 +203,12 @@ def test_a_stop_between_two_attempts_starts_no_other(tmp_path):
     a lost host's wait) said "not running: nothing to stop", and the launcher then started the next
     attempt. Now `stop` writes its request into a failed run with no record of its end, and the
     launcher reads it before each restart: the failure is reported as what it was, no attempt 2."""
-    import threading
-    import time
-
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({
         "name": "between", "nproc_per_node": 1, "shared_dir": str(tmp_path / "shared"), "check": False,
         "restarts": 2, "train": {"command": "echo started; sleep 3; exit 3"}}))
-    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", "job.yaml"], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
-    reader.start()
+    proc, out, reader = run_in_background(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not list((tmp_path / "shared").glob("runs/*/node-0-*.a1.log")):
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(out)
-            time.sleep(0.1)
-        run_dir = next((tmp_path / "shared" / "runs").iterdir())
+        run_dir = wait_for_attempt_log(tmp_path, proc, out)
         # (the request as `stop` writes it, while attempt 1 runs: it fails by itself, exit 3, after)
         (run_dir / STOP_REQUEST).write_text("stop requested\n")
         code = proc.wait(timeout=60)
