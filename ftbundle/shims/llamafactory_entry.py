@@ -279,11 +279,23 @@ def _mlflow_store() -> str:
 
 def _why(message: str) -> str:
     """The reason in one of MLflow's failed-send messages, without its URLs (a URL may hold a
-    user and password): "[Errno 111] Connection refused", else the message's tail."""
+    user and password): the innermost cause as the system says it ("[Errno 111] Connection
+    refused"; a kept-alive connection the server dropped: "[Errno 104] Connection reset by
+    peer", "RemoteDisconnected: Remote end closed connection without response"), else the
+    message's last words."""
     found = re.search(r"\[Errno -?\d+\][^'\")]*", message)
     if found:
         return found.group(0).strip()
-    return re.sub(r"https?://\S+", "<url>", message.rpartition("Exception: ")[2])[-200:]
+    found = re.search(r"\w+Error\((-?\d+), '([^']*)'\)", message)  # (urllib3's way: ConnectionResetError(104, '...'))
+    if found:
+        return f"[Errno {found.group(1)}] {found.group(2)}"
+    inner = re.findall(r"(\w+)\('([^']+)'\)", message)  # (the last named cause: RemoteDisconnected('...'))
+    if inner:
+        return re.sub(r"https?://\S+", "<url>", f"{inner[-1][0]}: {inner[-1][1]}")
+    tail = re.sub(r"https?://\S+", "<url>", message.rpartition("Exception: ")[2]).strip()
+    if len(tail) > 200:  # (its last words, from a word's start)
+        tail = "..." + tail[-200:].partition(" ")[2]
+    return tail
 
 
 class TrackerSends(logging.Filter):

@@ -493,9 +493,12 @@ def test_a_failed_mlflow_send_is_said_at_once_and_its_run_end_failing_does_not_f
             proc.kill()
     assert proc.returncode == 0, out + err[-3000:]
     assert "SAID" in out
-    assert (f"ftbundle: warning: mlflow cannot send this run's metrics to its server ({mlflow_server.url}): "
-            "[Errno 111] Connection refused. MLflow retries each send for about 4 minutes while training goes on; "
-            "the run's end waits at most 60 s for it (FTB_TRACKERS_END_S)") in err, err[-3000:]
+    # (refused: a new connection; reset: the kept-alive one the server dropped as it stopped, seen in CI)
+    assert re.search(re.escape(f"ftbundle: warning: mlflow cannot send this run's metrics to its server "
+                               f"({mlflow_server.url}): ") + r"\[Errno (111\] Connection refused|104\] Connection "
+                     r"reset by peer)\. " + re.escape("MLflow retries each send for about 4 minutes while training goes "
+                                                   "on; the run's end waits at most 60 s for it (FTB_TRACKERS_END_S)"),
+                     err), err[-3000:]
     assert err.count("mlflow cannot send") == 1  # (once, however many sends fail)
     assert f"ftbundle: warning: mlflow could not end its run at {mlflow_server.url}: " in err, err[-3000:]
     assert "secret" not in err  # (nor in MLflow's own ERROR line: its record is cut before it is written)

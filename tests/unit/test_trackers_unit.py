@@ -604,3 +604,29 @@ def test_a_trackers_server_rank_0_does_not_reach_is_refused(tmp_path):
     assert len(c.details) == 2 and "has no API key on node0" in c.details[0]  # (the key first, alone)
     absent = [facts("node0", versions={**versions, "wandb": "absent"}, wandb_login=keyed, servers={"wandb": cloud})]
     assert "cannot reach" not in " ".join(judged(tmp_path, "wandb", absent).details)
+
+
+def test_a_failed_sends_reason_is_its_innermost_cause_without_urls():
+    """MLflow's queue logs a failed send with the whole chain of urllib3's exceptions; the warning
+    names the cause a user can act on. Messages as MLflow 3 printed them (the second from a CI run:
+    the server went away while the client's kept-alive connection was open; the old reason cut it
+    mid-word, "ool(host=...")."""
+    from ftbundle.shims import llamafactory_entry as entry
+
+    head = ("Run Id 92005: Failed to log run data: Exception: API request to http://ann:pw@127.0.0.1:42167/api/2.0/"
+            "mlflow/runs/log-batch failed with exception HTTPConnectionPool(host='127.0.0.1', port=42167): Max "
+            "retries exceeded with url: /api/2.0/mlflow/runs/log-batch (Caused by ")
+    refused = head + ("NewConnectionError('<urllib3.connection.HTTPConnection object at 0x7f>: Failed to establish "
+                      "a new connection: [Errno 111] Connection refused'))")
+    reset = head + "ProtocolError('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer')))"
+    dropped = head + ("ProtocolError('Connection aborted.', RemoteDisconnected('Remote end closed connection "
+                      "without response')))")
+    assert entry._why(refused) == "[Errno 111] Connection refused"
+    assert entry._why(reset) == "[Errno 104] Connection reset by peer"
+    assert entry._why(dropped) == "RemoteDisconnected: Remote end closed connection without response"
+    status = ("Run Id 1: Failed to log run data: Exception: API request to http://ann:pw@h/api/2.0/mlflow/runs/"
+              "log-batch failed with error code 503 != 200. Response body: '" + "busy " * 60 + "'")
+    why = entry._why(status)
+    assert why.startswith("...busy ") and len(why) <= 204 and "pw" not in why and "http" not in why, why
+    short = "Run Id 1: Failed to log run data: Exception: API request to http://ann:pw@h/x failed: 500"
+    assert entry._why(short) == "API request to <url> failed: 500"
