@@ -426,7 +426,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         supervisor = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
                                 start_step=start_step, more_attempts=attempt < attempts)
         outcome = supervisor.run(before if attempt == 1 else None)
-        curve += [{**r, "attempt": attempt} for r in (outcome.progress.records + outcome.progress.gpus.curve
+        curve += [{**r, "attempt": attempt} for r in (outcome.progress.plot_records() + outcome.progress.gpus.curve
                                                       if outcome.progress else [])]
         fleets.append(outcome.progress.gpus if outcome.progress else None)
         run_gpus = gpu_metrics.over_attempts(fleets)
@@ -543,7 +543,7 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
     files = {rundir.SUMMARY: json.dumps(summary, indent=2) + "\n"}
     if len(attempts) > 1:  # (`ftbundle status` reads it: each attempt's recovery, now known)
         files[rundir.ATTEMPTS] = json.dumps(list(attempts), indent=2) + "\n"
-    records = curve if curve else progress.records
+    records = curve if curve else progress.plot_records()
     if records:
         files[rundir.METRICS] = "".join(json.dumps(r) + "\n" for r in records)
     # through a node the run could still reach (rank 0's host may be the one that was lost, or

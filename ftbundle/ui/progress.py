@@ -146,6 +146,9 @@ def parse_bar(line: str) -> tuple[int, int] | None:
     return (step, total) if 0 <= step <= total else None
 
 
+RECORDS_MAX = 20_000  # the trainer's records a run keeps for its plot (Progress.keep_record)
+
+
 @dataclass
 class Progress:
     """Where training is. ``feed_*`` fold one observation in; the rest is read-only."""
@@ -161,7 +164,9 @@ class Progress:
     samples_per_s: float | None = None  # the trainer's own, from its closing report (see throughput)
     train_loss: float | None = None  # the trainer's closing train_loss: the mean over all its steps
     effective_batch: int | None = None  # samples per optimizer step, when known
-    records: list[dict] = field(default_factory=list)  # trainer_log.jsonl-shaped, for plots
+    # trainer_log.jsonl-shaped, for plots and metrics.jsonl: at most RECORDS_MAX, thinned by halves
+    # (keep_record; every record stays in the trainer's own log), the latest apart (plot_records)
+    records: list[dict] = field(default_factory=list)
     last_line: str = ""
     from_jsonl: bool = False  # trainer_log.jsonl seen, or expected (LlamaFactory): it wins over stdout
     stage: str | None = None  # before the first step: what the ranks are doing (stage_of)
@@ -191,6 +196,9 @@ class Progress:
     # parts of the start-up that came before the launch: ("staging data", seconds) (ftbundle.stage)
     before: tuple[tuple[str, float], ...] = ()
     _slowest: str | None = None  # the live line's straggler, as last judged (feed_steps)
+    _seen: int = 0  # records offered to keep_record, and every how many one is kept
+    _stride: int = 1
+    _latest: dict | None = None
     _judged_at: float | None = None
 
     def _loss(self, value) -> None:
@@ -201,6 +209,7 @@ class Progress:
         """A trainer_log.jsonl record."""
         if not self.from_jsonl:
             self.records.clear()  # what stdout said before the first record: this says it better
+            self._seen, self._stride, self._latest = 0, 1, None
         self.from_jsonl = True
         if self.first_step_at is None:
             self.first_step_at = time.monotonic()
@@ -223,7 +232,26 @@ class Progress:
         tokens = record.get("total_tokens")
         self.pace.feed(trainer_seconds(record.get("elapsed_time")), tokens if isinstance(tokens, int) else None, self.step)
         if "loss" in record:  # the last record (the trainer's end) has none: nothing to plot
-            self.records.append({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
+            self.keep_record({k: record.get(k) for k in ("current_steps", "total_steps", "loss", "lr", "epoch")})
+
+    def keep_record(self, record: dict) -> None:
+        """One record for the plot: every one up to RECORDS_MAX, then every other one of those
+        and every second one from then on, and so on (evenly spaced: a week at one record a
+        second is 600,000 records, about 180 MB held and sent at the end, as 20,000 it is 6 MB)."""
+        self._latest = record
+        self._seen += 1
+        if (self._seen - 1) % self._stride:
+            return
+        self.records.append(record)
+        if len(self.records) > RECORDS_MAX:
+            self.records = self.records[::2]
+            self._stride *= 2
+
+    def plot_records(self) -> list[dict]:
+        """The records kept, and the latest one whether kept or not (the curve ends where the run did)."""
+        if self._latest is not None and (not self.records or self.records[-1] is not self._latest):
+            return [*self.records, self._latest]
+        return list(self.records)
 
     def gpu_tick(self, now: float, first_step: float | None) -> list[str]:
         """The GPUs' look (ftbundle.gpu_metrics): what is to be named now, an idle node said
@@ -329,8 +357,8 @@ class Progress:
             if values.get("epoch") is not None:
                 self.epoch = float(values["epoch"])
             if "loss" in values:
-                self.records.append({"current_steps": self.step, "total_steps": self.total,
-                                     "loss": self.loss, "lr": self.lr, "epoch": self.epoch})
+                self.keep_record({"current_steps": self.step, "total_steps": self.total,
+                                  "loss": self.loss, "lr": self.lr, "epoch": self.epoch})
             return True
         bar = parse_bar(line) if BAR_MARK in line else None
         if bar is not None and not self.from_jsonl:
@@ -455,6 +483,9 @@ def clock(seconds: float | None) -> str:
     seconds = int(max(0, seconds))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
+    if h >= 24:  # (a week-long run: "6d 23:59:59", not "167:59:59")
+        d, h = divmod(h, 24)
+        return f"{d}d {h:02d}:{m:02d}:{s:02d}"
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 

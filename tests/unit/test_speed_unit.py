@@ -164,3 +164,39 @@ def test_a_run_past_its_first_day_keeps_its_clock():
     assert p.elapsed_s == 2 * 86400 and p.remaining_s == 8 * 86400
     assert p.tokens_per_s() == 1_728_000_000 / (2 * 86400)
     assert p.steps_per_s() == 200 / (2 * 86400)
+
+
+def test_a_week_of_records_keeps_an_even_bounded_curve_and_its_last_point():
+    """A week at one record a second is 604,800 records: all kept, the launcher held about 180 MB
+    and sent them at the end. The plot's curve now keeps at most RECORDS_MAX, evenly spaced, and
+    ends on the run's last record; the live line's clock says days."""
+    import tracemalloc
+
+    from ftbundle.ui.progress import RECORDS_MAX, clock
+
+    p = Progress()
+    n = 5 * RECORDS_MAX + 7
+    tracemalloc.start()
+    for step in range(1, n + 1):
+        p.feed_record({"current_steps": step, "total_steps": n, "loss": 1.0 + 1 / step, "lr": 1e-4,
+                       "epoch": step / n, "elapsed_time": f"{step // 3600}:{step // 60 % 60:02d}:{step % 60:02d}"})
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    curve = p.plot_records()
+    steps = [r["current_steps"] for r in curve]
+    assert RECORDS_MAX // 2 <= len(p.records) <= RECORDS_MAX, len(p.records)
+    assert steps[0] == 1 and steps[-1] == n and p.final_loss == 1.0 + 1 / n
+    gaps = {b - a for a, b in zip(steps[:-2], steps[1:-1])}
+    assert gaps == {8}, gaps  # (100,007 records: halved three times, every 8th kept)
+    assert steps[-1] - steps[-2] <= 8
+    assert held < 16 * 2**20, held  # (all 100,007 as before: about 30 MB)
+    assert [clock(s) for s in (59, 3599, 86399, 86400, 7 * 86400 - 1)] == [
+        "00:59", "59:59", "23:59:59", "1d 00:00:00", "6d 23:59:59"]
+
+
+def test_the_curve_of_a_short_run_is_every_record():
+    p = Progress()
+    for step in (1, 2, 3):
+        p.feed_record({"current_steps": step, "total_steps": 3, "loss": float(step)})
+    p.feed_record({"current_steps": 3, "total_steps": 3, "train_runtime": 1.0})  # (the end: no loss)
+    assert [r["current_steps"] for r in p.plot_records()] == [1, 2, 3] == [r["current_steps"] for r in p.records]
