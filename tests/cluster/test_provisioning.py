@@ -50,7 +50,7 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     """PLAY RECAP lines -> {host: {ok: n, changed: n, failed: n, ...}}."""
     hosts = {}
     for line in output.split("PLAY RECAP", 1)[-1].splitlines():
-        match = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
+        match = re.match(r"^(\S+)\s+:\s+(ok=\d+.*)$", line.strip())  # (not a profiling callback's lines)
         if match:
             hosts[match.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(2))}
     return hosts
