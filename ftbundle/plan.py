@@ -184,6 +184,7 @@ class Plan:
             "nprocs": list(self.nprocs),
             "world_size": self.world_size,
             "checkpoint_dir": self.checkpoint_dir,
+            "resumes": self.resumes,  # (`status`: what a failure now would resume from)
             "image": self.image,
             "stall_timeout": self.stall_timeout,
             "straggler_factor": self.straggler_factor,  # (a detached run's stragglers: runs.py, history.py)

@@ -221,7 +221,7 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
         print(line, file=out)
     for line in _detached_kept(ref, cluster):
         print(line, file=out)
-    for line in _pace(ref, cluster):
+    for line in _training(ref, cluster, running=summary == "running"):
         print(line, file=out)
     return 1 if failed or summary.startswith("stopped") or summary == "stalled" else 0
 
@@ -268,19 +268,36 @@ def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
 
 PACE_RECORDS = 20_000  # the trainer log's last records `status` judges the run's pace on
 
+# output_dir's newest complete checkpoint's age and the trainer log's last records, on rank 0's host
+_TRAINING_READ = r'''dir=$1 last=$2
+if [ -n "$last" ]; then stat -c %Y -- "$dir/$last/trainer_state.json" 2>/dev/null || echo -; else echo -; fi
+date +%s
+tail -n "$3" -- "$dir/trainer_log.jsonl" 2>/dev/null
+true'''
 
-def _pace(ref: RunRef, cluster: Cluster) -> list[str]:
-    """The run's pace (ui.pace) from its trainer log's last records, read through rank 0's host:
-    what an attached run's launcher says while it goes, for a detached run or another terminal.
-    Nothing for a job without a trainer log (a script's)."""
-    from .ui.pace import status_lines
+
+def _training(ref: RunRef, cluster: Cluster, *, running: bool) -> list[str]:
+    """What the trainer has done, read through rank 0's host: the run's pace (ui.pace) from its
+    trainer log's last records, what an attached run's launcher says while it goes, for a detached
+    run or another terminal; and output_dir's newest complete checkpoint, its age and what a failure
+    now would cost (launch/resume.py). Nothing for a job without a trainer log (a script's)."""
+    from .launch.resume import checkpoint_status
+    from .ui.pace import last_step, status_lines
 
     out_dir = ref.record.get("checkpoint_dir")
     if not isinstance(out_dir, str) or not out_dir:
         return []
-    path = posixpath.join(out_dir, "trainer_log.jsonl")
-    result = _run_dir_command(cluster, ref.nodes[0].host, ["tail", "-n", str(PACE_RECORDS), "--", path], path)
-    return status_lines(result.stdout) if result.ok else []
+    host = ref.nodes[0].host
+    found = _run_dir_command(cluster, host, node_argv("resume-point", out_dir, "look"), out_dir)
+    last = (found.stdout.strip().splitlines()[-1:] or [""])[0] if found.ok else ""
+    read = _run_dir_command(cluster, host, ["bash", "-c", _TRAINING_READ, "ftb", out_dir, last, str(PACE_RECORDS)],
+                            out_dir)
+    saved_at, now, log = (read.stdout.split("\n", 2) + ["", "", ""])[:3]
+    ago = int(now) - int(saved_at) if saved_at.isdigit() and now.isdigit() else None
+    resumes = ref.record.get("resumes")
+    line = checkpoint_status(out_dir, last or None, ago, last_step(log), running=running,
+                             resumes=resumes if isinstance(resumes, bool) else None)
+    return status_lines(log) + [line]
 
 
 def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[str]:

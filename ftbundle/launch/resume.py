@@ -123,3 +123,34 @@ def refuse_finished(state: ResumeState, job_path: str) -> None:
     """A finished training is not trained again silently: exit 2 with the ways forward."""
     raise UserError(f"{finished_words(state)}; nothing is left to train and nothing was started. Either "
                     f"{FRESH_OR_OVERWRITE}", file=job_path, key="train.llamafactory output_dir")
+
+
+def checkpoint_status(output_dir: str, checkpoint: str | None, saved_ago_s: float | None, step: int | None,
+                      *, running: bool, resumes: bool | None) -> str:
+    """`ftbundle status`'s line on what the run has saved (pure): the newest complete checkpoint,
+    how long ago it was written and how far the trainer has gone since; while the run goes, what a
+    failure now would cost (a restart resumes there: the steps since are trained again)."""
+    from ..ui.progress import clock
+
+    now = f"; the trainer is at step {step}" if step is not None else ""
+    if checkpoint is None:
+        head = f"checkpoint: none yet in {output_dir}{now}"
+        lose = "starts again from step 0"
+    else:
+        saved = step_of(checkpoint)
+        ago = f", written {clock(saved_ago_s)} ago" if saved_ago_s is not None else ""
+        head = f"checkpoint: {checkpoint} in {output_dir}{ago}{now}"
+        since = step - saved if step is not None and saved is not None and step >= saved else None
+        lose = f"resumes from step {saved}" + (f" ({since} step{'s' if since != 1 else ''} trained again)"
+                                                if since else "")
+    if not running or resumes is None:
+        return head
+    if not resumes:
+        return f"{head}; a restart does not resume from it (the config sets overwrite_output_dir or resume_from_checkpoint)"
+    return f"{head}; a failure now {lose}"
+
+
+def step_of(checkpoint: str) -> int | None:
+    """checkpoint-1200 -> 1200 (the Trainer's global_step at the save)."""
+    number = checkpoint.rpartition("-")[2]
+    return int(number) if number.isdigit() else None

@@ -235,3 +235,15 @@ def status_lines(trainer_log: str) -> list[str]:
             pace.judge()
     now = pace.now()
     return ([f"pace: {now}"] if now else []) + [f"  slowed {said(s, going=True)}" for s in pace.record()]
+
+
+def last_step(trainer_log: str) -> int | None:
+    """The step of the trainer log's last record (its text's last lines), None when it has none."""
+    for line in reversed(trainer_log.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("current_steps"), int):
+            return record["current_steps"]
+    return None

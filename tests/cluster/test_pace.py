@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -85,6 +86,12 @@ def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster,
         while elapsed(log) < 75:
             assert time.monotonic() < deadline and proc.poll() is None, f"trainer at {elapsed(log)} s"
             time.sleep(0.5)
+        # `status` while it goes (another terminal): no checkpoint (save_strategy no), what a failure costs
+        running = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job)], cwd=REPO,
+                                 capture_output=True, text=True, timeout=120, check=False).stdout
+        assert "state: running" in running, running
+        assert re.search(rf"\ncheckpoint: none yet in {re.escape(str(log.parent))}; the trainer is at step \d+; "
+                         r"a failure now starts again from step 0\n", running), running
         # each rank gets about one core of 2 here; a tenth of one is a slowdown no noise explains
         capped_at = elapsed(log)
         for host in cluster.hosts:

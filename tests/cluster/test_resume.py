@@ -29,6 +29,11 @@ def test_a_finished_training_is_refused_and_a_checkpoint_is_resumed_and_counted_
     assert "resuming" not in first.stderr and "resumed at" not in first.stderr
     (first_run,) = [p.name for p in (shared / "runs").iterdir()]
     assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 20
+    # `status` of the finished run: its newest checkpoint, read on rank 0's host (no failure to cost now)
+    status = ftbundle("status", str(job), timeout=120)
+    assert re.search(rf"\ncheckpoint: checkpoint-20 in {re.escape(str(output))}, written (\d+:)?\d\d:\d\d ago; "
+                     r"the trainer is at step 20\n", status.stdout), status.stdout + status.stderr
+    assert "state: finished" in status.stdout and "a failure now" not in status.stdout, status.stdout
 
     # the same job again: output_dir holds a finished training
     again = ftbundle("run", str(job), "--no-check", timeout=120)

@@ -52,3 +52,30 @@ def test_the_staging_time_is_the_first_part_of_the_start_up():
     assert p.startup() == [("staging data", 22.7), ("launch and start-up", 4.0), ("loading model", 6.0)]
     assert startup_text(p.startup()) == "32.7 s: staging data 22.7 s, launch and start-up 4.0 s, loading model 6.0 s"
     assert Progress(before=(("staging data", 1.0),)).startup() == []  # (nothing seen yet: nothing said)
+
+
+def test_status_says_the_newest_checkpoint_and_what_a_failure_now_costs():
+    """`ftbundle status`'s checkpoint line (launch/resume.py checkpoint_status, pure; read for real in
+    tests/cluster/test_resume.py and tests/cluster/test_pace.py): at 2 a.m. on day 5, how much
+    training does a failure now throw away?"""
+    from ftbundle.launch.resume import checkpoint_status
+    from ftbundle.ui.pace import last_step
+
+    out = "/shared/out"
+    assert checkpoint_status(out, "checkpoint-12000", 6125, 12340, running=True, resumes=True) == (
+        "checkpoint: checkpoint-12000 in /shared/out, written 1:42:05 ago; the trainer is at step 12340; "
+        "a failure now resumes from step 12000 (340 steps trained again)")
+    assert checkpoint_status(out, "checkpoint-12000", 30, 12000, running=True, resumes=True).endswith(
+        "a failure now resumes from step 12000")  # (just saved: nothing lost)
+    assert checkpoint_status(out, None, None, 340, running=True, resumes=True) == (
+        "checkpoint: none yet in /shared/out; the trainer is at step 340; a failure now starts again from step 0")
+    assert checkpoint_status(out, "checkpoint-500", 3 * 86400 + 5, 900, running=True, resumes=False) == (
+        "checkpoint: checkpoint-500 in /shared/out, written 3d 00:00:05 ago; the trainer is at step 900; a restart "
+        "does not resume from it (the config sets overwrite_output_dir or resume_from_checkpoint)")
+    # a run that is over, or whose plan.json predates the key: the facts alone
+    assert checkpoint_status(out, "checkpoint-20", 65, 20, running=False, resumes=True) == (
+        "checkpoint: checkpoint-20 in /shared/out, written 01:05 ago; the trainer is at step 20")
+    assert checkpoint_status(out, "checkpoint-20", None, None, running=True, resumes=None) == (
+        "checkpoint: checkpoint-20 in /shared/out")
+    log = '{"current_steps": 9, "loss": 1.0}\n{"current_steps": 10, "loss": 0.9}\n{"current_st'  # (a line being written)
+    assert last_step(log) == 10 and last_step("") is None and last_step("not json\n") is None
