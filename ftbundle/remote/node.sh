@@ -137,13 +137,17 @@ ftb_why() {  # FTB_WHY: the reading asked by ftb_ask, not answered yet, as the k
   # with bash's `read`: no process): "" when it is blocked in the kernel (S or D, in its stat: the
   # storage holds it), Z when it has just ended (answered: nothing to say), else " STATE WCHAN LOAD"
   # (R: runnable, not run; "-": not at its program yet; LOAD: /proc/loadavg's first): a host too busy
-  # to run it, not a hung filesystem (ftbundle/remote/evidence.py decides, launch/storage.py words it)
+  # to run it, not a hung filesystem (ftbundle/remote/evidence.py decides, launch/storage.py words it).
+  # Before its exec the child is still bash, expanding the progress globs: a readdir of the frozen
+  # storage holds it there, asleep in the filesystem; said with where it waits (S/D WCHAN), so that
+  # the evidence rule tells the storage from this host's own disk or memory
   local st="" w="" load="" state
   { read -r st <"/proc/$FTB_ASK_PID/stat"; } 2>/dev/null
   { read -r w <"/proc/$FTB_ASK_PID/wchan"; } 2>/dev/null
   { read -r load _ </proc/loadavg; } 2>/dev/null
   state=${st##*) }; state=${state%% *}
-  case $st in "") state=Z ;; *"(stat) "*) ;; *) state=- ;; esac
+  case $st in "") state=Z ;; *"(stat) "*) ;; *) case $state in S|D) FTB_WHY=" $state ${w:-0} ${load:-?}"; return ;; esac
+    state=- ;; esac
   case $state in S|D) FTB_WHY="" ;; Z|X) FTB_WHY=Z ;; *) FTB_WHY=" $state ${w:-0} ${load:-?}" ;; esac
 }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 from ftbundle.launch.display import ProgressFeed
 from ftbundle.launch.node import LineSplitter, display_splitter, split_bars
@@ -43,12 +44,16 @@ def through_display(data: bytes, chunk: int = 7, *, many: bool = True) -> tuple[
     return out.getvalue(), progress, feed
 
 
-def test_a_reads_lines_at_once_come_to_what_a_line_at_a_time_does():
+def test_a_reads_lines_at_once_come_to_what_a_line_at_a_time_does(monkeypatch):
     """The progress feed takes a read's lines in one call and searches them once: chatty
     lines between warnings (a Python warning's source line split from it by a read's end),
     stage lines, bars, step dicts, blank lines, the recorded LlamaFactory run. In reads of
     every size, the display shows the same, and the progress ends the same, as a line at a
-    time."""
+    time. The display's clock stands still: a plain progress line is said at most every
+    PLAIN_EVERY_S, and on a loaded CI machine the 7-byte reads took longer than that between
+    two steps (one more line: a difference of speed, not of reads)."""
+    for module in ("ftbundle.ui.phases", "ftbundle.launch.display"):  # (the feed's redraws are timed too)
+        monkeypatch.setattr(f"{module}.time", SimpleNamespace(monotonic=lambda: 1000.0))
     chatty = "".join(f"{n:09d} " + "x" * 89 + "\n" for n in range(3000)).encode()
     warning = (b"/opt/venv/lib/python3.11/site-packages/torch/cuda/amp.py:12: FutureWarning: "
                b"`torch.cuda.amp.autocast(args...)` is deprecated\n  warnings.warn(\n")

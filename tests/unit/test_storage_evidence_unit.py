@@ -216,3 +216,42 @@ def test_node_program_says_how_its_reading_waits_when_it_is_not_the_storage(tmp_
     watch = StorageWatch(str(shared), ["node0"])
     assert watch.observe(0, said[0].split(" ", 1)[1], at=10.0).startswith("host node0 is starved: "), said
     assert watch.stuck() == []
+
+
+def test_a_reading_held_before_its_exec_is_said_with_where_it_waits():
+    """The node program's reading is a child that is bash until its `exec stat`, and it expands
+    the progress globs (the ranks' logs, on shared storage) first: a readdir of frozen storage
+    holds it there, asleep in the filesystem. It was said "not started" (its program not
+    reached), so a CI run's real sshfs freeze was called a starved host for 35 s and the run's
+    stop came 81 s after the freeze. Now its state and where it waits go to the launcher's rule.
+    ftb_why itself, on real processes: a bash asleep in the kernel (here a FIFO's read: a wait
+    that is not this host's disk or memory), a bash that runs (a busy loop: not at its program,
+    as before), one that is gone."""
+    source = program()
+    why = source[source.index("ftb_why() {"):source.index("\n}\n", source.index("ftb_why() {")) + 3]
+    fifo = f"/tmp/ftb-why-{os.getpid()}"
+    os.mkfifo(fifo)
+    asleep = subprocess.Popen(["bash", "-c", f"read -r x < {fifo}"])
+    busy = subprocess.Popen(["bash", "-c", "while :; do :; done"])
+    try:
+        time.sleep(0.5)
+
+        def ask(pid: int) -> str:
+            out = subprocess.run(["bash", "-c", why + f'FTB_ASK_PID={pid}; ftb_why; printf "[%s]" "$FTB_WHY"'],
+                                 capture_output=True, text=True, timeout=10)
+            return out.stdout
+
+        held, running = ask(asleep.pid), ask(busy.pid)
+        gone = ask(999_999_999)
+    finally:
+        for proc in (asleep, busy):
+            proc.kill()
+            proc.wait()
+        os.unlink(fifo)
+    words = held.strip("[]").split()
+    assert words[0] == "S" and words[1] not in ("", "0") and float(words[2]) >= 0, held
+    watch = StorageWatch("/shared", ["node0"])
+    said = watch.observe(0, "6" + held.strip("[]"), at=100.0)
+    assert said is not None and "not answering for 6s" in said and "starved" not in said, said
+    assert running.startswith("[ - 0 "), running  # (a bash that runs: not held, not started: starved)
+    assert gone == "[Z]", gone
