@@ -6,7 +6,9 @@ server gone, a frozen sshfs) holds the child in the kernel, inside the filesyste
 (state S; sshfs/FUSE in ``request_wait_answer``) or, after a signal or on NFS, in D
 (``rpc_wait_bit_killable``, ``nfs_*``), for as long as the freeze lasts. A host whose CPUs are
 taken (256 hosts' probes on 2 cores, load 140) has not even run the child yet: it is runnable
-(R), or has not reached its ``exec``, and its storage may be a local disk that answers at once.
+(R), or has not reached its ``exec`` while it runs, and its storage may be a local disk that
+answers at once. (A child held before its ``exec``, asleep in the kernel, is judged by its state and
+wait as any other: the node program's expands globs of the shared storage there: node.sh ``ftb_why``.)
 Only the first is the storage. So it is named only on that evidence: the child blocked in the
 kernel (S or D), not in a wait of this host's own disks or memory, while a control (the child's
 own ``stat`` of a name under /tmp, made just before; or the node program, which reads the
