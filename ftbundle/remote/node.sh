@@ -146,9 +146,11 @@ ftb_why() {  # FTB_WHY: the reading asked by ftb_ask, not answered yet, as the k
   { read -r w <"/proc/$FTB_ASK_PID/wchan"; } 2>/dev/null
   { read -r load _ </proc/loadavg; } 2>/dev/null
   state=${st##*) }; state=${state%% *}
-  case $st in "") state=Z ;; *"(stat) "*) ;; *) case $state in S|D) FTB_WHY=" $state ${w:-0} ${load:-?}"; return ;; esac
-    state=- ;; esac
-  case $state in S|D) FTB_WHY="" ;; Z|X) FTB_WHY=Z ;; *) FTB_WHY=" $state ${w:-0} ${load:-?}" ;; esac
+  case $st in
+    "") FTB_WHY=Z ;;
+    *"(stat) "*) case $state in S|D) FTB_WHY="" ;; Z|X) FTB_WHY=Z ;; *) FTB_WHY=" $state ${w:-0} ${load:-?}" ;; esac ;;
+    *) case $state in S|D) FTB_WHY=" $state ${w:-0} ${load:-?}" ;; *) FTB_WHY=" - ${w:-0} ${load:-?}" ;; esac ;;
+  esac
 }
 
 ftb_answered() {  # [WAIT]: whether the reading asked by ftb_ask has answered (waiting for it up to

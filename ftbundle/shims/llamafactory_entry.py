@@ -290,12 +290,11 @@ def _why(message: str) -> str:
     if found:
         return f"[Errno {found.group(1)}] {found.group(2)}"
     inner = re.findall(r"(\w+)\('([^']+)'\)", message)  # (the last named cause: RemoteDisconnected('...'))
-    if inner:
-        return re.sub(r"https?://\S+", "<url>", f"{inner[-1][0]}: {inner[-1][1]}")
-    tail = re.sub(r"https?://\S+", "<url>", message.rpartition("Exception: ")[2]).strip()
-    if len(tail) > 200:  # (its last words, from a word's start)
-        tail = "..." + tail[-200:].partition(" ")[2]
-    return tail
+    said = f"{inner[-1][0]}: {inner[-1][1]}" if inner else message.rpartition("Exception: ")[2]
+    said = re.sub(r"https?://\S+", "<url>", said).strip()
+    if len(said) > 200:  # (its last words, from a word's start)
+        said = "..." + said[-200:].partition(" ")[2]
+    return said
 
 
 class TrackerSends(logging.Filter):
