@@ -25,6 +25,7 @@ from .speed import SpeedBasis, basis_of, token_setting
 from .rundir import LLAMAFACTORY_CONFIG, NCCL_TRACE_PREFIX, NodeFiles, RunDir, node_log_name
 from .inventory import Host
 from .units import release
+from .paths import is_under
 from .job import MIN_SECRET_LEN, Job, check_pinned_image, is_secret, url_passwords
 
 if TYPE_CHECKING:
@@ -90,6 +91,9 @@ class Plan:
     # LlamaFactory resumes from output_dir's newest checkpoint-N by itself (overwrite_output_dir
     # false, no resume_from_checkpoint): ftbundle says so before launch, or refuses a finished one
     resumes: bool = False
+    # output_dir on storage every host shares (the check's probe, else: under shared_dir): `status`
+    # reads its checkpoints through another host when rank 0's is down; None: no output_dir
+    checkpoint_shared: bool | None = None
     stall_timeout: int = 0  # seconds without progress before the run is diagnosed and stopped; 0: never
     straggler_factor: float = 1.15  # a node's median step time above this x the fleet's: named (ui.stragglers)
     speed: SpeedBasis | None = None  # what tokens/s per rank and MFU are counted against (ftbundle.speed)
@@ -185,6 +189,7 @@ class Plan:
             "world_size": self.world_size,
             "checkpoint_dir": self.checkpoint_dir,
             "resumes": self.resumes,  # (`status`: what a failure now would resume from)
+            "checkpoint_shared": self.checkpoint_shared,  # (`status` with rank 0's host down)
             "image": self.image,
             "stall_timeout": self.stall_timeout,
             "straggler_factor": self.straggler_factor,  # (a detached run's stragglers: runs.py, history.py)
@@ -243,8 +248,11 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
     notes: list[str] = []
     effective_batch = finetuning_type = None
     resumes = False
+    checkpoint_shared = None
     if layout.lf_config is not None:
         shared = facts.storage_shared("output_dir") if facts is not None else None
+        if layout.checkpoint_dir is not None:
+            checkpoint_shared = shared if shared is not None else is_under(layout.checkpoint_dir, layout.shared_dir)
         prepared = llamafactory.prepare(
             job.train.llamafactory, workdir=layout.workdir, shared_dir=layout.shared_dir,
             nprocs=counts, bf16_capable=facts.bf16 if facts else None,
@@ -347,7 +355,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         master_addr=layout.master_addr, master_port=job.master_port, nnodes=len(layout.hosts),
         nodes=tuple(nodes), files=files, warnings=tuple(warnings),
         notes=tuple(notes), checkpoint_dir=layout.checkpoint_dir, image=image, effective_batch=effective_batch,
-        finetuning_type=finetuning_type, resumes=resumes,
+        finetuning_type=finetuning_type, resumes=resumes, checkpoint_shared=checkpoint_shared,
         stall_timeout=job.stall_timeout, straggler_factor=job.straggler_factor, speed=speed,
         trackers=tuple(tracked), notify=job.notify, staged=layout.stage_record,
         gpu_sample_s=gpu_sample_every(job, facts),

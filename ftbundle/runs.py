@@ -1,4 +1,4 @@
-"""A run after launch: status, logs and stop, from the state kept in its run directory.
+"""A run after launch: status and stop, from the state kept in its run directory (its logs: runlogs.py).
 
 Everything needed lives on shared storage (plan.json, the attempt number, each node's
 pid/exit/heartbeat files and logs), so these work from any machine with the job file and
@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from . import gpu_metrics, protocol
-from .cluster import Cluster, first_line, parallel
+from .cluster import Cluster, HostUnreachable, first_line, parallel
 from .errors import UserError
 from .hostlist import fold, fold_numbers
 from .inventory import Host
@@ -37,6 +37,14 @@ class RunRef:
     nodes: tuple[NodePlan, ...]
     attempt: int
     attempts: tuple[str, ...] = ()  # where each attempt after a lost host ran, and why (attempts.json)
+    found_through: Host | None = None  # the host find_run read the run directory through
+
+    def via(self, cluster: Cluster) -> Host:
+        """The host the run directory (shared storage) is read and written through: rank 0's while
+        it is connected, else the one the run was found through (the first that answered). Rank 0's
+        host dead was every read's traceback in `status` and every write's in `stop`."""
+        rank0 = self.nodes[0].host
+        return rank0 if self.found_through is None or cluster.alive(rank0) else self.found_through
 
     @property
     def rundir(self) -> RunDir:
@@ -136,7 +144,7 @@ def find_run(job_name: str, shared_dir: str, hosts: list[Host], run_id: str | No
             first_rank=int((entry.get("ranks") or [entry["rank"] * int(record.get("nproc_per_node") or 1)])[0]),
         ))
     return RunRef(run_id, run_dir, record, tuple(nodes), int(attempt_text) if attempt_text.isdigit() else 1,
-                  tuple(attempts))
+                  tuple(attempts), hosts[0])
 
 
 def node_states(ref: RunRef, cluster: Cluster, gpus: dict | None = None) -> list[tuple[NodePlan, str, str]]:
@@ -213,17 +221,26 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     for line in gpu_metrics.status_lines(gpus):  # (a GPU job's running nodes, read just now)
         print(line, file=out)
     summary, failed = run_state([state for _, state, _ in states])
-    stalled = _detached_stall(ref, cluster)
+    stalled = _said(_detached_stall, ref, cluster, "its stall record")
     if stalled:
         summary = "stalled"
     print(f"state: {summary}", file=out)
     for line in stalled:
         print(line, file=out)
-    for line in _detached_kept(ref, cluster):
+    for line in _said(_detached_kept, ref, cluster, "its nodes' step times"):
         print(line, file=out)
-    for line in _training(ref, cluster, running=summary == "running"):
+    for line in _said(_training, ref, cluster, "its trainer's log and checkpoints", running=summary == "running"):
         print(line, file=out)
     return 1 if failed or summary.startswith("stopped") or summary == "stalled" else 0
+
+
+def _said(read, ref: RunRef, cluster: Cluster, what: str, **kwargs) -> list[str]:
+    """``read(ref, cluster)``'s lines, or a line saying why they could not be read: the host read
+    through stopped answering after the run was found (the table above says which nodes answer)."""
+    try:
+        return read(ref, cluster, **kwargs)
+    except (HostUnreachable, TimeoutError) as exc:
+        return [f"{what}: not read: {first_line(exc) or type(exc).__name__}"]
 
 
 def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
@@ -233,7 +250,7 @@ def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
 
     from .launch.stall import diagnose, read_collected, report_lines
 
-    host = ref.nodes[0].host
+    host = ref.via(cluster)
     said = _read(cluster, host, ref.rundir.stalled(ref.attempt))
     if said is None:
         return []
@@ -257,7 +274,7 @@ def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
     from .ui import stragglers
 
     names = [node_glob(ref.attempt, "steps"), node_glob(ref.attempt, "xids")]
-    result = _run_dir_command(cluster, ref.nodes[0].host,
+    result = _run_dir_command(cluster, ref.via(cluster),
                               ["find", ref.run_dir, "-maxdepth", "1", "(", "-name", names[0], "-o", "-name", names[1],
                                ")", "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
                               ref.rundir.node_glob(ref.attempt, "steps"))
@@ -287,7 +304,10 @@ def _training(ref: RunRef, cluster: Cluster, *, running: bool) -> list[str]:
     out_dir = ref.record.get("checkpoint_dir")
     if not isinstance(out_dir, str) or not out_dir:
         return []
-    host = ref.nodes[0].host
+    host, rank0, shared = ref.via(cluster), ref.nodes[0].host, ref.record.get("checkpoint_shared")
+    if host is not rank0 and shared is not True:  # (its own disk, or a plan.json that does not say)
+        return [f"checkpoint: not read: rank 0's host {rank0.name}, which writes {out_dir}, does not answer"
+                + (", and no other host has it (not on shared storage)" if shared is False else "")]
     found = _run_dir_command(cluster, host, node_argv("resume-point", out_dir, "look"), out_dir)
     last = (found.stdout.strip().splitlines()[-1:] or [""])[0] if found.ok else ""
     read = _run_dir_command(cluster, host, ["bash", "-c", _TRAINING_READ, "ftb", out_dir, last, str(PACE_RECORDS)],
@@ -320,210 +340,6 @@ def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[
     return lines
 
 
-def parse_rank(text: str | None, nnodes: int, nproc: int | list[int]) -> tuple[int, int]:
-    """``--rank``: a global rank ("5") or node:local ("2:1") -> (node rank, local rank).
-    ``nproc``: the ranks per node, or each node's own (global ranks are contiguous per node)."""
-    nprocs = list(nproc) if isinstance(nproc, (list, tuple)) else [nproc] * nnodes
-    if text is None:
-        return 0, 0
-    node_text, sep, local_text = text.partition(":")
-    try:
-        if sep:
-            node, local = int(node_text), int(local_text)
-        else:
-            node, local = -1, int(text)
-            for i, count in enumerate(nprocs):
-                if 0 <= local < count:
-                    node = i
-                    break
-                local -= count
-    except ValueError:
-        node = local = -1
-    if not (0 <= node < nnodes and 0 <= local < nprocs[node]):
-        local_range = f"LOCAL 0-{nprocs[0] - 1}" if len(set(nprocs)) == 1 else \
-            "LOCAL below the node's ranks (" + "+".join(map(str, nprocs)) + ")"
-        raise UserError(f"no rank {text!r} in this run: give a global rank 0-{sum(nprocs) - 1} or "
-                        f"NODE:LOCAL with NODE 0-{nnodes - 1} and {local_range}", key="--rank")
-    return node, local
-
-
-_HEADER = re.compile(r"^==> (.*) <==$")
-_TIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
-_RANK_FILE = re.compile(r"/attempt_\d+/(\d+)/(stdout|stderr)\.log$")
-
-
-def _timestamp(line: str) -> str | None:
-    match = _TIME.search(line)
-    return f"{match.group(1)} {match.group(2)}.{(match.group(3) or '0').ljust(6, '0')}" if match else None
-
-
-def merge_by_time(streams: list[tuple[str, list[str]]]) -> list[tuple[str, str]]:
-    """(prefix, lines) per file -> (prefix, line) in time order. Pure. A line's time is the
-    newest timestamp at or before it in its file (the logging formats of LlamaFactory,
-    transformers and Python's logging print one); lines before a file's first timestamp take
-    that one. So a traceback stays right after the line before it, and files without any
-    timestamp keep their own order, one after the other."""
-    keyed = []
-    for index, (prefix, lines) in enumerate(streams):
-        current = next((t for t in map(_timestamp, lines) if t), "")
-        for number, line in enumerate(lines):
-            current = _timestamp(line) or current
-            keyed.append(((current, index, number), prefix, line))
-    keyed.sort(key=lambda item: item[0])
-    return [(prefix, line) for _, prefix, line in keyed]
-
-
-class _Prefixer:
-    """One host's `tail -v` output -> (file path, line) as it comes: a header says which
-    file the lines after it are from."""
-
-    def __init__(self):
-        self.path = ""
-        self.partial = ""
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        out = []
-        lines = (self.partial + text).split("\n")
-        self.partial = lines.pop()
-        for line in lines:
-            match = _HEADER.match(line)
-            if match:
-                self.path = match.group(1)
-            else:
-                out.append((self.path, line))
-        return out
-
-
-def _prefix_of(ref: RunRef, node: NodePlan, path: str) -> str:
-    """`host:global-rank` of a file: the node's log is its local rank 0."""
-    match = _RANK_FILE.search(path)
-    local = int(match.group(1)) if match and path != ref.files(node).log else 0
-    return f"{node.host.name}:{node.first_rank + local}"
-
-
-def _tail_argv(ref: RunRef, node: NodePlan, lines: int, follow: bool, locals_: list[int]) -> list[str]:
-    """node.sh's tail-ranks: the node's log and its local ranks' files, the last lines (and
-    with ``follow`` the new ones, with what the follow says of a storage that does not answer)."""
-    files = ref.files(node)
-    ranks_dir = ref.rundir.rank_logs(node.rank)
-    return node_argv("tail-ranks", str(lines), "1" if follow else "0", files.marker, files.log, ranks_dir,
-                     ref.shared_dir, *map(str, locals_))
-
-
-def _start_on(cluster: Cluster, ref: RunRef, node: NodePlan, argv: list[str]):
-    """A command about ``node``'s files: on its own host, else rank 0's (shared storage)."""
-    for host in dict.fromkeys([node.host, ref.nodes[0].host]):
-        if not cluster.alive(host):
-            continue
-        try:
-            proc = cluster.start(host, argv)
-        except Exception:  # noqa: BLE001 - the next host may do
-            continue
-        proc.close_stdin()
-        return proc
-    raise UserError(f"cannot reach {node.host.name} or rank 0's host to read its logs in {ref.run_dir}")
-
-
-def show_all_logs(ref: RunRef, cluster: Cluster, follow: bool, lines: int, out=None,
-                  only: tuple[int, int] | None = None) -> int:
-    """Every node's and local rank's output (or only (node, local)'s), each line prefixed
-    ``host:rank`` (its global rank): the last ``lines`` of each file merged in time order;
-    with ``follow``, the last lines and then the new ones of every file as they come (that
-    is their time order), until every node's job has ended. One command per host, over the one connection the cluster holds to it."""
-    out = out or sys.stdout
-    nodes = [n for n in ref.nodes if only is None or n.rank == only[0]]
-
-    def locals_(node: NodePlan) -> list[int]:  # each node's own local ranks (hosts may run different counts)
-        return [only[1]] if only is not None else list(range(node.nproc))
-
-    def backlog(node: NodePlan) -> list[tuple[str, list[str]]]:
-        proc = _start_on(cluster, ref, node, _tail_argv(ref, node, lines, False, locals_(node)))
-        text = b""
-        while chunk := proc.read_out():
-            text += chunk
-        proc.wait(5)
-        files: dict[str, list[str]] = {}
-        for path, line in _Prefixer().feed(text.decode(errors="replace") + "\n"):
-            if path and line:
-                files.setdefault(path, []).append(line)
-        return [(_prefix_of(ref, node, path), file_lines) for path, file_lines in files.items()]
-
-    if not follow:
-        streams = [stream for per_node in parallel(backlog, nodes) for stream in per_node]
-        for prefix, line in merge_by_time(streams):
-            out.write(f"{prefix} {line}\n")
-        out.flush()
-        return 0
-    import threading  # following: each file's last lines, then its new ones, all as they come
-
-    lock = threading.Lock()
-
-    def pump(node: NodePlan) -> None:
-        proc = _start_on(cluster, ref, node, _tail_argv(ref, node, lines, True, locals_(node)))
-        said = _relay_stderr(proc)  # (what the follow says of a storage that does not answer)
-        prefixer = _Prefixer()
-        while chunk := proc.read_out():
-            with lock:
-                for path, line in prefixer.feed(chunk.decode(errors="replace")):
-                    if path and line:
-                        out.write(f"{_prefix_of(ref, node, path)} {line}\n")
-                out.flush()
-        proc.wait(5)
-        said.join(5)
-
-    parallel(pump, nodes)
-    return 0
-
-
-def show_logs(ref: RunRef, cluster: Cluster, rank: str | None, follow: bool, lines: int, out=None,
-              all_ranks: bool = False) -> int:
-    """One rank's output (``--rank``: global, or node:local; default: rank 0's node log), or
-    with ``all_ranks`` every rank's, merged (:func:`show_all_logs`)."""
-    if all_ranks:
-        if rank is not None:
-            raise UserError("--all shows every rank: drop --rank, or drop --all for one rank", key="--rank")
-        return show_all_logs(ref, cluster, follow, lines, out)
-    node_rank, local = parse_rank(rank, len(ref.nodes), [n.nproc for n in ref.nodes])
-    if local:
-        return show_all_logs(ref, cluster, follow, lines, out, only=(node_rank, local))
-    out = out or sys.stdout
-    node = ref.nodes[node_rank]
-    files = ref.files(node)
-    argv = (node_argv("follow", files.marker, files.log, str(lines), ref.shared_dir) if follow
-            else ["tail", "-n", str(lines), "--", files.log])
-    # The log is on shared storage: rank 0's host can read any node's log if the node's own is gone.
-    for host in dict.fromkeys([node.host, ref.nodes[0].host]):
-        if not cluster.alive(host):
-            continue
-        try:
-            proc = cluster.start(host, argv)
-        except Exception:
-            continue
-        proc.close_stdin()
-        said = _relay_stderr(proc)  # (the follow says there when the shared storage does not answer)
-        while chunk := proc.read_out():
-            out.write(chunk.decode(errors="replace"))
-            out.flush()
-        code = proc.wait(5) or 0
-        said.join(5)
-        return 1 if code == 3 else code  # 3: the log's end could not be read (the follow said why)
-    raise UserError(f"cannot reach {node.host.name} or rank 0's host to read {files.log}")
-
-
-def _relay_stderr(proc):
-    """A thread that copies a remote command's stderr to ours as it comes."""
-    import threading
-
-    def relay() -> None:
-        while chunk := proc.read_err():
-            sys.stderr.write(chunk.decode(errors="replace"))
-            sys.stderr.flush()
-
-    thread = threading.Thread(target=relay, daemon=True, name="stderr")
-    thread.start()
-    return thread
-
-
 def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:
     """Ask every node to stop (a request file on shared storage for their watchers, and a
     stop on each host), then report what is left."""
@@ -531,17 +347,17 @@ def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:
     states = [state for _, state, _ in node_states(ref, cluster)]
     if states and all(s.startswith(("exited", "stopped")) for s in states):
         state = run_state(states)[0]
-        if state != "finished" and _read(cluster, ref.nodes[0].host, ref.rundir.summary) is None:
+        if state != "finished" and _read(cluster, ref.via(cluster), ref.rundir.summary) is None:
             # failed with no launcher's record of its end: its launcher may be between two attempts
             # (a restart, a lost host's wait), and would start the next one: it is told not to
-            stage_files(cluster, ref.nodes[0].host, ref.run_dir, {STOP_REQUEST: "stop requested\n"})
+            stage_files(cluster, ref.via(cluster), ref.run_dir, {STOP_REQUEST: "stop requested\n"})
             print(f"ftbundle: run {ref.run_id} has no node running (state: {state}) and no record of its end: if its "
                   "launcher is between attempts, it starts no other (stop-requested written)", file=out)
             return 0
         # over already: nothing to stop, and nothing written into its run directory
         print(f"ftbundle: run {ref.run_id} is not running (state: {state}): nothing to stop", file=out)
         return 0
-    stage_files(cluster, ref.nodes[0].host, ref.run_dir, {STOP_REQUEST: "stop requested\n"})
+    stage_files(cluster, ref.via(cluster), ref.run_dir, {STOP_REQUEST: "stop requested\n"})
 
     def stop(node: NodePlan) -> str:
         if not cluster.alive(node.host):

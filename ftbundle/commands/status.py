@@ -33,7 +33,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from ..runs import show_logs
+    from ..runlogs import show_logs
 
     return with_run(args, lambda ref, cluster: show_logs(ref, cluster, args.rank, args.follow, args.lines,
                                                         all_ranks=args.all))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 
 import pytest
 
@@ -34,6 +35,18 @@ def test_a_finished_training_is_refused_and_a_checkpoint_is_resumed_and_counted_
     assert re.search(rf"\ncheckpoint: checkpoint-20 in {re.escape(str(output))}, written (\d+:)?\d\d:\d\d ago; "
                      r"the trainer is at step 20\n", status.stdout), status.stdout + status.stderr
     assert "state: finished" in status.stdout and "a failure now" not in status.stdout, status.stdout
+    # rank 0's host dead (paused): the same, read through node1 (output_dir is on shared storage);
+    # it was a traceback after the nodes' table
+    node0 = cluster.hosts[0]
+    subprocess.run(["docker", "pause", node0.container], check=True)
+    try:
+        down = ftbundle("status", str(job), timeout=120)
+    finally:
+        subprocess.run(["docker", "unpause", node0.container], check=True)
+    assert "Traceback" not in down.stderr and down.returncode == 0, down.stdout + down.stderr[-3000:]
+    assert re.search(r"node rank 0 +node0 +exited 0 +\(its exit code, read through node1", down.stdout), down.stdout
+    assert re.search(rf"\ncheckpoint: checkpoint-20 in {re.escape(str(output))}, written (\d+:)?\d\d:\d\d ago; "
+                     r"the trainer is at step 20\n", down.stdout), down.stdout
 
     # the same job again: output_dir holds a finished training
     again = ftbundle("run", str(job), "--no-check", timeout=120)

@@ -9,6 +9,7 @@ machine, so `runs` must read it through a host); a host is "down" as a dead mach
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import base_job, ftbundle, write_job
+from tests.support.helpers import base_job, ftbundle, job_processes, write_job
 
 pytestmark = [pytest.mark.cluster]
 
@@ -95,3 +96,46 @@ def test_status_says_a_dead_host_at_once_while_it_waits_for_it(make_cluster, tmp
         subprocess.run(["docker", "unpause", node2.container], check=True)
     all_up = ftbundle("status", str(job), timeout=120)  # all up: nothing said of connections
     assert "has not answered" not in all_up.stderr, all_up.stderr
+
+
+def test_status_and_stop_read_the_run_through_another_host_while_rank_0s_is_down(make_cluster, tmp_path):
+    """Rank 0's host dead (paused) under a running detached run: `status` read the run directory
+    (its stall record, its kept step times) through rank 0's host and ended in a traceback after
+    the nodes' table, and `stop` could not write its request. The run directory is on shared
+    storage: `status`, `logs` and `stop` read and write it through a host that answers; `stop` stops the others and
+    names the dead one; once it is back, its own watcher finds the request and stops its job."""
+    cluster = make_cluster(3)
+    shared = cluster.shared_dir
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    job = write_job(tmp_path / "job.yaml", base_job("rank0-down", shared, inventory,
+                                                    {"command": "echo on $(hostname); sleep 300"}))
+    started = ftbundle("run", str(job), "--detach", "--no-check", timeout=90)
+    assert started.returncode == 0, started.stderr[-3000:]
+    [run] = list((shared / "runs").iterdir())
+    node0 = cluster.hosts[0]
+    subprocess.run(["docker", "pause", node0.container], check=True)
+    try:
+        status = ftbundle("status", str(job), timeout=120)
+        assert "Traceback" not in status.stderr, status.stderr[-3000:]
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert re.search(r"node rank 0 +node0 +unreachable", status.stdout), status.stdout
+        assert re.search(r"node rank 1 +node1 +running", status.stdout), status.stdout
+        assert "state: running" in status.stdout, status.stdout
+
+        # rank 0's log (shared storage) read through node1: it was "cannot reach node0 or rank 0's host"
+        logs = ftbundle("logs", str(job), "-n", "20", timeout=120)
+        assert logs.returncode == 0 and "on node0" in logs.stdout, logs.stdout + logs.stderr[-3000:]
+
+        stopped = ftbundle("stop", str(job), timeout=120)
+        assert "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+        assert stopped.returncode == 1, stopped.stderr
+        assert "ftbundle: ranks 1-2 node[1-2]: stopped" in stopped.stderr, stopped.stderr
+        assert re.search(r"ftbundle: rank 0 node0: unreachable \(", stopped.stderr), stopped.stderr
+        assert (run / "stop-requested").exists()
+        assert not {"node1", "node2"} & set(job_processes(cluster)), job_processes(cluster)
+    finally:
+        subprocess.run(["docker", "unpause", node0.container], check=True)
+    deadline = time.monotonic() + 60  # its watcher reads the request once a second
+    while job_processes(cluster) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert job_processes(cluster) == {}

@@ -70,7 +70,7 @@ def test_no_cycle_between_floors():
                     pytrace=False)
 
 
-@pytest.mark.parametrize("source", ["launch", "plan", "history", "runs"])
+@pytest.mark.parametrize("source", ["launch", "plan", "history", "runs", "runlogs"])
 def test_below_the_check(source):
     """The launcher, the plan and the run history import nothing from check/ (the preflight):
     what they share with it (the fact types, the GPU health parsing) lives below both."""

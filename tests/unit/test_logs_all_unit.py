@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftbundle.runs import merge_by_time, parse_rank
+from ftbundle.runlogs import merge_by_time, parse_rank
 from ftbundle.errors import UserError
 
 

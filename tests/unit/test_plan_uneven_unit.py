@@ -16,7 +16,7 @@ from ftbundle.inventory import Host, load_hosts
 from ftbundle.job import load_job
 from ftbundle.layout import make_layout
 from ftbundle.plan import make_plan, shape_text
-from ftbundle.runs import parse_rank
+from ftbundle.runlogs import parse_rank
 
 SMI = Path(__file__).parents[1] / "data" / "nvidia-smi"
 IMAGE = "reg/train@sha256:" + "a" * 64

@@ -139,6 +139,17 @@ def test_llamafactory_mode_runs_torchrun_with_staged_config(tmp_path, inventory)
     assert node1.workdir == "/shared"  # remote hosts default to the shared directory
 
 
+def test_the_plan_keeps_whether_output_dir_is_shared_for_status_with_rank_0s_host_down(tmp_path, inventory):
+    """`status` reads output_dir's checkpoints through another host only where every host has them
+    (runs.py _training): plan.json says so (without the check's probe: whether it is under shared_dir)."""
+    job = "name: j\nhosts: trainers\ntrain: {llamafactory: train.yaml}\n"
+    for output_dir, shared in (("/shared/out", True), ("/scratch/out", False)):
+        (tmp_path / "train.yaml").write_text(f"model_name_or_path: org/model\nstage: sft\noutput_dir: {output_dir}\n")
+        plan = plan_for(tmp_path, inventory, job)
+        assert (plan.checkpoint_shared, plan.to_dict()["checkpoint_shared"]) == (shared, shared), output_dir
+    assert plan_for(tmp_path, inventory, COMMAND_JOB).to_dict()["checkpoint_shared"] is None
+
+
 def test_script_mode(tmp_path, inventory):
     plan = plan_for(tmp_path, inventory, "name: j\nhosts: trainers\nshared_dir: /mnt/nfs\nworkdir: /mnt/nfs/code\n"
                     "train: {script: train.py, args: [--lr, '0.1']}\n")
