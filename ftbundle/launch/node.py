@@ -116,9 +116,11 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STEPS_FILE": host_steps_file(plan.run_id, node.rank, attempt),
         # a GPU job's GPUs, read by one nvidia-smi loop and sent on this channel (ftbundle.gpu_metrics)
         **gpu_env(plan, node),
-        # a detached run's end is told by rank 0's watcher (remote/watch.py tell; the job never sees these)
-        **({"FTB_NOTIFY_WEBHOOK": plan.notify.webhook or "", "FTB_NOTIFY_COMMAND": plan.notify.command or ""}
-           if detach and node.rank == 0 and plan.notify is not None else {}),
+        # a detached run's end is told by rank 0's watcher, or by the first of the others to find it
+        # silent (rank 0's host lost): remote/watch.py tell; the job never sees these
+        **({"FTB_NOTIFY_WEBHOOK": plan.notify.webhook or "", "FTB_NOTIFY_COMMAND": plan.notify.command or "",
+            "FTB_RANK0_HOST": plan.nodes[0].host.name}
+           if detach and plan.notify is not None else {}),
     }
     return {**control, **node.env}
 

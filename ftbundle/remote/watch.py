@@ -49,8 +49,8 @@ import time
 if __package__:  # imported (tests); shipped, the parts' texts come before this one (launch/stall.py WATCH_PARTS)
     from .gpu_tally import GpuTally
     from .stallclock import StallClock
-    from .watch_host import (Host, Task, Worker, append, environ_of, read_text, release_claims, which,
-                             write_plain, write_whole)
+    from .watch_host import (Host, Task, Worker, append, claim_once, environ_of, read_text, release_claims,
+                             which, write_plain, write_whole)
     from .watch_rules import (MOVED, Follower, Referee, first_line, observe_progress,  # noqa: F401 (tests)
                               progress_value, waiting_for_step, wildcard)
     from .notifier import send
@@ -227,8 +227,9 @@ class Watcher:
                 append(self.path("FTB_LOG"), "ftbundle: rank 0's watcher says stop: %s" % said[1])
                 return
             if said is not None:
-                append(self.path("FTB_LOG"), "ftbundle: rank 0's watcher silent for %ds (%s unchanged): stopping"
-                       % (self.stale, verdict))
+                line = "rank 0's watcher silent for %ds (%s unchanged)" % (self.stale, verdict)
+                append(self.path("FTB_LOG"), "ftbundle: %s: stopping" % line)
+                self.tell(lost=line)  # (no referee is left to tell the run's end)
                 return
             time.sleep(self.heartbeat)
 
@@ -260,12 +261,22 @@ class Watcher:
         write_whole(verdict, "%d %s" % (beat + 1, Referee.final(read_text(self.path("FTB_EXIT")))))
         return beat
 
-    def tell(self):
-        """Rank 0's watcher, the run decided: the job's ``notify:`` told once (FTB_NOTIFY_WEBHOOK,
-        FTB_NOTIFY_COMMAND: given to this watcher alone, never to the job), as the launcher tells an
-        attached run's end (remote/notifier.py), with what this watcher knows of it."""
+    def tell(self, lost=None):
+        """The run decided: the job's ``notify:`` told once (FTB_NOTIFY_WEBHOOK, FTB_NOTIFY_COMMAND:
+        given to the watchers alone, never to the job), as the launcher tells an attached run's end
+        (remote/notifier.py), with what this watcher knows of it. Rank 0's watcher tells; with
+        ``lost`` (another node's word that rank 0's watcher went silent: its host lost, no referee
+        left) that node does. Once: the watcher that creates FTB_NOTIFIED_FILE first."""
         webhook, command = self.path("FTB_NOTIFY_WEBHOOK"), self.path("FTB_NOTIFY_COMMAND")
-        if not (webhook or command):
+        if not (webhook or command) or not claim_once(self.path("FTB_NOTIFIED_FILE"), self.host.name):
+            return
+        if lost is not None:
+            rank0 = self.path("FTB_RANK0_HOST") or None
+            summary = {"run_id": self.path("FTB_RUN_ID"), "state": "failed", "detached": True, "exit_code": None,
+                       "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes,
+                       "failed_host": rank0, "told_by": self.host.name,
+                       "failure": {"host": rank0, "line": lost + ": rank 0's host lost? every node stops"}}
+            send(webhook, command, summary, lambda line: append(self.path("FTB_LOG"), "ftbundle: " + line))
             return
         verdict = (read_text(self.path("FTB_VERDICT_FILE")) or "").split(" ", 1)[-1].strip()
         code = first_line(read_text(self.path("FTB_EXIT")) or "")

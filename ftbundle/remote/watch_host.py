@@ -89,6 +89,27 @@ def write_whole(path, text):
         return False
 
 
+def claim_once(path, text):
+    """Whether this caller is the first to create ``path`` (O_EXCL: one winner among the hosts on
+    the shared storage). A storage that refuses the file for another reason says yes: told twice
+    is better than never. No path: yes."""
+    if not path:
+        return True
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    try:
+        os.write(fd, (text + "\n").encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return True
+
+
 def write_plain(path, text):
     try:
         with open(path, "w", encoding="utf-8") as f:

@@ -84,3 +84,33 @@ def test_a_detached_runs_end_is_told_by_rank_0s_watcher(make_cluster, tmp_path, 
     assert (run / "seen-0").read_text() == "seen: []\n" and (run / "seen-1").read_text() == "seen: []\n"
     log = (run / "node-0-node0.a1.log").read_text()
     assert "notify: webhook" in log and "told (finished)" in log and "SECRETTOKEN" not in log, log
+
+
+def test_a_detached_run_whose_rank_0_host_dies_is_told_once_by_another_node(make_cluster, tmp_path, hooks):
+    """Rank 0's watcher tells a detached run's end; with its host dead nobody did: the others
+    stopped their jobs (rank 0's verdict frozen) and the webhook heard nothing, the one word a
+    week-long run's owner waits for. Now the others' watchers are given the notify too, and the
+    first to find rank 0's watcher silent tells (an O_EXCL claim in the run directory: two of them
+    find it at the same beat here, one POST comes), naming rank 0's host."""
+    from ftbundle.launch.node import DETACHED_STALE_S
+
+    cluster = make_cluster(3)
+    h = hooks(address=str(cluster.subnet.network_address + 1))
+    job = command_job(cluster, tmp_path, "rank0-lost", "sleep 300", notify={"webhook": h.url})
+    result = ftbundle("run", "--detach", str(job), timeout=120)
+    assert result.returncode == 0, result.stderr
+    time.sleep(3)  # (every watcher's first beats)
+    cluster.kill("node0")
+    deadline = time.monotonic() + DETACHED_STALE_S + 30
+    while not h.posts and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(5)  # (the other follower finds it silent at about the same beat: a second POST would come now)
+    [(_, summary)] = h.posts
+    assert summary["state"] == "failed" and summary["detached"] and summary["failed_host"] == "node0", summary
+    assert summary["failure"]["host"] == "node0" and "rank 0's watcher silent" in summary["failure"]["line"], summary
+    assert summary["told_by"] in ("node1", "node2") and summary["run_id"].startswith("rank0-lost-"), summary
+    run = next((cluster.shared_dir / "runs").iterdir())
+    assert (run / "notified.a1").read_text().strip() == summary["told_by"]
+    teller = 1 if summary["told_by"] == "node1" else 2
+    log = (run / f"node-{teller}-{summary['told_by']}.a1.log").read_text()
+    assert "notify: webhook" in log and "told (failed)" in log and "SECRETTOKEN" not in log, log
