@@ -119,7 +119,7 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         # a detached run's end is told by rank 0's watcher, or by the first of the others to find it
         # silent (rank 0's host lost): remote/watch.py tell; the job never sees these
         **({"FTB_NOTIFY_WEBHOOK": plan.notify.webhook or "", "FTB_NOTIFY_COMMAND": plan.notify.command or "",
-            "FTB_RANK0_HOST": plan.nodes[0].host.name}
+            "FTB_NODE_HOSTS": " ".join(n.host.name for n in plan.nodes)}  # (by node rank: who failed)
            if detach and plan.notify is not None else {}),
     }
     return {**control, **node.env}

@@ -51,8 +51,8 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .stallclock import StallClock
     from .watch_host import (Host, Task, Worker, append, claim_once, environ_of, read_text, release_claims,
                              which, write_plain, write_whole)
-    from .watch_rules import (MOVED, Follower, Referee, first_line, observe_progress,  # noqa: F401 (tests)
-                              progress_value, waiting_for_step, wildcard)
+    from .watch_rules import (MOVED, Follower, Referee, culprit, first_line,  # noqa: F401 (tests)
+                              observe_progress, progress_value, waiting_for_step, wildcard)
     from .notifier import send
 
 STALL_LOOK_S = 2  # the stall watchdog reads the progress this often
@@ -271,7 +271,7 @@ class Watcher:
         if not (webhook or command) or not claim_once(self.path("FTB_NOTIFIED_FILE"), self.host.name):
             return
         if lost is not None:
-            rank0 = self.path("FTB_RANK0_HOST") or None
+            rank0 = (self.path("FTB_NODE_HOSTS").split() or [None])[0]
             summary = {"run_id": self.path("FTB_RUN_ID"), "state": "failed", "detached": True, "exit_code": None,
                        "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes,
                        "failed_host": rank0, "told_by": self.host.name,
@@ -283,10 +283,13 @@ class Watcher:
         stalled = bool(read_text(self.path("FTB_STALLED_FILE")))
         state = ("finished" if verdict == "done" else "stalled" if stalled else
                  "stopped" if verdict == "stop stop requested" else "failed")
+        line = verdict[len("stop "):] or verdict
+        host, failed_code = culprit(line, self.path("FTB_NODE_HOSTS").split())
         summary = {"run_id": self.path("FTB_RUN_ID"), "state": state, "detached": True,
                    "exit_code": int(code) if code.lstrip("-").isdigit() else None,
                    "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes,
-                   "failure": None if state == "finished" else {"line": verdict[len("stop "):] or verdict}}
+                   "failed_host": None if state == "finished" else host,
+                   "failure": None if state == "finished" else {"host": host, "code": failed_code, "line": line}}
         send(webhook, command, summary, lambda line: append(self.path("FTB_LOG"), "ftbundle: " + line))
 
     # -- the stall watchdog (its own thread, which never touches the storage) ---------------------

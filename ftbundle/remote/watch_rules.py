@@ -46,6 +46,20 @@ class Referee:
         return "done" if code == "0" else "stop rank 0 exited %s" % (code or "without a code")
 
 
+def culprit(reason, hosts):
+    """The node a detached run's verdict stops on (``reason``: the verdict after "stop ") ->
+    (its host's name or None, its exit code or None), ``hosts`` every node's host by node rank:
+    what an attached run's summary says of its failure."""
+    import re
+
+    match = re.match(r"node-(\d+)\.a\d+\.(exit says exit (-?\d+)|hb unchanged)", reason)
+    rank, code = (int(match.group(1)), match.group(3)) if match else (None, None)
+    if match is None and reason.startswith("rank 0 exited "):
+        rank, code = 0, reason.rsplit(" ", 1)[-1]
+    host = hosts[rank] if rank is not None and rank < len(hosts) else None
+    return host, int(code) if code is not None and code.lstrip("-").isdigit() else None
+
+
 class Follower:
     """Another node's watching: what rank 0's verdict says, and whether it still beats."""
 

@@ -85,6 +85,20 @@ def test_a_detached_runs_end_is_told_by_rank_0s_watcher(make_cluster, tmp_path, 
     log = (run / "node-0-node0.a1.log").read_text()
     assert "notify: webhook" in log and "told (finished)" in log and "SECRETTOKEN" not in log, log
 
+    # a node's job fails: the failed host and its code, as an attached run's summary says them
+    # (a detached one said only the referee's `node-1.a1.exit says exit 3`)
+    h2 = hooks(address=str(cluster.subnet.network_address + 1))
+    (tmp_path / "f").mkdir()
+    job = command_job(cluster, tmp_path / "f", "fails-detached", '[ "$NODE_RANK" = 1 ] && exit 3; sleep 60',
+                      notify={"webhook": h2.url})
+    assert ftbundle("run", "--detach", str(job), timeout=120).returncode == 0
+    deadline = time.monotonic() + 60
+    while not h2.posts and time.monotonic() < deadline:
+        time.sleep(0.5)
+    [(_, summary)] = h2.posts
+    assert summary["state"] == "failed" and summary["failed_host"] == "node1", summary
+    assert summary["failure"] == {"host": "node1", "code": 3, "line": "node-1.a1.exit says exit 3"}, summary
+
 
 def test_a_detached_run_whose_rank_0_host_dies_is_told_once_by_another_node(make_cluster, tmp_path, hooks):
     """Rank 0's watcher tells a detached run's end; with its host dead nobody did: the others

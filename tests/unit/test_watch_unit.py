@@ -13,7 +13,7 @@ import time
 
 from ftbundle.launch import stall
 from ftbundle.remote import stallclock, watch
-from ftbundle.remote.watch import Follower, Referee, observe_progress, waiting_for_step, wildcard
+from ftbundle.remote.watch import Follower, Referee, culprit, observe_progress, waiting_for_step, wildcard
 
 
 def shipped_namespace() -> dict:
@@ -67,6 +67,20 @@ def test_the_referee_stops_every_node_for_a_failed_exit_a_request_or_a_silent_he
     assert Referee.final("0\n") == "done"
     assert Referee.final("3\n") == "stop rank 0 exited 3"
     assert Referee.final(None) == Referee.final("") == "stop rank 0 exited without a code"
+
+
+def test_a_detached_runs_told_failure_names_the_host_and_code_its_verdict_stops_on():
+    """What the referee's verdict stops on, as a webhook's summary says it (an attached run's
+    summary names the failed host and its code; a detached one said only `node-1.a1.hb ...`)."""
+    hosts = ["gpu-a", "gpu-b", "gpu-c"]
+    assert culprit("node-2.a1.exit says exit 3", hosts) == ("gpu-c", 3)
+    assert culprit("node-1.a2.exit says exit -9", hosts) == ("gpu-b", -9)
+    assert culprit("node-1.a1.hb unchanged for 20s: that node is gone", hosts) == ("gpu-b", None)
+    assert culprit("rank 0 exited 137", hosts) == ("gpu-a", 137)
+    assert culprit("rank 0 exited without a code", hosts) == ("gpu-a", None)
+    assert culprit("stop requested", hosts) == (None, None)
+    assert culprit("node-7.a1.exit says exit 1", hosts) == (None, 1)  # (a plan with fewer hosts: no guess)
+    assert culprit("node-1.a1.exit says exit 2", []) == (None, 2)
 
 
 def test_a_follower_obeys_the_verdict_and_stops_when_it_stops_changing():
