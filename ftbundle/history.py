@@ -23,7 +23,8 @@ from .gpu_health import fold_findings, parse_xids_report, xid_findings
 from .inventory import Host
 from .protocol import parse_steps
 from .recovery import attempts_said
-from .rundir import ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, TRACKER_RUNS, node_glob, node_name, runs_dir
+from .rundir import (ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, TRACKER_RUNS, TRAINER_LOG, node_glob, node_name,
+                     runs_dir)
 from .trackers import placed
 from .ui import pace, stragglers
 
@@ -355,19 +356,69 @@ def read_metrics(run_ids: list[str], shared_dir: str, cluster: Cluster | None = 
     files = read_run_files(cluster, host, runs_dir(shared_dir), (METRICS,))
     out = {}
     for run_id in run_ids:
-        text = files.get(run_id, {}).get(METRICS, "")
-        records = []
-        for line in text.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
+        records = parse_records(files.get(run_id, {}).get(METRICS, ""))
         attempts = sorted({r.get("attempt", 1) for r in records}, key=lambda a: (str(type(a)), a))  # (2 before 10)
         if len(attempts) > 1:
             for n in attempts:
                 out[f"{run_id} attempt {n}"] = [r for r in records if r.get("attempt", 1) == n]
         elif records:
             out[run_id] = records
+    return out
+
+
+# a trainer log thinned to at most $2 lines, evenly, its first and last kept (a week's at one record a
+# second is about 180 MB: the plot needs no more points than a finished run's metrics.jsonl holds)
+_THINNED = r'''f=$1 max=$2
+[ -r "$f" ] || exit 3
+n=$(wc -l < "$f")
+exec awk -v s=$(( n / max + 1 )) -v n="$n" 'NR == 1 || NR % s == 0 || NR == n' "$f"'''
+
+
+def parse_records(text: str) -> list[dict]:
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def read_trainer_logs(rows: list[RunRow], run_ids: list[str], cluster: Cluster | None = None,
+                      host: Host | None = None) -> dict[str, tuple[str, list[dict]]]:
+    """{run id: (the log's path, its records)} from output_dir's trainer_log.jsonl, for the runs
+    asked for that have no metrics.jsonl: a detached run (no launcher writes one), one still
+    running, one whose launcher was lost. Only for the newest of ``rows`` writing to that
+    output_dir (a later run's records are not an older run's), at most RECORDS_MAX records,
+    evenly thinned. Read here when it is on this machine, else through ``host``."""
+    from .ui.progress import RECORDS_MAX
+
+    out = {}
+    newest = {row.output_dir: row.run_id for row in rows if row.output_dir}  # (rows: oldest first)
+    for row in rows:
+        if row.run_id not in run_ids or not row.output_dir or newest[row.output_dir] != row.run_id:
+            continue
+        path = posixpath.join(row.output_dir, TRAINER_LOG)
+        if cluster is None or host is None:  # (the runs are on this machine: history_source)
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            stride = len(lines) // RECORDS_MAX + 1
+            text = "\n".join(line for i, line in enumerate(lines, 1)
+                              if i == 1 or i % stride == 0 or i == len(lines))
+        else:
+            try:
+                result = cluster.run(host, ["bash", "-c", _THINNED, "ftb", path, str(RECORDS_MAX)], timeout=60)
+            except Exception:  # noqa: BLE001 - the plot says the run has no records
+                continue
+            if not result.ok:
+                continue
+            text = result.stdout
+        records = parse_records(text)
+        if records:
+            out[row.run_id] = (path, records)
     return out

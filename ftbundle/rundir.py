@@ -45,6 +45,7 @@ ATTEMPT = "attempt"
 ATTEMPTS = "attempts.json"
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
+TRAINER_LOG = "trainer_log.jsonl"  # LlamaFactory's LogCallback, in output_dir (not the run directory)
 STOP_REQUEST = "stop-requested"
 STACKS = "stacks"
 STACKS_PROGRAM = "stacks.py"

@@ -27,12 +27,11 @@ from ..cluster import Cluster, HostUnreachable, first_line, parallel
 from ..inventory import Host
 from ..plan import NodePlan, Plan
 from ..remote.stallclock import StallClock  # noqa: F401 (the one stall rule: the supervisor takes it from here)
-from ..rundir import RunDir
+from ..rundir import TRAINER_LOG, RunDir
 
 STALLED_EXIT_CODE = 124  # like timeout(1): the run made no progress for stall_timeout seconds
 CPU_SAMPLE_S = 2.0  # each rank's CPU time is read twice, this far apart
 COLLECT_TIMEOUT_S = 60.0
-TRAINER_LOG = "trainer_log.jsonl"  # LlamaFactory's, in output_dir
 
 FROZEN = {"T": "stopped (SIGSTOP)", "t": "stopped (traced)", "D": "in D state (uninterruptible I/O)",
           "Z": "a zombie"}

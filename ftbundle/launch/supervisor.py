@@ -36,6 +36,7 @@ from typing import TextIO
 from ..cluster import Cluster, HostUnreachable, parallel
 from ..inventory import Host
 from ..plan import Plan
+from ..rundir import TRAINER_LOG
 from ..ui.progress import Progress
 from .checkpoints import CheckpointWatch
 from .display import Display, ProgressFeed
@@ -56,7 +57,6 @@ TAIL_LINES = 20
 DRAIN_S = 3.0  # how long rank 0's log may take to reach its end after the job
 HELD_WAIT_S = 0.5  # a key exchange in progress on rank 0's connection waited for before the drain
 FAILURE_TAIL_LINES = 300  # of the failed node's log, read for torchrun's root-cause report
-TRAINER_LOG = "trainer_log.jsonl"  # LlamaFactory's LogCallback, in output_dir
 # a failed run's GPU faults (_print_gpu_faults): each node's kernel log read in at most this long,
 # by this many threads; an Xid this long before the run's start still counts (clocks, rounding)
 XID_READ_S = 4.0

@@ -92,6 +92,14 @@ def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster,
         assert "state: running" in running, running
         assert re.search(rf"\ncheckpoint: none yet in {re.escape(str(log.parent))}; the trainer is at step \d+; "
                          r"a failure now starts again from step 0\n", running), running
+        # `plot` while it goes: no metrics.jsonl yet (the launcher writes it at the end; a detached run's
+        # never): the trainer's own log, not "its trainer logged no step"
+        png = tmp_path / "running.png"
+        plotted = subprocess.run([sys.executable, "-m", "ftbundle", "plot", str(job), "-o", str(png)], cwd=REPO,
+                                 capture_output=True, text=True, timeout=120, check=False)
+        assert plotted.returncode == 0 and png.stat().st_size > 10_000, plotted.stdout + plotted.stderr
+        assert f"has no metrics.jsonl (detached, still running, or its launcher was lost): plotted from {log}" \
+            in plotted.stderr, plotted.stderr
         # each rank gets about one core of 2 here; a tenth of one is a slowdown no noise explains
         capped_at = elapsed(log)
         for host in cluster.hosts:
