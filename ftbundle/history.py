@@ -282,6 +282,13 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
         if row is not None and (job_name is None or row.job == job_name):
             rows.append(row)
     where = runs_dir(shared_dir)
+    unrecorded = [r.run_id for r in rows if r.hosts and SUMMARY not in files[r.run_id]]
+    if unrecorded:  # (detached, running, or its launcher lost: no summary.json, the trainer's log says)
+        here = os.path.isdir(where) or cluster is None or host is None
+        ends = read_trainer_ends(rows, unrecorded, None if here else cluster, None if here else host)
+        for row in rows:
+            if row.run_id in ends:
+                fill_from_trainer(row, ends[row.run_id], files[row.run_id].get(PLAN, ""))
     if any(r.state == "running?" for r in rows) and disk_full(where, cluster, host):
         # no record and no exit written: on a full disk none could be (status says the same)
         read_here = os.path.isdir(where) or cluster is None or host is None
@@ -396,11 +403,7 @@ def read_trainer_logs(rows: list[RunRow], run_ids: list[str], cluster: Cluster |
     from .ui.progress import RECORDS_MAX
 
     out = {}
-    newest = {row.output_dir: row.run_id for row in rows if row.output_dir}  # (rows: oldest first)
-    for row in rows:
-        if row.run_id not in run_ids or not row.output_dir or newest[row.output_dir] != row.run_id:
-            continue
-        path = posixpath.join(row.output_dir, TRAINER_LOG)
+    for run_id, path in _newest_writers(rows, run_ids).items():
         if cluster is None or host is None:  # (the runs are on this machine: history_source)
             try:
                 with open(path, encoding="utf-8", errors="replace") as f:
@@ -420,5 +423,67 @@ def read_trainer_logs(rows: list[RunRow], run_ids: list[str], cluster: Cluster |
             text = result.stdout
         records = parse_records(text)
         if records:
-            out[row.run_id] = (path, records)
+            out[run_id] = (path, records)
     return out
+
+
+_ENDS = r'''for f; do [ -r "$f" ] || continue; echo "==> $f <=="; head -n 1 -- "$f"; tail -n 3 -- "$f"; done; true'''
+
+
+def _newest_writers(rows: list[RunRow], run_ids: list[str]) -> dict[str, str]:
+    """{run id: its trainer log's path} for the runs asked for that are the newest of ``rows`` to
+    write to their output_dir (a later run's records are not an older run's)."""
+    newest = {row.output_dir: row.run_id for row in rows if row.output_dir}  # (rows: oldest first)
+    return {row.run_id: posixpath.join(row.output_dir, TRAINER_LOG) for row in rows
+            if row.run_id in run_ids and row.output_dir and newest[row.output_dir] == row.run_id}
+
+
+def read_trainer_ends(rows: list[RunRow], run_ids: list[str], cluster: Cluster | None = None,
+                      host: Host | None = None) -> dict[str, list[dict]]:
+    """{run id: its trainer log's first record and last ones} for the runs asked for (the newest
+    writer of their output_dir): what `runs` says of a run that has no summary.json. One round
+    trip through ``host`` for all of them, else read here."""
+    paths = _newest_writers(rows, run_ids)
+    texts: dict[str, str] = {}
+    if cluster is None or host is None:
+        for path in paths.values():
+            try:
+                with open(path, "rb") as f:  # (its first line, and its end: a week's log is 180 MB)
+                    first = f.readline()
+                    f.seek(max(f.tell(), os.fstat(f.fileno()).st_size - 16384))
+                    last = f.read().splitlines()[-3:]
+            except OSError:
+                continue
+            texts[path] = b"\n".join([first.rstrip(b"\n"), *last]).decode(errors="replace")
+    elif paths:
+        try:
+            result = cluster.run(host, ["bash", "-c", _ENDS, "ftb", *paths.values()], timeout=30)
+        except Exception:  # noqa: BLE001 - the rows keep what their run directories say
+            return {}
+        path = None
+        for line in result.stdout.splitlines():
+            if line.startswith("==> ") and line.endswith(" <=="):
+                path = line[4:-4]
+                texts[path] = ""
+            elif path is not None:
+                texts[path] += line + "\n"
+    return {run_id: records for run_id, path in paths.items() if (records := parse_records(texts.get(path, "")))}
+
+
+def fill_from_trainer(row: RunRow, records: list[dict], plan_text: str) -> None:
+    """A run without summary.json: its final loss and tokens/s (per rank too) from its trainer
+    log's first and last records, as the launcher's closing summary counts them (ui.progress)."""
+    from .ui.progress import Progress
+
+    progress = Progress()
+    for record in records:
+        progress.feed_record(record)
+    row.final_loss = progress.final_loss
+    tokens = progress.tokens_per_s()
+    if tokens is not None:
+        row.tokens_per_s = round(tokens, 1)
+        try:
+            world = int(json.loads(plan_text).get("world_size") or 0)
+        except (ValueError, TypeError, AttributeError):
+            world = 0
+        row.tokens_per_s_per_rank = round(tokens / world, 1) if world else None

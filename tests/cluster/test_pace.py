@@ -100,6 +100,12 @@ def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster,
         assert plotted.returncode == 0 and png.stat().st_size > 10_000, plotted.stdout + plotted.stderr
         assert f"has no metrics.jsonl (detached, still running, or its launcher was lost): plotted from {log}" \
             in plotted.stderr, plotted.stderr
+        # `runs` while it goes (no summary.json yet): its loss and tokens/s from the trainer's log, not "-"
+        listed = subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"], cwd=REPO,
+                                capture_output=True, text=True, timeout=120, check=True)
+        [going] = json.loads(listed.stdout)
+        assert going["state"] == "running?" and isinstance(going["final_loss"], float), going
+        assert going["tokens_per_s"] > 0 and abs(going["tokens_per_s_per_rank"] - going["tokens_per_s"] / 2) <= 0.1, going
         # each rank gets about one core of 2 here; a tenth of one is a slowdown no noise explains
         capped_at = elapsed(log)
         for host in cluster.hosts:

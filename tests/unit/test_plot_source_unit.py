@@ -1,16 +1,18 @@
-"""`ftbundle plot` of a run that wrote no metrics.jsonl (a detached run: no launcher writes one;
+"""`ftbundle plot` and `ftbundle runs` of a run that wrote no metrics.jsonl nor summary.json (a detached run: no launcher writes one;
 one still running; one whose launcher was lost) reads its trainer's own log, output_dir's
 trainer_log.jsonl: it said "its trainer logged no step". A week's log at a record a second is
 about 180 MB: at most RECORDS_MAX records come back, evenly spaced, its first and last kept, the
 same whether read here or through a host (bash and awk there: run here for real, through a
-local host of the Cluster, as on a remote one over SSH)."""
+local host of the Cluster, as on a remote one over SSH). `runs` showed such a run's loss and
+tokens/s as "-": now its trainer log's first and last records say them, as the closing summary
+counts them."""
 
 from __future__ import annotations
 
 import json
 
 from ftbundle.cluster import Cluster
-from ftbundle.history import RunRow, read_trainer_logs
+from ftbundle.history import RunRow, list_runs, read_trainer_ends, read_trainer_logs
 from ftbundle.inventory import Host
 from ftbundle.ui.progress import RECORDS_MAX
 
@@ -57,3 +59,43 @@ def test_only_the_newest_run_writing_to_an_output_dir_gets_its_log_and_a_short_o
     assert [r["current_steps"] for r in found["j-20261202-110000-cccc"][1]] == list(range(1, 8))
     assert len(found["j-20261202-100000-bbbb"][1]) == 40
     assert read_trainer_logs(rows, ["j-20261201-100000-aaaa"]) == {}
+
+
+def lf_record(step: int, loss: float | None, tokens: int, seconds: int, throughput: float) -> dict:
+    record = {"current_steps": step, "total_steps": 100, "lr": 1e-4, "epoch": step / 100, "percentage": step,
+              "elapsed_time": f"0:{seconds // 60:02d}:{seconds % 60:02d}", "remaining_time": "0:01:00",
+              "throughput": throughput, "total_tokens": tokens}
+    return record if loss is None else {**record, "loss": loss}
+
+
+def make_run(shared, run_id: str, output_dir, *, summary: dict | None = None) -> None:
+    run = shared / "runs" / run_id
+    run.mkdir(parents=True)
+    (run / "plan.json").write_text(json.dumps({"job": "j", "nodes": [{"host": "node0"}, {"host": "node1"}],
+                                               "world_size": 4, "checkpoint_dir": str(output_dir)}))
+    if summary is not None:
+        (run / "summary.json").write_text(json.dumps(summary))
+
+
+def test_runs_says_a_detached_runs_loss_and_tokens_from_its_trainer_log(tmp_path):
+    shared, out, old = tmp_path / "shared", tmp_path / "out", tmp_path / "old"
+    out.mkdir()
+    old.mkdir()
+    records = [lf_record(step, 2.0 - step / 100, 1000 * step, step, 1000.0 + step) for step in range(1, 60)]
+    records.append(lf_record(60, 1.25, 60_000, 60, 1010.5))
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    (out / "trainer_log.jsonl").write_text(text + '{"current_steps": 61, "lo')  # (the next one being written)
+    (old / "trainer_log.jsonl").write_text(json.dumps(lf_record(5, 0.5, 5000, 5, 999.0)) + "\n")
+    make_run(shared, "j-20261202-100000-aaaa", old, summary={"state": "finished", "exit_code": 0, "final_loss": 0.7,
+                                                             "tokens_per_s": 42.0, "duration_s": 10.0})
+    make_run(shared, "j-20261202-110000-bbbb", out)  # detached, or running: no summary.json
+    recorded, detached = list_runs("j", str(shared))
+    assert (recorded.final_loss, recorded.tokens_per_s) == (0.7, 42.0)  # (its summary's, not its log's)
+    assert detached.state == "running?" and detached.final_loss == 1.25, detached
+    assert (detached.tokens_per_s, detached.tokens_per_s_per_rank) == (1010.5, 252.6), detached
+    # the same first and last records through a host (bash there, one round trip for every run)
+    rows = [recorded, detached]
+    with Cluster([Host("local", "localhost", local=True)]) as cluster:
+        there = read_trainer_ends(rows, [detached.run_id], cluster, cluster.hosts[0])
+    assert there == read_trainer_ends(rows, [detached.run_id])
+    assert [r["current_steps"] for r in there[detached.run_id]] == [1, 59, 60]
