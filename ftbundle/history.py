@@ -23,6 +23,7 @@ from .gpu_health import fold_findings, parse_xids_report, xid_findings
 from .inventory import Host
 from .protocol import parse_steps
 from .recovery import attempts_said
+from .remote.trainer_end import ends_figures, parse_records, read_ends, speed_figures
 from .rundir import (ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, TRACKER_RUNS, TRAINER_LOG, node_glob, node_name,
                      runs_dir)
 from .trackers import placed
@@ -381,18 +382,6 @@ n=$(wc -l < "$f")
 exec awk -v s=$(( n / max + 1 )) -v n="$n" 'NR == 1 || NR % s == 0 || NR == n' "$f"'''
 
 
-def parse_records(text: str) -> list[dict]:
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def read_trainer_logs(rows: list[RunRow], run_ids: list[str], cluster: Cluster | None = None,
                       host: Host | None = None) -> dict[str, tuple[str, list[dict]]]:
     """{run id: (the log's path, its records)} from output_dir's trainer_log.jsonl, for the runs
@@ -445,17 +434,9 @@ def read_trainer_ends(rows: list[RunRow], run_ids: list[str], cluster: Cluster |
     trip through ``host`` for all of them, else read here."""
     paths = _newest_writers(rows, run_ids)
     texts: dict[str, str] = {}
-    if cluster is None or host is None:
-        for path in paths.values():
-            try:
-                with open(path, "rb") as f:  # (its first line, and its end: a week's log is 180 MB)
-                    first = f.readline()
-                    f.seek(max(f.tell(), os.fstat(f.fileno()).st_size - 16384))
-                    last = f.read().splitlines()[-3:]
-            except OSError:
-                continue
-            texts[path] = b"\n".join([first.rstrip(b"\n"), *last]).decode(errors="replace")
-    elif paths:
+    if cluster is None or host is None:  # (its first line, and its end: a week's log is 180 MB)
+        return {run_id: records for run_id, path in paths.items() if (records := read_ends(path))}
+    if paths:
         try:
             result = cluster.run(host, ["bash", "-c", _ENDS, "ftb", *paths.values()], timeout=30)
         except Exception:  # noqa: BLE001 - the rows keep what their run directories say
@@ -471,19 +452,16 @@ def read_trainer_ends(rows: list[RunRow], run_ids: list[str], cluster: Cluster |
 
 
 def fill_from_trainer(row: RunRow, records: list[dict], plan_text: str) -> None:
-    """A run without summary.json: its final loss and tokens/s (per rank too) from its trainer
-    log's first and last records, as the launcher's closing summary counts them (ui.progress)."""
-    from .ui.progress import Progress
-
-    progress = Progress()
-    for record in records:
-        progress.feed_record(record)
-    row.final_loss = progress.final_loss
-    tokens = progress.tokens_per_s()
-    if tokens is not None:
-        row.tokens_per_s = round(tokens, 1)
-        try:
-            world = int(json.loads(plan_text).get("world_size") or 0)
-        except (ValueError, TypeError, AttributeError):
-            world = 0
-        row.tokens_per_s_per_rank = round(tokens / world, 1) if world else None
+    """A run without summary.json: its final loss and tokens/s (per rank, and MFU on GPUs) from its
+    trainer log's first and last records, as the launcher's closing summary counts them
+    (remote/trainer_end.py), against the speed basis plan.json keeps (ftbundle.speed)."""
+    figures = ends_figures(records)
+    row.final_loss, row.tokens_per_s = figures["final_loss"], figures["tokens_per_s"]
+    try:
+        plan = json.loads(plan_text)
+        speed = plan.get("speed") or {}
+        ranks, per_token_s = int(speed.get("ranks") or plan.get("world_size") or 0), speed.get("mfu_per_token_s")
+    except (ValueError, TypeError, AttributeError):
+        ranks, per_token_s = 0, None
+    speeds = speed_figures(row.tokens_per_s, ranks, per_token_s if isinstance(per_token_s, (int, float)) else None)
+    row.tokens_per_s_per_rank, row.mfu = speeds["tokens_per_s_per_rank"], speeds["mfu"]

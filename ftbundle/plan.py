@@ -196,6 +196,7 @@ class Plan:
             "trackers": list(self.trackers),  # (where `runs` says each run's tracker is)
             "staged": list(self.staged),  # (what `runs` says each run's staging did)
             "gpu_sample_s": self.gpu_sample_s,
+            "speed": self.speed.record() if self.speed is not None else None,  # (`runs` of a run without summary.json)
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "nodes": [

@@ -17,7 +17,7 @@ compare (issue 47 item 1). Pure.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from .units import release
 
@@ -75,10 +75,21 @@ class SpeedBasis:
     def flops_per_token(self) -> float | None:
         return 6.0 * self.params if self.params else None
 
-    def mfu(self, tokens_per_s: float | None) -> float | None:
-        if not tokens_per_s or not self.gpus or not self.peak_tflops or not self.flops_per_token:
+    @property
+    def mfu_per_token_s(self) -> float | None:
+        """MFU per token a second: the model's FLOPs a token over the GPUs' peak (None: not known)."""
+        if not self.gpus or not self.peak_tflops or not self.flops_per_token:
             return None
-        return self.flops_per_token * tokens_per_s / (self.gpus * self.peak_tflops * 1e12)
+        return self.flops_per_token / (self.gpus * self.peak_tflops * 1e12)
+
+    def mfu(self, tokens_per_s: float | None) -> float | None:
+        per = self.mfu_per_token_s
+        return per * tokens_per_s if tokens_per_s and per else None
+
+    def record(self) -> dict:
+        """plan.json's "speed": what a run without summary.json is counted against (`runs`), and
+        its detached watchers' told figures (remote/trainer_end.py speed_figures)."""
+        return {**asdict(self), "mfu_per_token_s": self.mfu_per_token_s}
 
     def per_unit(self) -> str:
         return "per GPU" if self.gpus else "per rank"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import functools
 import os
+import posixpath
 import queue
 import re
 import threading
@@ -31,7 +32,7 @@ from ..job import MIN_SECRET_LEN, is_secret, url_passwords
 from ..layout import CLAIM_DIR
 from ..plan import NodePlan, Plan
 from ..protocol import env_payload
-from ..rundir import NodeFiles
+from ..rundir import TRAINER_LOG, NodeFiles
 from ..runtimes import host_steps_file
 from .stall import progress_globs, steps_file
 from .storage import STORAGE_SLOW_S
@@ -119,10 +120,20 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         # a detached run's end is told by rank 0's watcher, or by the first of the others to find it
         # silent (rank 0's host lost): remote/watch.py tell; the job never sees these
         **({"FTB_NOTIFY_WEBHOOK": plan.notify.webhook or "", "FTB_NOTIFY_COMMAND": plan.notify.command or "",
-            "FTB_NODE_HOSTS": " ".join(n.host.name for n in plan.nodes)}  # (by node rank: who failed)
+            "FTB_NODE_HOSTS": " ".join(n.host.name for n in plan.nodes),  # (by node rank: who failed)
+            # ... with the run's loss, tokens/s and MFU from the trainer's log (remote/trainer_end.py)
+            "FTB_TRAINER_LOG": posixpath.join(plan.checkpoint_dir, TRAINER_LOG) if plan.checkpoint_dir else "",
+            "FTB_SPEED": speed_env(plan)}
            if detach and plan.notify is not None else {}),
     }
     return {**control, **node.env}
+
+
+def speed_env(plan: Plan) -> str:
+    """"RANKS MFU_PER_TOKEN_S" (ftbundle.speed): what a detached watcher counts the told figures against."""
+    if plan.speed is None:
+        return f"{plan.world_size} 0"
+    return f"{plan.speed.ranks} {plan.speed.mfu_per_token_s or 0!r}"
 
 
 def gpu_env(plan: Plan, node: NodePlan) -> dict[str, str]:

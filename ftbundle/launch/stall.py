@@ -95,7 +95,8 @@ def collector_source() -> bytes:
 
 # The detached watcher is one program, written as files by concern (ftbundle/remote/): its parts
 # in this order, main (watch.py) last.
-WATCH_PARTS = ("stallclock.py", "watch_rules.py", "watch_host.py", "notifier.py", "gpu_tally.py", "watch.py")
+WATCH_PARTS = ("stallclock.py", "watch_rules.py", "watch_host.py", "notifier.py", "gpu_tally.py", "trainer_end.py",
+               "watch.py")
 
 
 @cache

@@ -54,6 +54,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .watch_rules import (MOVED, Follower, Referee, culprit, first_line,  # noqa: F401 (tests)
                               observe_progress, progress_value, waiting_for_step, wildcard)
     from .notifier import send
+    from .trainer_end import ends_figures, log_mark, read_ends, speed_figures
 
 STALL_LOOK_S = 2  # the stall watchdog reads the progress this often
 GPUS_EVERY_S = 30  # a detached GPU node's figures are kept this often (and at the job's end)
@@ -86,6 +87,7 @@ class Watcher:
         self.gpus = GpuTally()  # (the launcher's NodeGpus keeps the same: remote/gpu_tally.py)
         self.gpus_latest = ""
         self.gpus_lock = threading.Lock()
+        self.trainer_mark = None  # the trainer log's mark as the job started (trainer_end.log_mark)
 
     def path(self, name):
         return self.env.get(name, "")
@@ -193,6 +195,8 @@ class Watcher:
 
     def watching(self):
         beat = 0
+        if self.path("FTB_TRAINER_LOG"):  # (what the trainer's log was before this run: tell's figures)
+            self.trainer_mark = log_mark(self.path("FTB_TRAINER_LOG"))
         try:
             if self.referee:
                 beat = self.refereeing()
@@ -274,7 +278,7 @@ class Watcher:
             rank0 = (self.path("FTB_NODE_HOSTS").split() or [None])[0]
             summary = {"run_id": self.path("FTB_RUN_ID"), "state": "failed", "detached": True, "exit_code": None,
                        "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes,
-                       "failed_host": rank0, "told_by": self.host.name,
+                       **self.figures(), "failed_host": rank0, "told_by": self.host.name,
                        "failure": {"host": rank0, "line": lost + ": rank 0's host lost? every node stops"}}
             send(webhook, command, summary, lambda line: append(self.path("FTB_LOG"), "ftbundle: " + line))
             return
@@ -287,10 +291,23 @@ class Watcher:
         host, failed_code = culprit(line, self.path("FTB_NODE_HOSTS").split())
         summary = {"run_id": self.path("FTB_RUN_ID"), "state": state, "detached": True,
                    "exit_code": int(code) if code.lstrip("-").isdigit() else None,
-                   "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes,
+                   "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes, **self.figures(),
                    "failed_host": None if state == "finished" else host,
                    "failure": None if state == "finished" else {"host": host, "code": failed_code, "line": line}}
         send(webhook, command, summary, lambda line: append(self.path("FTB_LOG"), "ftbundle: " + line))
+
+    def figures(self):
+        """The told summary's hosts, and its loss, tokens/s (per rank) and MFU as `runs` counts them
+        from the trainer's log (trainer_end.py), where this run's trainer wrote one this host reads
+        (rank 0's output_dir; another host's if it is shared): else None, as a command job's."""
+        ranks, _, per_token_s = self.path("FTB_SPEED").partition(" ")
+        records = read_ends(self.path("FTB_TRAINER_LOG"), self.trainer_mark) if self.path("FTB_TRAINER_LOG") else []
+        found = ends_figures(records)
+        try:
+            speeds = speed_figures(found["tokens_per_s"], int(ranks or 0), float(per_token_s or 0))
+        except ValueError:
+            speeds = speed_figures(None, 0, 0)
+        return {"hosts": self.path("FTB_NODE_HOSTS").split(), **found, **speeds}
 
     # -- the stall watchdog (its own thread, which never touches the storage) ---------------------
     def reading(self):

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import deque
 from dataclasses import asdict, dataclass
+
+from ..remote.trainer_end import trainer_seconds  # noqa: F401 (progress.py takes it from here)
 
 # the pace now: the trainer's last five minutes (FTB_PACE_WINDOW_S: the tests' shorter runs)
 WINDOW_S = float(os.environ.get("FTB_PACE_WINDOW_S") or 300.0)
@@ -30,27 +31,6 @@ WARMUP_CHUNKS = 2
 KEEP = 2000  # chunks the pace before is the median of (at 10 s a chunk, the last 5.5 hours)
 SLOW = 0.7
 BACK = 0.85
-
-
-_DAYS = re.compile(r"^\s*(-?\d+) days?, (.*)$")
-
-
-def trainer_seconds(text) -> float | None:
-    """LlamaFactory writes times as Python's timedelta prints them: H:MM:SS, and from a day on
-    "1 day, H:MM:SS", "6 days, H:MM:SS" (a week-long run's clock, and a long run's ETA)."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    days, text = 0, str(text)
-    if (m := _DAYS.match(text)) is not None:
-        days, text = int(m.group(1)), m.group(2)
-    try:
-        parts = [float(p) for p in text.split(":")]
-    except ValueError:
-        return None
-    total = 0.0
-    for part in parts:
-        total = total * 60 + part
-    return days * 86400 + total
 
 
 def chunk_seconds(window_s: float) -> float:

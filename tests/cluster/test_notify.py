@@ -80,6 +80,8 @@ def test_a_detached_runs_end_is_told_by_rank_0s_watcher(make_cluster, tmp_path, 
     [(_, summary)] = h.posts
     assert summary["state"] == "finished" and summary["detached"] and summary["exit_code"] == 0, summary
     assert summary["run_id"].startswith("told-detached-") and summary["failure"] is None
+    # its hosts, as an attached run's summary; a command job has no trainer log: no loss, no tokens/s
+    assert summary["hosts"] == ["node0", "node1"] and (summary["final_loss"], summary["tokens_per_s"]) == (None, None)
     run = next((cluster.shared_dir / "runs").iterdir())
     assert (run / "seen-0").read_text() == "seen: []\n" and (run / "seen-1").read_text() == "seen: []\n"
     log = (run / "node-0-node0.a1.log").read_text()

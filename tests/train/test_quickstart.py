@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,33 @@ def test_a_lora_reporting_to_tensorboard_logs_its_loss_under_its_run_directory(t
     rows = json.loads(subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"], capture_output=True,
                                      text=True, timeout=120).stdout)
     assert rows[0]["trackers"] == [f"tensorboard {board}"]
+
+
+def test_a_detached_loras_told_end_says_its_loss_tokens_and_hosts_as_runs_does(tmp_path, tiny_model):
+    """A detached run has no launcher to write summary.json: rank 0's watcher tells `notify:` its
+    end. It told the state alone (no hosts, no loss, no tokens/s, which an attached run's summary
+    carries); now the trainer log's ends say them, as `runs` says them of the same run. On CPUs:
+    tokens/s per rank, MFU null."""
+    told = tmp_path / "told.json"
+    job = quickstart_copy(tmp_path, tiny_model, max_steps=12, logging_steps=2)
+    spec = yaml.safe_load(job.read_text())
+    spec["notify"] = {"command": f"cat > {told}"}
+    job.write_text(yaml.safe_dump(spec))
+    proc = subprocess.run([sys.executable, "-m", "ftbundle", "run", "--detach", str(job)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    deadline = time.monotonic() + 400
+    while not told.exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    time.sleep(1)  # (the command's write, whole)
+    summary = json.loads(told.read_text())
+    assert summary["state"] == "finished" and summary["hosts"] == ["localhost"], summary
+    logged = [json.loads(line) for line in (job.parent / ".shared/output/quickstart-lora/trainer_log.jsonl")
+              .read_text().splitlines()]
+    assert summary["final_loss"] == [r["loss"] for r in logged if "loss" in r][-1], summary
+    assert summary["tokens_per_s"] > 0 and summary["tokens_per_s_per_rank"] == round(summary["tokens_per_s"] / 2, 1)
+    assert summary["mfu"] is None, summary
+    rows = json.loads(subprocess.run([sys.executable, "-m", "ftbundle", "runs", str(job), "--json"],
+                                     capture_output=True, text=True, timeout=120).stdout)
+    assert {k: rows[-1][k] for k in ("final_loss", "tokens_per_s", "tokens_per_s_per_rank", "mfu")} == \
+        {k: summary[k] for k in ("final_loss", "tokens_per_s", "tokens_per_s_per_rank", "mfu")}, (rows[-1], summary)

@@ -1,0 +1,205 @@
+"""A run's figures from its trainer log's ends (ftbundle/remote/trainer_end.py), where no launcher
+counted them: `runs` of a run without summary.json, and a detached run's end as its watcher tells
+the webhook. The told summary of a detached LlamaFactory run said no loss, no tokens/s and no
+hosts (an attached run's summary.json has them all); `runs` gave such a run no MFU.
+
+- The ends fold to the launcher's own figures (ui.progress.Progress fed the whole log): recorded
+  LlamaFactory records, day-long clocks, records without LlamaFactory's throughput, none counting
+  tokens, a half-written last line.
+- MFU from the speed basis plan.json now keeps (ftbundle.speed SpeedBasis.record): the same
+  figure as SpeedBasis.mfu.
+- The shipped watcher (python3 -I -S, as node.sh starts it), rank 0 of a one-node detached run,
+  tells its `notify: command` the hosts, final loss, tokens/s, per rank and MFU, the same as
+  `runs` says of that run; a trainer log left in output_dir by an earlier run, unchanged during
+  this one (a job that failed before its trainer began), is not this run's: no figures.
+A real detached LoRA: tests/train/test_quickstart.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ftbundle.history import list_runs
+from ftbundle.launch import stall
+from ftbundle.remote.trainer_end import ends_figures, log_mark, read_ends, speed_figures
+from ftbundle.speed import SpeedBasis
+from ftbundle.ui.progress import Progress
+from tests.unit.test_plot_source_unit import lf_record, make_run
+
+RECORDED = os.path.join(os.path.dirname(__file__), "..", "data", "llamafactory", "cpu-3steps.trainer_log.jsonl")
+
+
+def launcher_figures(records: list[dict]) -> dict:
+    progress = Progress()
+    for record in records:
+        progress.feed_record(record)
+    tokens = progress.tokens_per_s()
+    return {"final_loss": progress.final_loss, "tokens_per_s": None if tokens is None else round(tokens, 1)}
+
+
+def day_clock(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    clock = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days} day{'s' if days > 1 else ''}, {clock}" if days else clock
+
+
+def random_log(rng: random.Random) -> list[dict]:
+    kind = rng.choice(["throughput", "no-throughput", "no-tokens", "days"])
+    records, tokens, seconds = [], 0, 0
+    for step in range(1, rng.randint(2, 300)):
+        tokens += rng.randint(500, 5000)
+        seconds += rng.randint(1, 4000 if kind == "days" else 30)
+        record = {"current_steps": step, "total_steps": 300, "loss": round(rng.uniform(0.1, 3.0), 4),
+                  "lr": 1e-4, "elapsed_time": day_clock(seconds), "remaining_time": "0:01:00"}
+        if kind != "no-tokens":
+            record["total_tokens"] = tokens
+        if kind in ("throughput", "days"):
+            record["throughput"] = round(tokens / seconds, 2)
+        records.append(record)
+    if rng.random() < 0.5:  # LlamaFactory's closing record: no loss
+        records.append({k: v for k, v in records[-1].items() if k != "loss"})
+    return records
+
+
+def test_the_logs_ends_fold_to_the_launchers_own_figures(tmp_path):
+    rng = random.Random(47)
+    logs = [random_log(rng) for _ in range(200)]
+    logs.append([json.loads(line) for line in open(RECORDED)])  # (a real one: shorter than a logging step)
+    seen = set()
+    for i, records in enumerate(logs):
+        path = tmp_path / f"log{i}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"current_steps": 9, "lo')
+        ends = read_ends(str(path))
+        assert len(ends) <= 4 and ends[0] == records[0] and ends[-1] == records[-1]
+        assert ends_figures(ends) == launcher_figures(records), (i, records[-2:])
+        seen.add((ends_figures(ends)["final_loss"] is None, ends_figures(ends)["tokens_per_s"] is None))
+    assert seen == {(False, False), (False, True), (True, True)}, seen  # (each kind was met)
+    # a week-long clock: 6 days, 23:59:59 and 1,000,000 tokens without LlamaFactory's throughput
+    week = [{"current_steps": 1, "loss": 1.0, "total_tokens": 1_000_000, "elapsed_time": "6 days, 23:59:59"}]
+    assert ends_figures(week)["tokens_per_s"] == round(1_000_000 / (7 * 86400 - 1), 1)
+
+
+def test_a_log_unchanged_since_the_run_began_is_an_earlier_runs(tmp_path):
+    log = tmp_path / "trainer_log.jsonl"
+    assert log_mark(str(log)) is None and read_ends(str(log)) == []
+    log.write_text(json.dumps(lf_record(5, 0.5, 5000, 5, 999.0)) + "\n")
+    mark = log_mark(str(log))
+    assert read_ends(str(log), mark) == []  # (the earlier run's, left there)
+    with open(log, "a") as f:  # a resumed trainer appends
+        f.write(json.dumps(lf_record(6, 0.4, 6000, 6, 1000.0)) + "\n")
+    assert [r["current_steps"] for r in read_ends(str(log), mark)] == [5, 6]
+    mark = log_mark(str(log))
+    log.unlink()  # a fresh trainer removes it and writes its own
+    log.write_text(json.dumps(lf_record(1, 0.7, 500, 1, 500.0)) + "\n")
+    assert [r["loss"] for r in read_ends(str(log), mark)] == [0.7]
+
+
+H100_1B = SpeedBasis(ranks=16, gpus=16, gpu="H100 SXM", peak_tflops=989.0, params=1_235_814_400, padding=False)
+
+
+def test_runs_gives_a_summary_less_gpu_run_its_mfu_from_the_plans_speed_basis(tmp_path):
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    out.mkdir()
+    records = [lf_record(step, 2.0 - step / 100, 400_000 * step, step, 400_000.0) for step in range(1, 50)]
+    (out / "trainer_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    make_run(shared, "j-20261203-100000-aaaa", out)
+    plan = json.loads((shared / "runs/j-20261203-100000-aaaa/plan.json").read_text())
+    plan["speed"] = json.loads(json.dumps(H100_1B.record()))  # (as plan.json keeps it)
+    (shared / "runs/j-20261203-100000-aaaa/plan.json").write_text(json.dumps(plan))
+    [row] = list_runs("j", str(shared))
+    assert row.tokens_per_s == 400_000.0 and row.tokens_per_s_per_rank == 25_000.0  # (16 GPUs, not world_size 4)
+    assert row.mfu == round(H100_1B.mfu(400_000.0), 4) and 0.18 < row.mfu < 0.19, row.mfu
+    # a plan.json from before (no "speed"): per rank by world_size, MFU not known
+    del plan["speed"]
+    (shared / "runs/j-20261203-100000-aaaa/plan.json").write_text(json.dumps(plan))
+    [row] = list_runs("j", str(shared))
+    assert (row.tokens_per_s_per_rank, row.mfu) == (100_000.0, None)
+    assert speed_figures(None, 16, 1e-9) == {"tokens_per_s_per_rank": None, "mfu": None}
+
+
+def run_shipped_referee(tmp_path, name: str, trainer_log, write_records: list[dict], speed: str) -> dict | None:
+    """The staged watcher as rank 0 of a one-node detached run whose job writes ``write_records``
+    into ``trainer_log`` and ends 0; what its notify command was given (None: not told)."""
+    run = tmp_path / name
+    run.mkdir()
+    program_file = run / "watch.py"
+    program_file.write_text(stall.watcher_source())
+    told = run / "told.json"
+    marker = f"ftb-test-told-{time.time_ns()}"
+    lines = "".join(json.dumps(r) + "\n" for r in write_records)
+    job = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); "
+                            "open(sys.argv[1], 'a').write(sys.argv[2]) if sys.argv[2] else None; time.sleep(0.5)",
+                            str(trainer_log), lines], env={**os.environ, "FTB_JOB": marker})
+    env = {"PATH": os.environ["PATH"], "FTB_MARKER": marker, "FTB_CONTAINER": "", "FTB_STOP_GRACE": "1",
+           "FTB_HEARTBEAT": "0.2", "FTB_STALE": "600", "FTB_STALL_TIMEOUT": "0", "FTB_REFEREE": "1",
+           "NODE_RANK": "0", "NNODES": "1", "FTB_RUN_DIR": str(run), "FTB_RUN_ID": name,
+           "FTB_LOG": str(run / "node-0-h.a1.log"), "FTB_EXIT": str(run / "node-0.a1.exit"),
+           "FTB_HBFILE": str(run / "node-0.a1.hb"), "FTB_VERDICT_FILE": str(run / "watch.a1"),
+           "FTB_PEER_EXIT_GLOB": str(run / "node-*.a1.exit"), "FTB_PEER_HB_GLOB": str(run / "node-*.a1.hb"),
+           "FTB_STOP_REQUEST": str(run / "stop-requested"), "FTB_KEPT_STEPS_FILE": str(run / "node-0.a1.steps"),
+           "FTB_XIDS_FILE": str(run / "node-0.a1.xids"), "FTB_NOTIFIED_FILE": str(run / "notified.a1"),
+           "FTB_NOTIFY_WEBHOOK": "", "FTB_NOTIFY_COMMAND": f"cat > {told}", "FTB_NODE_HOSTS": "gpu-a",
+           "FTB_TRAINER_LOG": str(trainer_log), "FTB_SPEED": speed}
+    from ftbundle.launch.node import program
+    watcher = subprocess.Popen([sys.executable, "-I", "-S", str(program_file), str(job.pid), "", program()], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        job.wait(timeout=20)
+        (run / "node-0.a1.exit").write_text("0\n")  # (as node.sh writes it when the job ends)
+        out, err = watcher.communicate(timeout=30)
+    finally:
+        job.kill()
+        watcher.kill()
+    assert watcher.returncode == 0, err
+    return json.loads(told.read_text()) if told.exists() else None
+
+
+def test_a_detached_runs_told_end_carries_its_hosts_loss_tokens_and_mfu_as_runs_counts_them(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    log = out / "trainer_log.jsonl"
+    records = [lf_record(step, 2.0 - step / 100, 400_000 * step, step, 400_000.0 + step) for step in range(1, 40)]
+    told = run_shipped_referee(tmp_path, "j-20261203-110000-bbbb", log, records,
+                               f"{H100_1B.ranks} {H100_1B.mfu_per_token_s!r}")
+    assert told is not None and told["state"] == "finished" and told["hosts"] == ["gpu-a"], told
+    assert (told["final_loss"], told["tokens_per_s"], told["tokens_per_s_per_rank"]) == (2.0 - 39 / 100, 400_039.0, 25_002.4)
+    assert told["mfu"] == round(H100_1B.mfu(400_039.0), 4), told
+    # `runs` of the same run (no summary.json: detached) says the same figures
+    shared = tmp_path / "shared"
+    make_run(shared, "j-20261203-110000-bbbb", out)
+    plan_file = shared / "runs/j-20261203-110000-bbbb/plan.json"
+    plan_file.write_text(json.dumps({**json.loads(plan_file.read_text()), "speed": H100_1B.record()}))
+    [row] = list_runs("j", str(shared))
+    assert (row.final_loss, row.tokens_per_s, row.tokens_per_s_per_rank, row.mfu) == \
+        (told["final_loss"], told["tokens_per_s"], told["tokens_per_s_per_rank"], told["mfu"])
+
+
+def test_an_earlier_runs_trainer_log_left_in_output_dir_is_not_told_as_this_runs(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    log = out / "trainer_log.jsonl"
+    log.write_text(json.dumps(lf_record(5, 0.5, 5000, 5, 999.0)) + "\n")  # (yesterday's run)
+    told = run_shipped_referee(tmp_path, "j-20261203-120000-cccc", log, [], "4 0")
+    assert told is not None and told["state"] == "finished", told
+    assert (told["final_loss"], told["tokens_per_s"], told["tokens_per_s_per_rank"], told["mfu"]) == \
+        (None, None, None, None), told
+    # a CPU run's figures: per rank, no MFU
+    told = run_shipped_referee(tmp_path, "j-20261203-120000-dddd", out / "fresh.jsonl",
+                               [lf_record(1, 0.9, 1000, 2, 500.0)], "4 0")
+    assert (told["final_loss"], told["tokens_per_s"], told["tokens_per_s_per_rank"], told["mfu"]) == \
+        (0.9, 500.0, 125.0, None), told
+
+
+@pytest.mark.parametrize("speed", ["", "x y", "4"])
+def test_a_malformed_speed_setting_gives_no_figures_not_a_dead_watcher(tmp_path, speed):
+    out = tmp_path / "out"
+    out.mkdir()
+    told = run_shipped_referee(tmp_path, "j-20261203-130000-eeee", out / "trainer_log.jsonl",
+                               [lf_record(1, 0.9, 1000, 2, 500.0)], speed)
+    assert told is not None and told["final_loss"] == 0.9 and told["mfu"] is None, told
