@@ -213,9 +213,10 @@ class Cluster:
                 elif sock is not None:
                     sock.close()
                 if silent:  # (paramiko goes on to authenticate and says "No existing session")
+                    # (a host whose system hangs, frozen or paused, still accepts TCP: its kernel answers)
                     raise NoBanner(f"timed out after {self.connect_timeout:g} s waiting for the SSH banner: the "
-                                   f"port accepts connections but nothing there speaks SSH (is {host.port} its "
-                                   "sshd's port?)") from exc
+                                   f"port accepts connections but nothing there speaks SSH: the host hangs (its "
+                                   f"kernel still answers TCP) or {host.port} is not its sshd's port") from exc
                 raise
         return conn
 

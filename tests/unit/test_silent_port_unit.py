@@ -56,7 +56,8 @@ def test_a_port_that_never_answers_is_named_in_one_line_without_paramikos_traceb
     server, port = silent_server()
     errors, stderr = open_against(server, port, "silent", tries=1)
     assert errors == {"silent": f"cannot SSH to 127.0.0.1:{port}: timed out after 2 s waiting for the SSH banner: the "
-                                f"port accepts connections but nothing there speaks SSH (is {port} its sshd's port?)"}
+                                f"port accepts connections but nothing there speaks SSH: the host hangs (its kernel still "
+                                f"answers TCP) or {port} is not its sshd's port"}
     assert "Exception (client)" not in stderr and "Traceback" not in stderr, stderr
 
 
