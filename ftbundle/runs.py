@@ -24,7 +24,7 @@ from .launch.node import STOP_GRACE_S, node_argv
 from .launch.staging import stage_files
 from .plan import NodePlan, shape_text
 from .recovery import attempts_said
-from .rundir import STOP_REQUEST, NodeFiles, RunDir, node_glob, runs_dir
+from .rundir import PLAN, STOP_REQUEST, TRAINER_LOG, NodeFiles, RunDir, node_glob, runs_dir
 
 
 @dataclass(frozen=True)
@@ -285,12 +285,16 @@ def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
 
 PACE_RECORDS = 20_000  # the trainer log's last records `status` judges the run's pace on
 
-# output_dir's newest complete checkpoint's age and the trainer log's last records, on rank 0's host
+# output_dir's newest complete checkpoint's age, the host's clock, when the trainer log and the
+# run's plan.json were last written, and the trainer log's last records, on rank 0's host
 _TRAINING_READ = r'''dir=$1 last=$2
 if [ -n "$last" ]; then stat -c %Y -- "$dir/$last/trainer_state.json" 2>/dev/null || echo -; else echo -; fi
 date +%s
-tail -n "$3" -- "$dir/trainer_log.jsonl" 2>/dev/null
+stat -c %Y -- "$5" 2>/dev/null || echo -
+stat -c %Y -- "$4" 2>/dev/null || echo -
+tail -n "$3" -- "$5" 2>/dev/null
 true'''
+EARLIER_SLACK_S = 10  # a trainer log last written this long before the run's plan.json is an earlier run's (clocks apart)
 
 
 def _training(ref: RunRef, cluster: Cluster, *, running: bool) -> list[str]:
@@ -299,7 +303,9 @@ def _training(ref: RunRef, cluster: Cluster, *, running: bool) -> list[str]:
     run or another terminal; and output_dir's newest complete checkpoint, its age and what a failure
     now would cost (launch/resume.py). Nothing for a job without a trainer log (a script's)."""
     from .launch.resume import checkpoint_status
+    from .speed import SpeedBasis
     from .ui.pace import last_step, status_lines
+    from .ui.progress import clock, status_training
 
     out_dir = ref.record.get("checkpoint_dir")
     if not isinstance(out_dir, str) or not out_dir:
@@ -310,14 +316,22 @@ def _training(ref: RunRef, cluster: Cluster, *, running: bool) -> list[str]:
                 + (", and no other host has it (not on shared storage)" if shared is False else "")]
     found = _run_dir_command(cluster, host, node_argv("resume-point", out_dir, "look"), out_dir)
     last = (found.stdout.strip().splitlines()[-1:] or [""])[0] if found.ok else ""
-    read = _run_dir_command(cluster, host, ["bash", "-c", _TRAINING_READ, "ftb", out_dir, last, str(PACE_RECORDS)],
+    read = _run_dir_command(cluster, host, ["bash", "-c", _TRAINING_READ, "ftb", out_dir, last, str(PACE_RECORDS),
+                                            posixpath.join(ref.run_dir, PLAN), posixpath.join(out_dir, TRAINER_LOG)],
                             out_dir)
-    saved_at, now, log = (read.stdout.split("\n", 2) + ["", "", ""])[:3]
+    saved_at, now, logged_at, planned_at, log = (read.stdout.split("\n", 4) + [""] * 5)[:5]
     ago = int(now) - int(saved_at) if saved_at.isdigit() and now.isdigit() else None
+    said = []
+    if logged_at.isdigit() and planned_at.isdigit() and int(logged_at) < int(planned_at) - EARLIER_SLACK_S:
+        # (a fresh trainer removes it as it begins; one that resumes appends: until then it is not this run's)
+        said, log = [f"training: no step logged by this run yet ({out_dir}/{TRAINER_LOG} was last written "
+                     f"{clock(int(planned_at) - int(logged_at))} before it began: an earlier run's)"], ""
+    elif log and logged_at.isdigit() and now.isdigit():
+        said = status_training(log, SpeedBasis.from_record(ref.record.get("speed")), int(now) - int(logged_at))
     resumes = ref.record.get("resumes")
     line = checkpoint_status(out_dir, last or None, ago, last_step(log), running=running,
                              resumes=resumes if isinstance(resumes, bool) else None)
-    return status_lines(log) + [line]
+    return said + status_lines(log) + [line]
 
 
 def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[str]:

@@ -86,6 +86,23 @@ class SpeedBasis:
         per = self.mfu_per_token_s
         return per * tokens_per_s if tokens_per_s and per else None
 
+    @classmethod
+    def from_record(cls, record) -> SpeedBasis | None:
+        """The basis plan.json keeps (``record``), None when it holds none or not one."""
+        if not isinstance(record, dict):
+            return None
+        def of(name, kind):
+            value = record.get(name)
+            if kind is bool:
+                return value if isinstance(value, bool) else None
+            return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+        ranks, gpus = of("ranks", int), of("gpus", int) or 0
+        if not ranks:
+            return None
+        return cls(ranks=ranks, gpus=gpus, gpu=of("gpu", str), peak_tflops=of("peak_tflops", (int, float)),
+                   params=of("params", int), padding=of("padding", bool))
+
     def record(self) -> dict:
         """plan.json's "speed": what a run without summary.json is counted against (`runs`), and
         its detached watchers' told figures (remote/trainer_end.py speed_figures)."""

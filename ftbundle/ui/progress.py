@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..gpu_metrics import GpuFleet
 from ..protocol import parse_steps
-from ..speed import SpeedBasis
+from ..speed import SpeedBasis, tokens_text
 from . import stragglers
 from .pace import Pace, trainer_seconds
 
@@ -533,3 +533,33 @@ def status_fields(p: Progress, alive: int, total_nodes: int, now: float | None =
 def status_line(p: Progress, alive: int, total_nodes: int, now: float | None = None, finished: int = 0) -> str:
     """The plain progress line (no carriage returns, no colour)."""
     return "  ".join(f"{k} {v}" for k, v in status_fields(p, alive, total_nodes, now, finished))
+
+
+def status_training(trainer_log: str, speed: SpeedBasis | None, age_s: float | None) -> list[str]:
+    """`ftbundle status`'s line on where training is, from the trainer log's last records (a
+    detached run has no live line; another terminal none either): the live line's step, epoch,
+    loss and lr, tokens/s (per GPU, per rank) and MFU as the summary counts them, the trainer's
+    clock and its ETA, and how long ago its last record was written."""
+    p, elapsed = Progress(speed=speed), None
+    for line in trainer_log.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("current_steps"), int):
+            p.feed_record(record)
+            elapsed = trainer_seconds(record.get("elapsed_time"))  # (0 s too: a short run's)
+    if p.step is None:
+        return []
+    fields = [f"{k} {v}" for k, v in status_fields(p, 0, 0) if k in ("step", "epoch", "loss", "lr")]
+    if (tokens := p.tokens_per_s()) is not None:
+        fields.append(tokens_text(tokens, speed) if speed is not None else f"{tokens:,.0f} tokens/s")
+        if (mfu := p.mfu()) is not None:
+            fields.append(f"mfu {mfu:.1%}")
+    if elapsed is not None:
+        fields.append(f"trainer's clock {clock(elapsed)}")
+    if p.remaining_s is not None:
+        fields.append(f"eta {clock(p.remaining_s)}")
+    said = "" if age_s is None else f"  (its last record {max(0, int(age_s))} s ago)" if age_s < 120 else \
+        f"  (its last record {clock(age_s)} ago)"
+    return ["training: " + "  ".join(fields) + said]

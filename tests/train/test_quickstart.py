@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -127,3 +129,21 @@ def test_a_detached_loras_told_end_says_its_loss_tokens_and_hosts_as_runs_does(t
                                      capture_output=True, text=True, timeout=120).stdout)
     assert {k: rows[-1][k] for k in ("final_loss", "tokens_per_s", "tokens_per_s_per_rank", "mfu")} == \
         {k: summary[k] for k in ("final_loss", "tokens_per_s", "tokens_per_s_per_rank", "mfu")}, (rows[-1], summary)
+
+    # `status` of the same run (no live line anywhere): where training is, from the trainer log's last records
+    status = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job)], capture_output=True, text=True,
+                            timeout=120)
+    last = [r for r in logged if "loss" in r][-1]
+    line = next((x for x in status.stdout.splitlines() if x.startswith("training: ")), status.stdout)
+    assert line.startswith("training: step 12/12  epoch ") and f"  loss {last['loss']:.4f}  " in line, line
+    assert re.search(r"  [\d,]+ tokens/s \([\d,]+ per rank, padding (not )?counted\)  trainer's clock ", line), line
+    assert re.search(r"\(its last record \d+ s ago\)$", line), line
+    # a trainer log last written well before the run began is an earlier run's (a fresh trainer
+    # removes it as it begins): said so, not shown as this run's progress
+    log = job.parent / ".shared/output/quickstart-lora/trainer_log.jsonl"
+    plan = next((job.parent / ".shared/runs").iterdir()) / "plan.json"
+    os.utime(log, (plan.stat().st_mtime - 7200, plan.stat().st_mtime - 7200))
+    status = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job)], capture_output=True, text=True,
+                            timeout=120)
+    assert "training: no step logged by this run yet (" in status.stdout and "before it began: an earlier run's)" \
+        in status.stdout and "pace:" not in status.stdout, status.stdout

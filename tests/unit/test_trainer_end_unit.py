@@ -203,3 +203,26 @@ def test_a_malformed_speed_setting_gives_no_figures_not_a_dead_watcher(tmp_path,
     told = run_shipped_referee(tmp_path, "j-20261203-130000-eeee", out / "trainer_log.jsonl",
                                [lf_record(1, 0.9, 1000, 2, 500.0)], speed)
     assert told is not None and told["final_loss"] == 0.9 and told["mfu"] is None, told
+
+
+def test_status_says_where_training_is_from_the_trainer_logs_last_records():
+    """`ftbundle status` of a detached run (no live line anywhere): the live line's figures from
+    the trainer log's last records, its tokens/s per GPU and MFU against plan.json's basis, the
+    trainer's clock past a day and its ETA, and the last record's age (a trainer gone quiet)."""
+    from ftbundle.ui.progress import status_training
+
+    records = [lf_record(step, 2.0 - step / 100, 400_000 * step, step, 400_000.0) for step in range(1, 50)]
+    records[-1].update(elapsed_time="1 day, 2:03:04", remaining_time="3 days, 0:00:01")
+    log = "\n".join(json.dumps(r) for r in records) + '\n{"current_steps": 50, "lo'
+    basis = SpeedBasis.from_record(json.loads(json.dumps(H100_1B.record())))
+    assert basis == H100_1B
+    assert status_training(log, basis, 12) == [
+        "training: step 49/100  epoch 0.49  loss 1.5100  lr 1.00e-04  400,000 tokens/s (25,000 per GPU, padding not "
+        "counted)  mfu 18.7%  trainer's clock 1d 02:03:04  eta 3d 00:00:01  (its last record 12 s ago)"]
+    # no basis (a plan.json from before): tokens/s alone; an hour-old record said in hours
+    assert status_training(log, None, 3725)[0].endswith(
+        "400,000 tokens/s  trainer's clock 1d 02:03:04  eta 3d 00:00:01  (its last record 1:02:05 ago)")
+    assert status_training("", basis, 1) == [] and status_training("not json\n", basis, 1) == []
+    # a malformed basis is no basis
+    assert SpeedBasis.from_record({"ranks": "16"}) is None and SpeedBasis.from_record(None) is None
+    assert SpeedBasis.from_record({"ranks": 2, "peak_tflops": "fast", "params": 1.5}).mfu(1000.0) is None
