@@ -23,7 +23,7 @@ from .gpu_health import fold_findings, parse_xids_report, xid_findings
 from .inventory import Host
 from .protocol import parse_steps
 from .recovery import attempts_said
-from .remote.trainer_end import ends_figures, parse_records, read_ends, speed_figures
+from .remote.trainer_end import earlier_run, ends_figures, parse_records, read_ends, speed_figures
 from .rundir import (ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, TRACKER_RUNS, TRAINER_LOG, node_glob, node_name,
                      runs_dir)
 from .trackers import placed
@@ -286,7 +286,7 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
     unrecorded = [r.run_id for r in rows if r.hosts and SUMMARY not in files[r.run_id]]
     if unrecorded:  # (detached, running, or its launcher lost: no summary.json, the trainer's log says)
         here = os.path.isdir(where) or cluster is None or host is None
-        ends = read_trainer_ends(rows, unrecorded, None if here else cluster, None if here else host)
+        ends = read_trainer_ends(rows, unrecorded, where, None if here else cluster, None if here else host)
         for row in rows:
             if row.run_id in ends:
                 fill_from_trainer(row, ends[row.run_id], files[row.run_id].get(PLAN, ""))
@@ -378,77 +378,103 @@ def read_metrics(run_ids: list[str], shared_dir: str, cluster: Cluster | None = 
 # second is about 180 MB: the plot needs no more points than a finished run's metrics.jsonl holds)
 _THINNED = r'''f=$1 max=$2
 [ -r "$f" ] || exit 3
+echo "$(stat -c %Y -- "$f") $(stat -c %Y -- "$3" 2>/dev/null || echo -)"
 n=$(wc -l < "$f")
 exec awk -v s=$(( n / max + 1 )) -v n="$n" 'NR == 1 || NR % s == 0 || NR == n' "$f"'''
 
 
-def read_trainer_logs(rows: list[RunRow], run_ids: list[str], cluster: Cluster | None = None,
+def read_trainer_logs(rows: list[RunRow], run_ids: list[str], runs_at: str, cluster: Cluster | None = None,
                       host: Host | None = None) -> dict[str, tuple[str, list[dict]]]:
     """{run id: (the log's path, its records)} from output_dir's trainer_log.jsonl, for the runs
     asked for that have no metrics.jsonl: a detached run (no launcher writes one), one still
     running, one whose launcher was lost. Only for the newest of ``rows`` writing to that
-    output_dir (a later run's records are not an older run's), at most RECORDS_MAX records,
-    evenly thinned. Read here when it is on this machine, else through ``host``."""
+    output_dir (a later run's records are not an older run's), and only a log written since the run
+    began (an earlier run's left there is not its), at most RECORDS_MAX records, evenly thinned.
+    Read here when it is on this machine (``runs_at``: the runs' directory), else through ``host``."""
     from .ui.progress import RECORDS_MAX
 
     out = {}
-    for run_id, path in _newest_writers(rows, run_ids).items():
+    for run_id, (path, plan) in _newest_writers(rows, run_ids, runs_at).items():
         if cluster is None or host is None:  # (the runs are on this machine: history_source)
             try:
                 with open(path, encoding="utf-8", errors="replace") as f:
                     lines = f.read().splitlines()
             except OSError:
                 continue
+            if not _this_runs(path, plan):
+                continue
             stride = len(lines) // RECORDS_MAX + 1
             text = "\n".join(line for i, line in enumerate(lines, 1)
                               if i == 1 or i % stride == 0 or i == len(lines))
         else:
             try:
-                result = cluster.run(host, ["bash", "-c", _THINNED, "ftb", path, str(RECORDS_MAX)], timeout=60)
+                result = cluster.run(host, ["bash", "-c", _THINNED, "ftb", path, str(RECORDS_MAX), plan], timeout=60)
             except Exception:  # noqa: BLE001 - the plot says the run has no records
                 continue
-            if not result.ok:
+            stamps, _, text = result.stdout.partition("\n")
+            if not result.ok or not _stamps(stamps):
                 continue
-            text = result.stdout
         records = parse_records(text)
         if records:
             out[run_id] = (path, records)
     return out
 
 
-_ENDS = r'''for f; do [ -r "$f" ] || continue; echo "==> $f <=="; head -n 1 -- "$f"; tail -n 3 -- "$f"; done; true'''
+# LOG PLAN pairs: each log's header, the two files' change times, its first line and last ones
+_ENDS = r'''while [ $# -ge 2 ]; do f=$1 p=$2; shift 2; [ -r "$f" ] || continue; echo "==> $f <=="
+echo "$(stat -c %Y -- "$f") $(stat -c %Y -- "$p" 2>/dev/null || echo -)"; head -n 1 -- "$f"; tail -n 3 -- "$f"
+done; true'''
 
 
-def _newest_writers(rows: list[RunRow], run_ids: list[str]) -> dict[str, str]:
-    """{run id: its trainer log's path} for the runs asked for that are the newest of ``rows`` to
-    write to their output_dir (a later run's records are not an older run's)."""
+def _newest_writers(rows: list[RunRow], run_ids: list[str], runs_at: str) -> dict[str, tuple[str, str]]:
+    """{run id: (its trainer log's path, its plan.json's)} for the runs asked for that are the newest
+    of ``rows`` to write to their output_dir (a later run's records are not an older run's)."""
     newest = {row.output_dir: row.run_id for row in rows if row.output_dir}  # (rows: oldest first)
-    return {row.run_id: posixpath.join(row.output_dir, TRAINER_LOG) for row in rows
-            if row.run_id in run_ids and row.output_dir and newest[row.output_dir] == row.run_id}
+    return {row.run_id: (posixpath.join(row.output_dir, TRAINER_LOG), posixpath.join(runs_at, row.run_id, PLAN))
+            for row in rows if row.run_id in run_ids and row.output_dir and newest[row.output_dir] == row.run_id}
 
 
-def read_trainer_ends(rows: list[RunRow], run_ids: list[str], cluster: Cluster | None = None,
+def _this_runs(log: str, plan: str) -> bool:
+    """Whether the trainer log here was written since its run began (trainer_end.earlier_run)."""
+    try:
+        return not earlier_run(os.stat(log).st_mtime, os.stat(plan).st_mtime)
+    except OSError:
+        return True  # (no plan.json to compare with: the log is read, or not, as before)
+
+
+def _stamps(line: str) -> bool:
+    """The `stat` line the bash readers print before a log: "LOG_MTIME PLAN_MTIME" -> this run's?"""
+    logged, _, planned = line.partition(" ")
+    return not (logged.isdigit() and planned.isdigit() and earlier_run(int(logged), int(planned)))
+
+
+def read_trainer_ends(rows: list[RunRow], run_ids: list[str], runs_at: str, cluster: Cluster | None = None,
                       host: Host | None = None) -> dict[str, list[dict]]:
     """{run id: its trainer log's first record and last ones} for the runs asked for (the newest
-    writer of their output_dir): what `runs` says of a run that has no summary.json. One round
-    trip through ``host`` for all of them, else read here."""
-    paths = _newest_writers(rows, run_ids)
-    texts: dict[str, str] = {}
+    writer of their output_dir, a log written since the run began): what `runs` says of a run that
+    has no summary.json. One round trip through ``host`` for all of them, else read here."""
+    paths = _newest_writers(rows, run_ids, runs_at)
     if cluster is None or host is None:  # (its first line, and its end: a week's log is 180 MB)
-        return {run_id: records for run_id, path in paths.items() if (records := read_ends(path))}
+        return {run_id: records for run_id, (log, plan) in paths.items()
+                if (records := read_ends(log)) and _this_runs(log, plan)}
+    texts: dict[str, str] = {}
     if paths:
         try:
-            result = cluster.run(host, ["bash", "-c", _ENDS, "ftb", *paths.values()], timeout=30)
+            result = cluster.run(host, ["bash", "-c", _ENDS, "ftb", *(p for pair in paths.values() for p in pair)],
+                                 timeout=30)
         except Exception:  # noqa: BLE001 - the rows keep what their run directories say
             return {}
-        path = None
+        path = stamped = None
         for line in result.stdout.splitlines():
             if line.startswith("==> ") and line.endswith(" <=="):
-                path = line[4:-4]
-                texts[path] = ""
-            elif path is not None:
+                path, stamped = line[4:-4], False
+            elif path is not None and not stamped:
+                stamped = True
+                if _stamps(line):
+                    texts[path] = ""
+            elif path in texts:
                 texts[path] += line + "\n"
-    return {run_id: records for run_id, path in paths.items() if (records := parse_records(texts.get(path, "")))}
+    return {run_id: records for run_id, (log, _) in paths.items() if (records := parse_records(texts.get(log, "")))}
 
 
 def fill_from_trainer(row: RunRow, records: list[dict], plan_text: str) -> None:

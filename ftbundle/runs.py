@@ -294,7 +294,6 @@ stat -c %Y -- "$5" 2>/dev/null || echo -
 stat -c %Y -- "$4" 2>/dev/null || echo -
 tail -n "$3" -- "$5" 2>/dev/null
 true'''
-EARLIER_SLACK_S = 10  # a trainer log last written this long before the run's plan.json is an earlier run's (clocks apart)
 
 
 def _training(ref: RunRef, cluster: Cluster, *, running: bool) -> list[str]:
@@ -303,6 +302,7 @@ def _training(ref: RunRef, cluster: Cluster, *, running: bool) -> list[str]:
     run or another terminal; and output_dir's newest complete checkpoint, its age and what a failure
     now would cost (launch/resume.py). Nothing for a job without a trainer log (a script's)."""
     from .launch.resume import checkpoint_status
+    from .remote.trainer_end import earlier_run
     from .speed import SpeedBasis
     from .ui.pace import last_step, status_lines
     from .ui.progress import clock, status_training
@@ -322,7 +322,7 @@ def _training(ref: RunRef, cluster: Cluster, *, running: bool) -> list[str]:
     saved_at, now, logged_at, planned_at, log = (read.stdout.split("\n", 4) + [""] * 5)[:5]
     ago = int(now) - int(saved_at) if saved_at.isdigit() and now.isdigit() else None
     said = []
-    if logged_at.isdigit() and planned_at.isdigit() and int(logged_at) < int(planned_at) - EARLIER_SLACK_S:
+    if logged_at.isdigit() and planned_at.isdigit() and earlier_run(int(logged_at), int(planned_at)):
         # (a fresh trainer removes it as it begins; one that resumes appends: until then it is not this run's)
         said, log = [f"training: no step logged by this run yet ({out_dir}/{TRAINER_LOG} was last written "
                      f"{clock(int(planned_at) - int(logged_at))} before it began: an earlier run's)"], ""

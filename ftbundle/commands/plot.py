@@ -13,6 +13,7 @@ from .common import history_source, say
 def cmd_plot(args: argparse.Namespace) -> int:
     """Loss and learning rate of one or more runs (default: the latest)."""
     from ..history import list_runs, read_metrics, read_trainer_logs
+    from ..rundir import runs_dir
     from ..plot import plot_png, plot_terminal
 
     if args.output is not None:
@@ -31,7 +32,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
         metrics = read_metrics(wanted, layout.shared_dir, cluster, host)
         # a run without metrics.jsonl (detached, still running, its launcher lost): its trainer's own log
         unwritten = [r for r in wanted if not any(k == r or k.startswith(f"{r} attempt ") for k in metrics)]
-        for run_id, (path, records) in read_trainer_logs(rows, unwritten, cluster, host).items():
+        logs = read_trainer_logs(rows, unwritten, runs_dir(layout.shared_dir), cluster, host)
+        for run_id, (path, records) in logs.items():
             say(f"run {run_id} has no metrics.jsonl (detached, still running, or its launcher was lost): "
                 f"plotted from {path}")
             metrics[run_id] = records

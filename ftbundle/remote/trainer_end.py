@@ -81,6 +81,16 @@ def read_ends(path, unless=None):
     return parse_records(b"\n".join([first.rstrip(b"\n")] + last).decode("utf-8", "replace"))
 
 
+EARLIER_SLACK_S = 10  # a log last written this long before its run's plan.json is an earlier run's (clocks apart)
+
+
+def earlier_run(log_mtime, plan_mtime):
+    """Whether a trainer log last changed before its run began (its plan.json, written before any
+    node starts) is an earlier run's left in output_dir: a fresh trainer removes it as it begins, a
+    resuming one appends; until then this run has logged nothing there (`status`, `runs`, `plot`)."""
+    return log_mtime < plan_mtime - EARLIER_SLACK_S
+
+
 def ends_figures(records):
     """{"final_loss", "tokens_per_s"} of a fresh start's records, first to last (None: not known)."""
     loss = tokens = rate = elapsed = None

@@ -33,9 +33,9 @@ def test_a_run_without_metrics_is_plotted_from_its_trainer_log_evenly_thinned_he
     out = tmp_path / "out"
     write_log(out / "trainer_log.jsonl", 50_001)
     rows = [row("j-20261202-100000-aaaa", str(out))]
-    here = read_trainer_logs(rows, [rows[0].run_id])
+    here = read_trainer_logs(rows, [rows[0].run_id], str(tmp_path / "runs"))
     with Cluster([Host("local", "localhost", local=True)]) as cluster:
-        there = read_trainer_logs(rows, [rows[0].run_id], cluster, cluster.hosts[0])
+        there = read_trainer_logs(rows, [rows[0].run_id], str(tmp_path / "runs"), cluster, cluster.hosts[0])
     for found in (here, there):
         [(path, records)] = found.values()
         assert path == str(out / "trainer_log.jsonl")
@@ -53,12 +53,12 @@ def test_only_the_newest_run_writing_to_an_output_dir_gets_its_log_and_a_short_o
     rows = [row("j-20261201-100000-aaaa", str(shared)), row("j-20261202-100000-bbbb", str(shared)),
             row("j-20261202-110000-cccc", str(own)), row("j-20261202-120000-dddd", None),
             row("j-20261202-130000-eeee", str(tmp_path / "none"))]
-    found = read_trainer_logs(rows, [r.run_id for r in rows])
+    found = read_trainer_logs(rows, [r.run_id for r in rows], str(tmp_path / "runs"))
     # the first run's output_dir was written by the second since: its records are not the first's
     assert sorted(found) == ["j-20261202-100000-bbbb", "j-20261202-110000-cccc"]
     assert [r["current_steps"] for r in found["j-20261202-110000-cccc"][1]] == list(range(1, 8))
     assert len(found["j-20261202-100000-bbbb"][1]) == 40
-    assert read_trainer_logs(rows, ["j-20261201-100000-aaaa"]) == {}
+    assert read_trainer_logs(rows, ["j-20261201-100000-aaaa"], str(tmp_path / "runs")) == {}
 
 
 def lf_record(step: int, loss: float | None, tokens: int, seconds: int, throughput: float) -> dict:
@@ -96,6 +96,39 @@ def test_runs_says_a_detached_runs_loss_and_tokens_from_its_trainer_log(tmp_path
     # the same first and last records through a host (bash there, one round trip for every run)
     rows = [recorded, detached]
     with Cluster([Host("local", "localhost", local=True)]) as cluster:
-        there = read_trainer_ends(rows, [detached.run_id], cluster, cluster.hosts[0])
-    assert there == read_trainer_ends(rows, [detached.run_id])
+        there = read_trainer_ends(rows, [detached.run_id], str(shared / "runs"), cluster, cluster.hosts[0])
+    assert there == read_trainer_ends(rows, [detached.run_id], str(shared / "runs"))
     assert [r["current_steps"] for r in there[detached.run_id]] == [1, 59, 60]
+
+
+def test_a_trainer_log_last_written_before_the_run_began_is_an_earlier_runs_not_its(tmp_path):
+    """The newest run of a job that has not logged a step yet (loading its model; failed before
+    its trainer began) found output_dir's log of the run before it and showed that run's loss and
+    tokens/s as its own in `runs`, and its curve in `plot`. A log last changed more than
+    EARLIER_SLACK_S before the run's plan.json is not this run's: here and through a host."""
+    import os
+
+    from ftbundle.remote.trainer_end import EARLIER_SLACK_S
+
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    out.mkdir()
+    log = out / "trainer_log.jsonl"
+    log.write_text("".join(json.dumps(lf_record(step, 1.0, 100 * step, step, 100.0)) + "\n" for step in range(1, 9)))
+    make_run(shared, "j-20261203-100000-aaaa", out)
+    plan = shared / "runs" / "j-20261203-100000-aaaa" / "plan.json"
+    runs_at = str(shared / "runs")
+
+    def seen() -> list:
+        rows = list_runs("j", str(shared))
+        with Cluster([Host("local", "localhost", local=True)]) as cluster:
+            return [rows[0].final_loss, read_trainer_logs(rows, [rows[0].run_id], runs_at) != {},
+                    read_trainer_logs(rows, [rows[0].run_id], runs_at, cluster, cluster.hosts[0]) != {},
+                    read_trainer_ends(rows, [rows[0].run_id], runs_at) != {},
+                    read_trainer_ends(rows, [rows[0].run_id], runs_at, cluster, cluster.hosts[0]) != {}]
+
+    assert seen() == [1.0, True, True, True, True]  # (written after its plan: this run's)
+    began = plan.stat().st_mtime
+    os.utime(log, (began - EARLIER_SLACK_S - 5, began - EARLIER_SLACK_S - 5))
+    assert seen() == [None, False, False, False, False]
+    os.utime(log, (began - EARLIER_SLACK_S + 5, began - EARLIER_SLACK_S + 5))  # (within the clocks' slack)
+    assert seen() == [1.0, True, True, True, True]
