@@ -82,7 +82,7 @@ class Pace:
         self._open: tuple[float, float] | None = None  # (elapsed, count) where the chunk being cut began
         self._seen = 0  # chunks cut so far
         self._skip = WARMUP_CHUNKS  # chunks still to leave out: a trainer's first ones (and a resumed one's)
-        self._judged = 0
+        self._said: deque[tuple[str, bool]] = deque()  # judged as each chunk closed, not yet taken: (text, slowed)
         self._offset = 0.0  # added to the trainer's clock: a resumed trainer's starts again at 0
         self._last = 0.0  # the latest record's time, the offset added
         self.step: int | None = None
@@ -113,6 +113,11 @@ class Pace:
             else:
                 self.chunks.append((began + self._offset, self._last, (count - counted) / (elapsed_s - began)))
             self._open = (elapsed_s, count)
+            # judged as each chunk closes: the launcher takes what was said once a tick, `status`
+            # after every record; both say the same, at the same step
+            said = self._judge()
+            if said is not None:
+                self._said.append((said, self.slowed is not None))
 
     def _split(self) -> tuple[list[float], list[float]] | None:
         """(the chunks before, the recent ones), or None while there are too few to judge."""
@@ -131,10 +136,16 @@ class Pace:
         return self.slowdowns[-1] if self.slowdowns and self.slowdowns[-1].back_step is None else None
 
     def judge(self) -> str | None:
-        """What is to be said now: the run slowed, or is back; None mostly (judged once per chunk)."""
-        if self._judged == self._seen:
-            return None
-        self._judged = self._seen
+        """What is to be said now: the run slowed, or is back; None mostly."""
+        taken = self.take()
+        return None if taken is None else taken[0]
+
+    def take(self) -> tuple[str, bool] | None:
+        """The next thing to say and whether the run was slow when it was judged; None mostly."""
+        return self._said.popleft() if self._said else None
+
+    def _judge(self) -> str | None:
+        """A chunk just closed: whether the run slowed, or is back (each judged once per chunk)."""
         split = self._split()
         if split is None:
             return None
@@ -147,13 +158,13 @@ class Pace:
                 episode = Slowdown(self.step, now, pace, self.unit or "")
                 self.slowdowns.append(episode)
                 return (f"the run slowed to {now / pace:.2f}x its pace: {_rate(now, episode.unit)} over its last "
-                        f"{self._span(len(recent))} (step {self.step}) against {_rate(pace, episode.unit)} before")
+                        f"{self._span(len(recent))} (step {episode.step}) against {_rate(pace, episode.unit)} before")
             return None
         episode.rate = min(episode.rate, now)  # (the record keeps its slowest pace)
         if now >= BACK * episode.before:
             episode.back_step, episode.back_rate = self.step, now
             return (f"the run is back to its pace: {_rate(now, episode.unit)} over its last {self._span(len(recent))} "
-                    f"(step {self.step}; {_rate(episode.before, episode.unit)} before it slowed at step {episode.step})")
+                    f"(step {episode.back_step}; {_rate(episode.before, episode.unit)} before it slowed at step {episode.step})")
         return None
 
     def now(self) -> str | None:

@@ -262,10 +262,11 @@ class Progress:
     def pace_tick(self) -> tuple[str, bool] | None:
         """(what to say, whether it is a warning) when the run slowed or is back (ui.pace); with the
         node that sets the pace when the step times name one, else that every node slowed alike."""
-        said = self.pace.judge()
-        if said is None:
+        taken = self.pace.take()
+        if taken is None:
             return None
-        if self.pace.slowed is None:
+        said, slow = taken
+        if not slow:
             return said, False
         if self._slowest:
             return f"{said}; the slowest node: {self._slowest} the fleet's median step compute", True

@@ -180,3 +180,39 @@ def test_status_reads_the_pace_from_the_trainer_logs_text():
     assert 0.85 < float(line.split("), ")[1].split("x its")[0]) < 1.15, line
     assert status_lines("\n".join(json.dumps(r) for r in records(lambda t: 6000, 60))) == []
     assert status_lines("") == []
+
+
+def test_the_launcher_looking_once_a_tick_and_status_after_every_record_name_the_same_steps():
+    """The launcher takes what the pace says once a tick, after however many records came since;
+    `status` judges the log after every record. Each slowdown was recorded at the step of the
+    record before the look: CI saw the live line say step 1394 and `status` step 1390 for one
+    slowdown. Judged as each chunk closes, both name the same steps and rates."""
+    def rate(t):
+        return 3600 if 3 * 3600 <= t < 4 * 3600 else 8000
+    recs = records(rate, 6 * 3600)
+    rng = random.Random(5)
+    p, said, i = Progress(), [], 0
+    while i < len(recs):
+        batch = recs[i:i + rng.randint(1, 9)]
+        i += len(batch)
+        for r in batch:
+            p.feed_record(r)
+        if (paced := p.pace_tick()) is not None:
+            said.append(paced)
+    text = "\n".join(json.dumps(r) for r in recs)
+    assert p.pace.record() == status_pace(text).record() and len(p.pace.record()) == 1, p.pace.record()
+    assert [warning for _, warning in said] == [True, False], said
+    episode = p.pace.record()[0]
+    assert f"(step {episode['step']}) against " in said[0][0] and f"(step {episode['back_step']}; " in said[1][0], said
+    lines = status_lines(text)
+    assert f"  slowed to {episode['ratio']:.2f}x at step {episode['step']} (" in lines[1], lines
+
+
+def status_pace(text: str) -> Pace:
+    """The Pace `status_lines` builds from a log's text, record after record."""
+    pace = Pace()
+    for line in text.splitlines():
+        r = json.loads(line)
+        pace.feed(trainer_seconds(r["elapsed_time"]), r.get("total_tokens"), r["current_steps"])
+        pace.judge()
+    return pace
