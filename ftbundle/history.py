@@ -2,9 +2,10 @@
 
 A run directory holds plan.json (written before launch), each node's exit file, and,
 when the launching ftbundle saw the end, summary.json (state, exit code, duration, final
-loss) and metrics.jsonl (the trainer's log records, for ``ftbundle plot``). Runs that
-ended without a summary (detached, or the controller killed) are judged from their exit
-files. The directory is read here when it is local, else through rank 0's host.
+loss) and metrics.jsonl (the trainer's log records, for ``ftbundle plot``); a detached run's
+watcher writes its end as it judged it (ended.aN: state, exit code, duration, loss, tokens/s).
+Runs that ended with neither (the controller killed, still running) are judged from their exit
+files and the trainer's log. The directory is read here when it is local, else through rank 0's host.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from .inventory import Host
 from .protocol import parse_steps
 from .recovery import attempts_said
 from .remote.trainer_end import earlier_run, ends_figures, parse_records, read_ends, speed_figures
-from .rundir import (ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, TRACKER_RUNS, TRAINER_LOG, node_glob, node_name,
-                     runs_dir)
+from .rundir import (ATTEMPT, ATTEMPTS, METRICS, PLAN, SUMMARY, TRACKER_RUNS, TRAINER_LOG, ended_name, node_glob,
+                     node_name, runs_dir)
 from .trackers import placed
 from .ui import pace, stragglers
 
@@ -81,6 +82,7 @@ class RunRow:
     exit_code: int | None
     final_loss: float | None
     output_dir: str | None
+    failed_host: str | None = None  # the host whose failure ended it (the launcher's or a detached watcher's word)
     samples_per_s: float | None = None  # over the steps trained (ui.progress.Progress.throughput)
     tokens_per_s: float | None = None  # the trainer's token count over its clock (ftbundle.speed)
     tokens_per_s_per_rank: float | None = None  # per GPU on GPUs
@@ -127,9 +129,10 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
         summary = {"state": "summary.json holds no record"}
     hosts = [n["host"] for n in plan.get("nodes", [])]
     attempt = (files.get(ATTEMPT) or "1").strip()  # (the newest)
+    ended = {} if summary else ended_record(files, attempt)
     if summary:
         state, code = summary.get("state", "?"), summary.get("exit_code")
-    else:  # judged from the nodes' exit files (of the newest attempt)
+    else:  # judged from the nodes' exit files (of the newest attempt), and its watcher's word
         codes = []
         for rank in range(len(hosts)):
             text = (files.get(node_name(rank, attempt, "exit")) or "").strip()
@@ -145,6 +148,9 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
             state, code = "finished", 0
         else:
             state, code = "running?", None
+        if ended and not why:  # (a node's own reason to stop its job, as "stopped: storage ...", says more)
+            state, code = str(ended.get("state") or state), ended.get("exit_code", code)
+        summary = ended
     try:
         attempts = summary.get("attempts") or json.loads(files.get(ATTEMPTS) or "[]")
     except ValueError:
@@ -157,6 +163,7 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
     return RunRow(run_id=run_id, job=plan.get("job", ""), hosts=hosts, start=_start_of(run_id, summary),
                   duration_s=summary.get("duration_s"), state=state, exit_code=code,
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
+                  failed_host=summary.get("failed_host"),
                   samples_per_s=summary.get("samples_per_s"), tokens_per_s=summary.get("tokens_per_s"),
                   tokens_per_s_per_rank=summary.get("tokens_per_s_per_rank"), mfu=summary.get("mfu"),
                   trackers=placed([str(t) for t in plan.get("trackers") or []], kept),
@@ -167,6 +174,31 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   attempts=attempts_said(attempts if isinstance(attempts, list) else []),
                   gpus=summary.get("gpus") if isinstance(summary.get("gpus"), dict) else gpus_of(files, plan, attempt),
                   slowdowns=pace.recorded(summary.get("slowdowns")))
+
+
+def ended_record(files: dict[str, str], attempt: str) -> dict:
+    """A detached run's end as its watcher judged it (ended.aN of the newest attempt: remote/watch.py
+    end), {} where there is none or it is not whole yet (the teller's claim, its host's name). Pure."""
+    try:
+        ended = json.loads(files.get(ended_name(attempt)) or "{}")
+    except ValueError:
+        return {}
+    return ended if isinstance(ended, dict) else {}
+
+
+def ended_lines(ended: dict) -> list[str]:
+    """`status`'s word of a detached run's end as its watcher judged it (ended_record): its state,
+    duration, and the failure it stopped on. Pure."""
+    from .ui.progress import clock
+
+    if not ended.get("state"):
+        return []
+    took = ended.get("duration_s")
+    head = f"ended: {ended['state']}" + (f" after {clock(took)}" if isinstance(took, (int, float)) else "")
+    failure = ended.get("failure") if isinstance(ended.get("failure"), dict) else {}
+    if failure.get("line"):
+        head += f": {failure.get('host') or 'a node'} ({failure['line']})"
+    return [head + (f"; judged by {ended['told_by']}'s watcher" if ended.get("told_by") else "")]
 
 
 def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]:
@@ -276,15 +308,15 @@ def list_runs(job_name: str | None, shared_dir: str, cluster: Cluster | None = N
     files = read_run_files(cluster, host, runs_dir(shared_dir),
                            (PLAN, SUMMARY, node_glob("*", "exit"), node_glob("*", "stopped"), ATTEMPT, ATTEMPTS,
                             node_glob("*", "steps"), node_glob("*", "xids"), node_glob("*", "gpumetrics"),
-                            TRACKER_RUNS))
+                            TRACKER_RUNS, ended_name("*")))
     rows = []
     for run_id in sorted(files):
         row = run_row(run_id, files[run_id])
         if row is not None and (job_name is None or row.job == job_name):
             rows.append(row)
     where = runs_dir(shared_dir)
-    unrecorded = [r.run_id for r in rows if r.hosts and SUMMARY not in files[r.run_id]]
-    if unrecorded:  # (detached, running, or its launcher lost: no summary.json, the trainer's log says)
+    unrecorded = [r.run_id for r in rows if r.hosts and r.duration_s is None]
+    if unrecorded:  # (running, or its launcher lost: no summary.json nor ended.aN, the trainer's log says)
         here = os.path.isdir(where) or cluster is None or host is None
         ends = read_trainer_ends(rows, unrecorded, where, None if here else cluster, None if here else host)
         for row in rows:

@@ -20,7 +20,9 @@ Layout (``aN``: attempt N, a restart's files beside the first's; ``R``: node ran
     stop-requested              ``ftbundle stop`` asks every (detached) node to stop
     watch.aN                    a detached run's referee verdict (rank 0's watcher)
     stalled.aN                  a detached run's stall, found by rank 0's watchdog
-    notified.aN                 a detached run's end told (``notify:``): the one watcher that tells claims it
+    ended.aN                    a detached run's end as its watcher judged it (JSON, as summary.json: state,
+                                exit, duration, hosts, loss, tokens/s, the failure); the one watcher that
+                                tells the end claims it (O_EXCL), then writes it whole; `runs` reads it
     stacks/                     ranks' stacks, one folder per collection
     stacks.py                   the stack collector, staged for detached nodes
     ranks/node-R/               torchrun's --log-dir of node R
@@ -135,8 +137,8 @@ def stalled_name(attempt: int | str) -> str:
     return f"stalled.a{attempt}"
 
 
-def notified_name(attempt: int | str) -> str:
-    return f"notified.a{attempt}"
+def ended_name(attempt: int | str) -> str:
+    return f"ended.a{attempt}"
 
 
 def detached_stacks_name(attempt: int | str) -> str:
@@ -261,8 +263,8 @@ class RunDir:
     def stalled(self, attempt: int) -> str:
         return self.join(stalled_name(attempt))
 
-    def notified(self, attempt: int) -> str:
-        return self.join(notified_name(attempt))
+    def ended(self, attempt: int) -> str:
+        return self.join(ended_name(attempt))
 
     def detached_stacks(self, attempt: int) -> str:
         return self.join(STACKS, detached_stacks_name(attempt))
@@ -288,7 +290,7 @@ class RunDir:
         """The run-wide names the node program and a detached watcher read."""
         return {"FTB_RUN_DIR": self.path, "FTB_STOP_REQUEST": self.stop_request,
                 "FTB_VERDICT_FILE": self.verdict(attempt), "FTB_STALLED_FILE": self.stalled(attempt),
-                "FTB_NOTIFIED_FILE": self.notified(attempt),
+                "FTB_ENDED_FILE": self.ended(attempt),
                 "FTB_STACKS_OUT": self.detached_stacks(attempt), "FTB_STACKS_PROGRAM": self.stacks_program,
                 "FTB_PEER_EXIT_GLOB": self.node_glob(attempt, "exit"),
                 "FTB_PEER_HB_GLOB": self.node_glob(attempt, "hb"),

@@ -24,7 +24,7 @@ from .launch.node import STOP_GRACE_S, node_argv
 from .launch.staging import stage_files
 from .plan import NodePlan, shape_text
 from .recovery import attempts_said
-from .rundir import PLAN, STOP_REQUEST, TRAINER_LOG, NodeFiles, RunDir, node_glob, runs_dir
+from .rundir import PLAN, STOP_REQUEST, TRAINER_LOG, NodeFiles, RunDir, ended_name, node_glob, runs_dir
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     print(f"state: {summary}", file=out)
     for line in stalled:
         print(line, file=out)
-    for line in _said(_detached_kept, ref, cluster, "its nodes' step times"):
+    for line in _said(_detached_kept, ref, cluster, "what its watchers kept"):
         print(line, file=out)
     for line in _said(_training, ref, cluster, "its trainer's log and checkpoints", running=summary == "running"):
         print(line, file=out)
@@ -265,22 +265,24 @@ def _detached_stall(ref: RunRef, cluster: Cluster) -> list[str]:
 
 def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
     """What a detached run's watchers kept in its run directory for the launcher they do not
-    have, in one read through rank 0's host: each node's step times (node-R.aN.steps, remote/watch.py
+    have, in one read through rank 0's host: the run's end as the watcher that judged it wrote it
+    (ended.aN: remote/watch.py end), each node's step times (node-R.aN.steps, remote/watch.py
     keep_steps), shown as an attached run's summary shows its stragglers, and the GPU faults
     its kernel logged while the job ran (node-R.aN.xids, node.sh ftb_xids), as a failed attached
     run names them. Nothing when there is neither (a `command:` job on hosts without GPUs)."""
     from .gpu_health import run_fault_lines
-    from .history import faults_of, split_tail_output, step_nodes
+    from .history import ended_lines, ended_record, faults_of, split_tail_output, step_nodes
     from .ui import stragglers
 
-    names = [node_glob(ref.attempt, "steps"), node_glob(ref.attempt, "xids")]
+    names = [node_glob(ref.attempt, "steps"), node_glob(ref.attempt, "xids"), ended_name(ref.attempt)]
     result = _run_dir_command(cluster, ref.via(cluster),
                               ["find", ref.run_dir, "-maxdepth", "1", "(", "-name", names[0], "-o", "-name", names[1],
-                               ")", "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
+                               "-o", "-name", names[2], ")", "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
                               ref.rundir.node_glob(ref.attempt, "steps"))
     files = split_tail_output(result.stdout, runs_dir(ref.shared_dir)).get(ref.run_id, {})
     nodes, factor = step_nodes(files, ref.record, ref.attempt)
-    return stragglers.summary_lines(nodes, factor) + run_fault_lines(faults_of(files, ref.record, ref.attempt))
+    return (ended_lines(ended_record(files, str(ref.attempt))) + stragglers.summary_lines(nodes, factor)
+            + run_fault_lines(faults_of(files, ref.record, ref.attempt)))
 
 
 PACE_RECORDS = 20_000  # the trainer log's last records `status` judges the run's pace on
@@ -354,6 +356,21 @@ def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[
     return lines
 
 
+def _ended(cluster: Cluster, ref: RunRef) -> bool:
+    """Whether the run's end is on record: its launcher's summary.json, or a detached run's watcher's
+    ended.aN (whole: not the teller's claim alone). One read."""
+    said = _run_dir_command(cluster, ref.via(cluster),
+                            ["bash", "-c", 'if [ -e "$1" ]; then echo summary; else cat -- "$2" 2>/dev/null; fi; true',
+                             "ftb", ref.rundir.summary, ref.rundir.ended(ref.attempt)], ref.rundir.summary)
+    if said.stdout.strip() == "summary":
+        return True
+    try:
+        record = json.loads(said.stdout)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and bool(record.get("state"))
+
+
 def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:
     """Ask every node to stop (a request file on shared storage for their watchers, and a
     stop on each host), then report what is left."""
@@ -361,9 +378,9 @@ def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:
     states = [state for _, state, _ in node_states(ref, cluster)]
     if states and all(s.startswith(("exited", "stopped")) for s in states):
         state = run_state(states)[0]
-        if state != "finished" and _read(cluster, ref.via(cluster), ref.rundir.summary) is None:
-            # failed with no launcher's record of its end: its launcher may be between two attempts
-            # (a restart, a lost host's wait), and would start the next one: it is told not to
+        if state != "finished" and not _ended(cluster, ref):
+            # failed with no record of its end: its launcher may be between two attempts (a restart,
+            # a lost host's wait), and would start the next one: it is told not to
             stage_files(cluster, ref.via(cluster), ref.run_dir, {STOP_REQUEST: "stop requested\n"})
             print(f"ftbundle: run {ref.run_id} has no node running (state: {state}) and no record of its end: if its "
                   "launcher is between attempts, it starts no other (stop-requested written)", file=out)

@@ -117,13 +117,14 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         "FTB_STEPS_FILE": host_steps_file(plan.run_id, node.rank, attempt),
         # a GPU job's GPUs, read by one nvidia-smi loop and sent on this channel (ftbundle.gpu_metrics)
         **gpu_env(plan, node),
-        # a detached run's end is told by rank 0's watcher, or by the first of the others to find it
-        # silent (rank 0's host lost): remote/watch.py tell; the job never sees these
-        **({"FTB_NOTIFY_WEBHOOK": plan.notify.webhook or "", "FTB_NOTIFY_COMMAND": plan.notify.command or "",
-            "FTB_NODE_HOSTS": " ".join(n.host.name for n in plan.nodes),  # (by node rank: who failed)
+        # a detached run's end is judged by rank 0's watcher, or by the first of the others to find it
+        # silent (rank 0's host lost): written into the run directory (ended.aN, what `runs` reads) and
+        # told to the job's `notify:` (remote/watch.py end); the job never sees these
+        **({"FTB_NODE_HOSTS": " ".join(n.host.name for n in plan.nodes),  # (by node rank: who failed)
             # ... with the run's loss, tokens/s and MFU from the trainer's log (remote/trainer_end.py)
             "FTB_TRAINER_LOG": posixpath.join(plan.checkpoint_dir, TRAINER_LOG) if plan.checkpoint_dir else "",
-            "FTB_SPEED": speed_env(plan)}
+            "FTB_SPEED": speed_env(plan)} if detach else {}),
+        **({"FTB_NOTIFY_WEBHOOK": plan.notify.webhook or "", "FTB_NOTIFY_COMMAND": plan.notify.command or ""}
            if detach and plan.notify is not None else {}),
     }
     return {**control, **node.env}

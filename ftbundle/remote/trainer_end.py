@@ -1,6 +1,6 @@
 """A run's figures from its trainer's own log, where no launcher counted them: the final loss and
 tokens/s of a run without summary.json (`ftbundle runs`: history.py) and of a detached run's end
-as its watcher tells it (remote/watch.py ``tell``: the webhook's summary, as an attached run's).
+as its watcher judges it (remote/watch.py ``end``: ended.aN and the webhook's summary, as an attached run's).
 
 The trainer log is LlamaFactory's trainer_log.jsonl in output_dir: one JSON record a logging step
 (``loss``, ``total_tokens`` and ``throughput`` where the trainer counts its tokens, the trainer's

@@ -79,6 +79,7 @@ class Watcher:
         self.nnodes = int(env.get("NNODES") or 1)
         self.referee = env.get("FTB_REFEREE") == "1"
         self.started = time.monotonic()
+        self.started_wall = time.time()
         self.up0 = self.host.uptime()
         self.decided = threading.Event()  # the watching decided to stop the job
         self.steps_kept = ""
@@ -195,12 +196,12 @@ class Watcher:
 
     def watching(self):
         beat = 0
-        if self.path("FTB_TRAINER_LOG"):  # (what the trainer's log was before this run: tell's figures)
+        if self.path("FTB_TRAINER_LOG"):  # (what the trainer's log was before this run: end's figures)
             self.trainer_mark = log_mark(self.path("FTB_TRAINER_LOG"))
         try:
             if self.referee:
                 beat = self.refereeing()
-                self.tell()
+                self.end()
             else:
                 self.following()
         finally:
@@ -233,7 +234,7 @@ class Watcher:
             if said is not None:
                 line = "rank 0's watcher silent for %ds (%s unchanged)" % (self.stale, verdict)
                 append(self.path("FTB_LOG"), "ftbundle: %s: stopping" % line)
-                self.tell(lost=line)  # (no referee is left to tell the run's end)
+                self.end(lost=line)  # (no referee is left to judge the run's end)
                 return
             time.sleep(self.heartbeat)
 
@@ -265,36 +266,43 @@ class Watcher:
         write_whole(verdict, "%d %s" % (beat + 1, Referee.final(read_text(self.path("FTB_EXIT")))))
         return beat
 
-    def tell(self, lost=None):
-        """The run decided: the job's ``notify:`` told once (FTB_NOTIFY_WEBHOOK, FTB_NOTIFY_COMMAND:
-        given to the watchers alone, never to the job), as the launcher tells an attached run's end
-        (remote/notifier.py), with what this watcher knows of it. Rank 0's watcher tells; with
-        ``lost`` (another node's word that rank 0's watcher went silent: its host lost, no referee
-        left) that node does. Once: the watcher that creates FTB_NOTIFIED_FILE first."""
-        webhook, command = self.path("FTB_NOTIFY_WEBHOOK"), self.path("FTB_NOTIFY_COMMAND")
-        if not (webhook or command) or not claim_once(self.path("FTB_NOTIFIED_FILE"), self.host.name):
+    def end(self, lost=None):
+        """The run decided: its end, as this watcher knows it (an attached run's summary.json as far as
+        a host knows it), written into the run directory (FTB_ENDED_FILE: what `ftbundle runs` reads
+        of a run no launcher saw end) and told to the job's ``notify:`` (FTB_NOTIFY_WEBHOOK,
+        FTB_NOTIFY_COMMAND: given to the watchers alone, never to the job) as the launcher tells an
+        attached run's end (remote/notifier.py). Rank 0's watcher does; with ``lost`` (another node's
+        word that rank 0's watcher went silent: its host lost, no referee left) that node does. Once:
+        the watcher that creates FTB_ENDED_FILE first (O_EXCL, its host's name), which then writes the
+        record over it whole."""
+        ended = self.path("FTB_ENDED_FILE")
+        if not claim_once(ended, self.host.name):
             return
+        summary = {"run_id": self.path("FTB_RUN_ID"), "detached": True, "started": round(self.started_wall, 3),
+                   "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes}
         if lost is not None:
             rank0 = (self.path("FTB_NODE_HOSTS").split() or [None])[0]
-            summary = {"run_id": self.path("FTB_RUN_ID"), "state": "failed", "detached": True, "exit_code": None,
-                       "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes,
-                       **self.figures(), "failed_host": rank0, "told_by": self.host.name,
-                       "failure": {"host": rank0, "line": lost + ": rank 0's host lost? every node stops"}}
+            summary.update(state="failed", exit_code=None, **self.figures(), failed_host=rank0,
+                           told_by=self.host.name,
+                           failure={"host": rank0, "line": lost + ": rank 0's host lost? every node stops"})
+        else:
+            verdict = (read_text(self.path("FTB_VERDICT_FILE")) or "").split(" ", 1)[-1].strip()
+            code = first_line(read_text(self.path("FTB_EXIT")) or "")
+            stalled = bool(read_text(self.path("FTB_STALLED_FILE")))
+            state = ("finished" if verdict == "done" else "stalled" if stalled else
+                     "stopped" if verdict == "stop stop requested" else "failed")
+            line = verdict[len("stop "):] or verdict
+            host, failed_code = culprit(line, self.path("FTB_NODE_HOSTS").split())
+            own = int(code) if code.lstrip("-").isdigit() else None  # (rank 0's job may still be stopping)
+            # the run's exit code, as an attached run's: the failed node's, where the verdict names it
+            summary.update(state=state, exit_code=failed_code if state == "failed" and failed_code is not None else own,
+                           **self.figures(), failed_host=None if state == "finished" else host, told_by=self.host.name,
+                           failure=None if state == "finished" else {"host": host, "code": failed_code, "line": line})
+        if ended:
+            write_whole(ended, json.dumps(summary))
+        webhook, command = self.path("FTB_NOTIFY_WEBHOOK"), self.path("FTB_NOTIFY_COMMAND")
+        if webhook or command:
             send(webhook, command, summary, lambda line: append(self.path("FTB_LOG"), "ftbundle: " + line))
-            return
-        verdict = (read_text(self.path("FTB_VERDICT_FILE")) or "").split(" ", 1)[-1].strip()
-        code = first_line(read_text(self.path("FTB_EXIT")) or "")
-        stalled = bool(read_text(self.path("FTB_STALLED_FILE")))
-        state = ("finished" if verdict == "done" else "stalled" if stalled else
-                 "stopped" if verdict == "stop stop requested" else "failed")
-        line = verdict[len("stop "):] or verdict
-        host, failed_code = culprit(line, self.path("FTB_NODE_HOSTS").split())
-        summary = {"run_id": self.path("FTB_RUN_ID"), "state": state, "detached": True,
-                   "exit_code": int(code) if code.lstrip("-").isdigit() else None,
-                   "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes, **self.figures(),
-                   "failed_host": None if state == "finished" else host,
-                   "failure": None if state == "finished" else {"host": host, "code": failed_code, "line": line}}
-        send(webhook, command, summary, lambda line: append(self.path("FTB_LOG"), "ftbundle: " + line))
 
     def figures(self):
         """The told summary's hosts, and its loss, tokens/s (per rank) and MFU as `runs` counts them

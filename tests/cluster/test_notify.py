@@ -4,6 +4,8 @@ in it), and a webhook that hangs does not hold the run's end beyond its limit.""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 
 import pytest
@@ -100,6 +102,20 @@ def test_a_detached_runs_end_is_told_by_rank_0s_watcher(make_cluster, tmp_path, 
     [(_, summary)] = h2.posts
     assert summary["state"] == "failed" and summary["failed_host"] == "node1", summary
     assert summary["failure"] == {"host": "node1", "code": 3, "line": "node-1.a1.exit says exit 3"}, summary
+    # `runs` says the end the watcher judged (it gave no duration and no failed host: no launcher wrote
+    # summary.json); the hosts' exit files say the same state and code
+    [row] = json.loads(ftbundle("runs", str(job), "--json", timeout=60).stdout)
+    assert (row["state"], row["exit_code"], row["failed_host"]) == ("failed", 3, "node1"), row
+    assert row["duration_s"] == summary["duration_s"] and row["duration_s"] < 60, row
+    status = ftbundle("status", str(job), timeout=60)
+    assert status.returncode == 1 and re.search(
+        r"^ended: failed after 00:\d\d: node1 \(node-1\.a1\.exit says exit 3\); judged by node0's watcher$",
+        status.stdout, re.M), status.stdout + status.stderr
+    # its end is on record: `stop` has nothing to stop (it said "no record of its end" and wrote a stop request)
+    stop = ftbundle("stop", str(job), timeout=60)
+    assert stop.returncode == 0 and "is not running (state: failed): nothing to stop" in stop.stderr, stop.stderr
+    run = next(d for d in (cluster.shared_dir / "runs").iterdir() if d.name.startswith("fails-detached-"))
+    assert not (run / "stop-requested").exists()
 
 
 def test_a_detached_run_whose_rank_0_host_dies_is_told_once_by_another_node(make_cluster, tmp_path, hooks):
@@ -126,7 +142,7 @@ def test_a_detached_run_whose_rank_0_host_dies_is_told_once_by_another_node(make
     assert summary["failure"]["host"] == "node0" and "rank 0's watcher silent" in summary["failure"]["line"], summary
     assert summary["told_by"] in ("node1", "node2") and summary["run_id"].startswith("rank0-lost-"), summary
     run = next((cluster.shared_dir / "runs").iterdir())
-    assert (run / "notified.a1").read_text().strip() == summary["told_by"]
+    assert json.loads((run / "ended.a1").read_text()) == summary  # (the end told is the end `runs` reads)
     teller = 1 if summary["told_by"] == "node1" else 2
     log = (run / f"node-{teller}-{summary['told_by']}.a1.log").read_text()
     assert "notify: webhook" in log and "told (failed)" in log and "SECRETTOKEN" not in log, log

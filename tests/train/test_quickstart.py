@@ -129,6 +129,8 @@ def test_a_detached_loras_told_end_says_its_loss_tokens_and_hosts_as_runs_does(t
                                      capture_output=True, text=True, timeout=120).stdout)
     assert {k: rows[-1][k] for k in ("final_loss", "tokens_per_s", "tokens_per_s_per_rank", "mfu")} == \
         {k: summary[k] for k in ("final_loss", "tokens_per_s", "tokens_per_s_per_rank", "mfu")}, (rows[-1], summary)
+    # ... and its duration, which `runs` could not say of a run no launcher saw end (ended.a1)
+    assert rows[-1]["duration_s"] == summary["duration_s"] and summary["duration_s"] > 0, (rows[-1], summary)
 
     # `status` of the same run (no live line anywhere): where training is, from the trainer log's last records
     status = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job)], capture_output=True, text=True,

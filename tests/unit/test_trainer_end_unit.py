@@ -123,19 +123,24 @@ def test_runs_gives_a_summary_less_gpu_run_its_mfu_from_the_plans_speed_basis(tm
     assert speed_figures(None, 16, 1e-9) == {"tokens_per_s_per_rank": None, "mfu": None}
 
 
-def run_shipped_referee(tmp_path, name: str, trainer_log, write_records: list[dict], speed: str) -> dict | None:
-    """The staged watcher as rank 0 of a one-node detached run whose job writes ``write_records``
-    into ``trainer_log`` and ends 0; what its notify command was given (None: not told)."""
-    run = tmp_path / name
-    run.mkdir()
+def run_shipped_referee(tmp_path, name: str, trainer_log, write_records: list[dict], speed: str, *,
+                        run=None, notify: bool = True, job_code: int = 0) -> dict | None:
+    """The staged watcher as rank 0 of a one-node detached run (in ``run``, else a new folder
+    ``name``) whose job writes ``write_records`` into ``trainer_log`` and ends ``job_code``; what its
+    notify command was given (None: not told)."""
+    run = run or tmp_path / name
+    run.mkdir(parents=True, exist_ok=True)
     program_file = run / "watch.py"
     program_file.write_text(stall.watcher_source())
     told = run / "told.json"
     marker = f"ftb-test-told-{time.time_ns()}"
     lines = "".join(json.dumps(r) + "\n" for r in write_records)
+    # (its exit file as node.sh writes it when the job ends: here before the process is gone)
     job = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); "
-                            "open(sys.argv[1], 'a').write(sys.argv[2]) if sys.argv[2] else None; time.sleep(0.5)",
-                            str(trainer_log), lines], env={**os.environ, "FTB_JOB": marker})
+                            "open(sys.argv[1], 'a').write(sys.argv[2]) if sys.argv[2] else None; time.sleep(0.5); "
+                            "open(sys.argv[3], 'w').write(sys.argv[4])",
+                            str(trainer_log), lines, str(run / "node-0.a1.exit"), f"{job_code}\n"],
+                           env={**os.environ, "FTB_JOB": marker})
     env = {"PATH": os.environ["PATH"], "FTB_MARKER": marker, "FTB_CONTAINER": "", "FTB_STOP_GRACE": "1",
            "FTB_HEARTBEAT": "0.2", "FTB_STALE": "600", "FTB_STALL_TIMEOUT": "0", "FTB_REFEREE": "1",
            "NODE_RANK": "0", "NNODES": "1", "FTB_RUN_DIR": str(run), "FTB_RUN_ID": name,
@@ -143,21 +148,24 @@ def run_shipped_referee(tmp_path, name: str, trainer_log, write_records: list[di
            "FTB_HBFILE": str(run / "node-0.a1.hb"), "FTB_VERDICT_FILE": str(run / "watch.a1"),
            "FTB_PEER_EXIT_GLOB": str(run / "node-*.a1.exit"), "FTB_PEER_HB_GLOB": str(run / "node-*.a1.hb"),
            "FTB_STOP_REQUEST": str(run / "stop-requested"), "FTB_KEPT_STEPS_FILE": str(run / "node-0.a1.steps"),
-           "FTB_XIDS_FILE": str(run / "node-0.a1.xids"), "FTB_NOTIFIED_FILE": str(run / "notified.a1"),
-           "FTB_NOTIFY_WEBHOOK": "", "FTB_NOTIFY_COMMAND": f"cat > {told}", "FTB_NODE_HOSTS": "gpu-a",
+           "FTB_XIDS_FILE": str(run / "node-0.a1.xids"), "FTB_ENDED_FILE": str(run / "ended.a1"),
+           "FTB_NOTIFY_WEBHOOK": "", "FTB_NOTIFY_COMMAND": f"cat > {told}" if notify else "", "FTB_NODE_HOSTS": "gpu-a",
            "FTB_TRAINER_LOG": str(trainer_log), "FTB_SPEED": speed}
     from ftbundle.launch.node import program
     watcher = subprocess.Popen([sys.executable, "-I", "-S", str(program_file), str(job.pid), "", program()], env=env,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         job.wait(timeout=20)
-        (run / "node-0.a1.exit").write_text("0\n")  # (as node.sh writes it when the job ends)
         out, err = watcher.communicate(timeout=30)
     finally:
         job.kill()
         watcher.kill()
     assert watcher.returncode == 0, err
-    return json.loads(told.read_text()) if told.exists() else None
+    ended = json.loads((run / "ended.a1").read_text())  # (written whether or not anyone is told)
+    if not told.exists():
+        return None
+    assert json.loads(told.read_text()) == ended  # (what was told is what `runs` reads)
+    return ended
 
 
 def test_a_detached_runs_told_end_carries_its_hosts_loss_tokens_and_mfu_as_runs_counts_them(tmp_path):
@@ -226,3 +234,56 @@ def test_status_says_where_training_is_from_the_trainer_logs_last_records():
     # a malformed basis is no basis
     assert SpeedBasis.from_record({"ranks": "16"}) is None and SpeedBasis.from_record(None) is None
     assert SpeedBasis.from_record({"ranks": 2, "peak_tflops": "fast", "params": 1.5}).mfu(1000.0) is None
+
+
+def test_a_detached_runs_end_is_kept_in_its_run_directory_for_runs_whether_or_not_anyone_is_told(tmp_path):
+    """`runs` of a detached run said no duration and judged its state from the exit files alone: its
+    watcher knew the end (state, exit code, duration, the failed host) and told only a webhook,
+    when there was one. Now the watcher that judges the end writes it into the run directory
+    (ended.aN, claimed first with O_EXCL), notify or not, and `runs` reads it."""
+    from ftbundle.history import ended_lines, format_runs
+
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    out.mkdir()
+    run_id = "j-20261203-140000-ffff"
+    make_run(shared, run_id, out)
+    run = shared / "runs" / run_id
+    told = run_shipped_referee(tmp_path, run_id, out / "trainer_log.jsonl", [lf_record(3, 0.75, 3000, 3, 600.0)],
+                               "4 0", run=run, notify=False)
+    assert told is None  # (no notify: nobody told)
+    ended = json.loads((run / "ended.a1").read_text())
+    assert ended["state"] == "finished" and ended["exit_code"] == 0 and ended["told_by"], ended
+    assert 1.5 <= ended["duration_s"] < 30 and abs(ended["started"] - time.time()) < 60, ended
+    [row] = list_runs("j", str(shared))
+    assert (row.state, row.exit_code, row.duration_s, row.final_loss, row.tokens_per_s, row.failed_host) == \
+        ("finished", 0, ended["duration_s"], 0.75, 600.0, None), row
+    assert f"0:0{int(ended['duration_s'])}" in format_runs([row]), format_runs([row])
+
+    # a failed one: its failed host and code, as an attached run's summary.json says them
+    run_id = "j-20261203-150000-ffff"
+    make_run(shared, run_id, out)
+    told = run_shipped_referee(tmp_path, run_id, out / "other.jsonl", [], "4 0", run=shared / "runs" / run_id,
+                               job_code=3)
+    assert told["state"] == "failed" and told["exit_code"] == 3 and told["failed_host"] == "gpu-a", told
+    # (the referee reads the exit file while the job still runs, or the job ended first: the same node, code)
+    assert told["failure"] in [{"host": "gpu-a", "code": 3, "line": line}
+                               for line in ("node-0.a1.exit says exit 3", "rank 0 exited 3")], told
+    row = list_runs("j", str(shared))[-1]
+    assert (row.state, row.exit_code, row.failed_host, row.duration_s) == ("failed", 3, "gpu-a", told["duration_s"])
+    # `status` says it in a line (read with the nodes' kept step times)
+    assert ended_lines({**told, "duration_s": 3725.4}) == [
+        f"ended: failed after 1:02:05: gpu-a ({told['failure']['line']}); judged by {told['told_by']}'s watcher"]
+    assert ended_lines(ended) == [f"ended: finished after 00:0{int(ended['duration_s'])}; judged by "
+                                  f"{ended['told_by']}'s watcher"]
+    assert ended_lines({}) == [] and ended_lines({"state": "stopped"}) == ["ended: stopped"]
+
+    # a node that stopped its own job says why (its reason is the cause); the duration stays the watcher's
+    (shared / "runs" / run_id / "node-1.a1.stopped").write_text("shared storage /x on node1 not answering for 30s\n")
+    row = list_runs("j", str(shared))[-1]
+    assert row.state.startswith("stopped: shared storage /x") and row.duration_s == told["duration_s"], row
+
+    # only the teller's claim there yet (its host's name: the record is being written): judged as before
+    (shared / "runs" / run_id / "node-1.a1.stopped").unlink()
+    (shared / "runs" / run_id / "ended.a1").write_text("gpu-a\n")
+    row = list_runs("j", str(shared))[-1]
+    assert (row.state, row.exit_code, row.duration_s, row.failed_host) == ("failed", 3, None, None), row
