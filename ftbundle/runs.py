@@ -288,12 +288,18 @@ def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
 PACE_RECORDS = 20_000  # the trainer log's last records `status` judges the run's pace on
 
 # output_dir's newest complete checkpoint's age, the host's clock, when the trainer log and the
-# run's plan.json were last written, and the trainer log's last records, on rank 0's host
+# run's plan.json were last written, the newest later run of the job whose plan.json names the same
+# output_dir ($9: its "checkpoint_dir" as the plan's JSON writes it), and the trainer log's last
+# records, on rank 0's host
 _TRAINING_READ = r'''dir=$1 last=$2
 if [ -n "$last" ]; then stat -c %Y -- "$dir/$last/trainer_state.json" 2>/dev/null || echo -; else echo -; fi
 date +%s
 stat -c %Y -- "$5" 2>/dev/null || echo -
 stat -c %Y -- "$4" 2>/dev/null || echo -
+later=-
+for p in "$6/$7"-*/plan.json; do r=${p%/plan.json}; r=${r##*/}
+  [[ ${r#"$7-"} =~ ^[0-9]{8}-[0-9]{6}-[0-9a-f]+$ && $r > $8 ]] && grep -qF -- "$9" "$p" 2>/dev/null && later=$r; done
+echo "$later"
 tail -n "$3" -- "$5" 2>/dev/null
 true'''
 
@@ -319,9 +325,13 @@ def _training(ref: RunRef, cluster: Cluster, *, running: bool) -> list[str]:
     found = _run_dir_command(cluster, host, node_argv("resume-point", out_dir, "look"), out_dir)
     last = (found.stdout.strip().splitlines()[-1:] or [""])[0] if found.ok else ""
     read = _run_dir_command(cluster, host, ["bash", "-c", _TRAINING_READ, "ftb", out_dir, last, str(PACE_RECORDS),
-                                            posixpath.join(ref.run_dir, PLAN), posixpath.join(out_dir, TRAINER_LOG)],
-                            out_dir)
-    saved_at, now, logged_at, planned_at, log = (read.stdout.split("\n", 4) + [""] * 5)[:5]
+                                            posixpath.join(ref.run_dir, PLAN), posixpath.join(out_dir, TRAINER_LOG),
+                                            runs_dir(ref.shared_dir), str(ref.record.get("job") or ref.run_id),
+                                            ref.run_id, json.dumps({"checkpoint_dir": out_dir})[1:-1]], out_dir)
+    saved_at, now, logged_at, planned_at, later, log = (read.stdout.split("\n", 5) + [""] * 6)[:6]
+    if later not in ("", "-"):  # (as `runs` and `plot` read only the newest run writing to an output_dir)
+        return [f"training: not read: a later run of this job, {later}, writes the same output_dir {out_dir}: "
+                f"its trainer log and checkpoints are that run's, not this one's"]
     ago = int(now) - int(saved_at) if saved_at.isdigit() and now.isdigit() else None
     said = []
     if logged_at.isdigit() and planned_at.isdigit() and earlier_run(int(logged_at), int(planned_at)):

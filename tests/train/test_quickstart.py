@@ -149,3 +149,20 @@ def test_a_detached_loras_told_end_says_its_loss_tokens_and_hosts_as_runs_does(t
                             timeout=120)
     assert "training: no step logged by this run yet (" in status.stdout and "before it began: an earlier run's)" \
         in status.stdout and "pace:" not in status.stdout, status.stdout
+    # `status` of this run once a later run of the job writes the same output_dir (its plan.json names
+    # it; a copy of this one's, as a relaunch writes it): the trainer log and checkpoints there are
+    # that run's, not said as this one's (`runs` and `plot` read only the newest writer already)
+    run_dir = plan.parent
+    later = run_dir.parent / (run_dir.name.rsplit("-", 3)[0] + "-29991231-235959-ffff")
+    later.mkdir()
+    (later / "plan.json").write_text(plan.read_text())
+    status = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job), "--run", run_dir.name],
+                            capture_output=True, text=True, timeout=120)
+    assert f"training: not read: a later run of this job, {later.name}, writes the same output_dir " in \
+        status.stdout and "checkpoint:" not in status.stdout and "pace:" not in status.stdout, status.stdout
+    # another output_dir in the later plan: this run's own again
+    (later / "plan.json").write_text(plan.read_text().replace('"checkpoint_dir": "', '"checkpoint_dir": "/elsewhere'))
+    status = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job), "--run", run_dir.name],
+                            capture_output=True, text=True, timeout=120)
+    assert "training: no step logged by this run yet (" in status.stdout and "a later run" not in status.stdout, \
+        status.stdout
