@@ -129,7 +129,7 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
         summary = {"state": "summary.json holds no record"}
     hosts = [n["host"] for n in plan.get("nodes", [])]
     attempt = (files.get(ATTEMPT) or "1").strip()  # (the newest)
-    ended = {} if summary else ended_record(files, attempt)
+    ended = {} if summary else ended_record(files.get(ended_name(attempt)))
     if summary:
         state, code = summary.get("state", "?"), summary.get("exit_code")
     else:  # judged from the nodes' exit files (of the newest attempt), and its watcher's word
@@ -176,11 +176,11 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
                   slowdowns=pace.recorded(summary.get("slowdowns")))
 
 
-def ended_record(files: dict[str, str], attempt: str) -> dict:
-    """A detached run's end as its watcher judged it (ended.aN of the newest attempt: remote/watch.py
-    end), {} where there is none or it is not whole yet (the teller's claim, its host's name). Pure."""
+def ended_record(text: str | None) -> dict:
+    """A detached run's end as its watcher judged it (ended.aN's text: remote/watch.py end), {} where
+    there is none or it is not whole yet (the teller's claim, its host's name). Pure."""
     try:
-        ended = json.loads(files.get(ended_name(attempt)) or "{}")
+        ended = json.loads(text or "{}")
     except ValueError:
         return {}
     return ended if isinstance(ended, dict) else {}

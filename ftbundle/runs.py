@@ -281,7 +281,7 @@ def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
                               ref.rundir.node_glob(ref.attempt, "steps"))
     files = split_tail_output(result.stdout, runs_dir(ref.shared_dir)).get(ref.run_id, {})
     nodes, factor = step_nodes(files, ref.record, ref.attempt)
-    return (ended_lines(ended_record(files, str(ref.attempt))) + stragglers.summary_lines(nodes, factor)
+    return (ended_lines(ended_record(files.get(names[2]))) + stragglers.summary_lines(nodes, factor)
             + run_fault_lines(faults_of(files, ref.record, ref.attempt)))
 
 
@@ -369,16 +369,12 @@ def format_status(ref: RunRef, states: list[tuple[NodePlan, str, str]]) -> list[
 def _ended(cluster: Cluster, ref: RunRef) -> bool:
     """Whether the run's end is on record: its launcher's summary.json, or a detached run's watcher's
     ended.aN (whole: not the teller's claim alone). One read."""
+    from .history import ended_record
+
     said = _run_dir_command(cluster, ref.via(cluster),
                             ["bash", "-c", 'if [ -e "$1" ]; then echo summary; else cat -- "$2" 2>/dev/null; fi; true',
                              "ftb", ref.rundir.summary, ref.rundir.ended(ref.attempt)], ref.rundir.summary)
-    if said.stdout.strip() == "summary":
-        return True
-    try:
-        record = json.loads(said.stdout)
-    except ValueError:
-        return False
-    return isinstance(record, dict) and bool(record.get("state"))
+    return said.stdout.strip() == "summary" or bool(ended_record(said.stdout).get("state"))
 
 
 def stop_run(ref: RunRef, cluster: Cluster, out=None) -> int:

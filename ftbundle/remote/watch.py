@@ -279,11 +279,11 @@ class Watcher:
         if not claim_once(ended, self.host.name):
             return
         summary = {"run_id": self.path("FTB_RUN_ID"), "detached": True, "started": round(self.started_wall, 3),
-                   "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes}
+                   "duration_s": round(time.monotonic() - self.started, 1), "nnodes": self.nnodes, **self.figures(),
+                   "told_by": self.host.name}
         if lost is not None:
             rank0 = (self.path("FTB_NODE_HOSTS").split() or [None])[0]
-            summary.update(state="failed", exit_code=None, **self.figures(), failed_host=rank0,
-                           told_by=self.host.name,
+            summary.update(state="failed", exit_code=None, failed_host=rank0,
                            failure={"host": rank0, "line": lost + ": rank 0's host lost? every node stops"})
         else:
             verdict = (read_text(self.path("FTB_VERDICT_FILE")) or "").split(" ", 1)[-1].strip()
@@ -296,7 +296,7 @@ class Watcher:
             own = int(code) if code.lstrip("-").isdigit() else None  # (rank 0's job may still be stopping)
             # the run's exit code, as an attached run's: the failed node's, where the verdict names it
             summary.update(state=state, exit_code=failed_code if state == "failed" and failed_code is not None else own,
-                           **self.figures(), failed_host=None if state == "finished" else host, told_by=self.host.name,
+                           failed_host=None if state == "finished" else host,
                            failure=None if state == "finished" else {"host": host, "code": failed_code, "line": line})
         if ended:
             write_whole(ended, json.dumps(summary))

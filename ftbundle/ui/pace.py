@@ -80,7 +80,6 @@ class Pace:
         self.unit: str | None = None  # "tok/s" (the trainer counts tokens) or "steps/s"
         self.chunks: deque[tuple[float, float, float]] = deque(maxlen=KEEP + WARMUP_CHUNKS)  # (begin, end, rate)
         self._open: tuple[float, float] | None = None  # (elapsed, count) where the chunk being cut began
-        self._seen = 0  # chunks cut so far
         self._skip = WARMUP_CHUNKS  # chunks still to leave out: a trainer's first ones (and a resumed one's)
         self._said: deque[tuple[str, bool]] = deque()  # judged as each chunk closed, not yet taken: (text, slowed)
         self._offset = 0.0  # added to the trainer's clock: a resumed trainer's starts again at 0
@@ -107,7 +106,6 @@ class Pace:
         self._last = elapsed_s + self._offset
         began, counted = self._open
         if elapsed_s - began >= self.chunk_s:
-            self._seen += 1
             if self._skip:
                 self._skip -= 1
             else:
@@ -134,11 +132,6 @@ class Pace:
     @property
     def slowed(self) -> Slowdown | None:
         return self.slowdowns[-1] if self.slowdowns and self.slowdowns[-1].back_step is None else None
-
-    def judge(self) -> str | None:
-        """What is to be said now: the run slowed, or is back; None mostly."""
-        taken = self.take()
-        return None if taken is None else taken[0]
 
     def take(self) -> tuple[str, bool] | None:
         """The next thing to say and whether the run was slow when it was judged; None mostly."""
@@ -222,8 +215,7 @@ def status_lines(trainer_log: str) -> list[str]:
             tokens = record.get("total_tokens")
             step = record.get("current_steps")
             pace.feed(trainer_seconds(record.get("elapsed_time")), tokens if isinstance(tokens, int) else None,
-                      step if isinstance(step, int) else None)
-            pace.judge()
+                      step if isinstance(step, int) else None)  # (judged as each chunk closes)
     now = pace.now()
     return ([f"pace: {now}"] if now else []) + [f"  slowed {said(s, going=True)}" for s in pace.record()]
 

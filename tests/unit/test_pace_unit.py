@@ -43,8 +43,8 @@ def feed(pace: Pace, recs) -> list[tuple[int, str]]:
     said = []
     for r in recs:
         pace.feed(trainer_seconds(r["elapsed_time"]), r.get("total_tokens"), r["current_steps"])
-        if (text := pace.judge()) is not None:
-            said.append((r["current_steps"], text))
+        if (taken := pace.take()) is not None:
+            said.append((r["current_steps"], taken[0]))
     return said
 
 
@@ -214,5 +214,4 @@ def status_pace(text: str) -> Pace:
     for line in text.splitlines():
         r = json.loads(line)
         pace.feed(trainer_seconds(r["elapsed_time"]), r.get("total_tokens"), r["current_steps"])
-        pace.judge()
     return pace
