@@ -35,7 +35,8 @@ _HEADER = re.compile(r"^==> (.*) <==$")
 
 
 def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, started: float, duration_s: float,
-                progress, failed_host: str | None, stalled: bool = False, requested: bool = False) -> dict:
+                progress, failed_host: str | None, stalled: bool = False, requested: bool = False,
+                failure: dict | None = None) -> dict:
     """summary.json's content. Pure. ``stalled``: the stall watchdog stopped the run (it
     made no progress for stall_timeout), which `ftbundle runs` lists as such, not "failed";
     ``requested``: `ftbundle stop` stopped it ("stopped", as a detached run so stopped)."""
@@ -50,6 +51,7 @@ def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, starte
         "samples_per_s": progress.throughput(),  # (the live line's and the summary's figure)
         **speed_record(progress),
         "output_dir": plan.checkpoint_dir, "failed_host": failed_host,
+        "failure": failure,  # (host, node rank, code and the line why: as `notify` and a detached run's end say it)
         # every node's median and p90 step compute time, and the stragglers named (ui.stragglers)
         "step_times": stragglers.as_record(progress.node_steps.values(), progress.straggler_factor),
         # each node's mean GPU utilization and peak memory, and what was named (ftbundle.gpu_metrics)
@@ -83,6 +85,7 @@ class RunRow:
     final_loss: float | None
     output_dir: str | None
     failed_host: str | None = None  # the host whose failure ended it (the launcher's or a detached watcher's word)
+    failure: str | None = None  # the line why it failed, as its launcher or watcher said it
     samples_per_s: float | None = None  # over the steps trained (ui.progress.Progress.throughput)
     tokens_per_s: float | None = None  # the trainer's token count over its clock (ftbundle.speed)
     tokens_per_s_per_rank: float | None = None  # per GPU on GPUs
@@ -163,7 +166,7 @@ def run_row(run_id: str, files: dict[str, str]) -> RunRow | None:
     return RunRow(run_id=run_id, job=plan.get("job", ""), hosts=hosts, start=_start_of(run_id, summary),
                   duration_s=summary.get("duration_s"), state=state, exit_code=code,
                   final_loss=summary.get("final_loss"), output_dir=plan.get("checkpoint_dir"),
-                  failed_host=summary.get("failed_host"),
+                  failed_host=summary.get("failed_host"), failure=_failure_line(summary),
                   samples_per_s=summary.get("samples_per_s"), tokens_per_s=summary.get("tokens_per_s"),
                   tokens_per_s_per_rank=summary.get("tokens_per_s_per_rank"), mfu=summary.get("mfu"),
                   trackers=placed([str(t) for t in plan.get("trackers") or []], kept),
@@ -383,6 +386,12 @@ def format_runs(rows: list[RunRow]) -> str:
         lines += [f"  {said}" for said in (rows[i - 1].staged if i else [])]
         lines += [f"  slowed {pace.said(s)}" for s in (rows[i - 1].slowdowns if i else [])]
     return "\n".join(lines)
+
+
+def _failure_line(summary: dict) -> str | None:
+    failure = summary.get("failure")
+    line = failure.get("line") if isinstance(failure, dict) else None
+    return line if isinstance(line, str) else None
 
 
 def runs_json(rows: list[RunRow]) -> str:

@@ -108,6 +108,8 @@ class Job:
     health: str = "refuse"  # GPU health in the check: refuse (a sick GPU stops the run) | warn | off
     # a node whose median step time is above this x the fleet's median is named a straggler (ui.stragglers)
     straggler_factor: float = 1.15
+    # a run whose loss went nan or whose model collapsed (shims/steptimes.py LossWatch): stop | warn
+    divergence: str = "stop"
     # a host lost for good (ftbundle.launch.attempts): stop | exclude (the next attempt runs on
     # the hosts left) | spare (a host of the `spares` group takes its place, else exclude)
     on_node_loss: str = "stop"
@@ -178,10 +180,11 @@ def _stage(r, data) -> tuple[tuple[str, ...], str, dict]:
 _TOP_KEYS = {
     "name", "inventory", "hosts", "nproc_per_node", "gpus_per_node", "master_port", "shared_dir", "workdir",
     "env", "runtime", "train", "restarts", "check", "stall_timeout", "health", "straggler_factor",
-    "on_node_loss", "spares", "min_nodes", "keep_global_batch", "tokenize_once", "notify", "stage", "stage_dir",
+    "divergence", "on_node_loss", "spares", "min_nodes", "keep_global_batch", "tokenize_once", "notify", "stage", "stage_dir",
     "stage_keep",
 }
 HEALTH_MODES = ("refuse", "warn", "off")
+DIVERGENCE_MODES = ("stop", "warn")
 NODE_LOSS_POLICIES = ("stop", "exclude", "spare")
 _RUNTIME_KEYS = {"kind", "python", "image", "gpus", "docker_args", "env_file"}
 _TRAIN_KEYS = {"llamafactory", "script", "args", "command", "deepspeed"}
@@ -307,6 +310,12 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         raise r.error("health", f"must be one of {', '.join(HEALTH_MODES)}"
                       f"{did_you_mean(str(health), HEALTH_MODES)}, got {show(health)}")
 
+    divergence = data.get("divergence", "stop")
+    if divergence not in DIVERGENCE_MODES:
+        raise r.error("divergence", f"must be one of {', '.join(DIVERGENCE_MODES)} (a run whose loss went nan or "
+                      "whose model collapsed is stopped, or named and let go on)"
+                      f"{did_you_mean(str(divergence), DIVERGENCE_MODES)}, got {show(divergence)}")
+
     on_node_loss = data.get("on_node_loss", "stop")
     if on_node_loss not in NODE_LOSS_POLICIES:
         raise r.error("on_node_loss", f"must be one of {', '.join(NODE_LOSS_POLICIES)}"
@@ -385,6 +394,7 @@ def parse_job(data: dict, path: Path, lines: dict[str, int] | None = None) -> Jo
         stall_timeout=stall_timeout,
         health=health,
         straggler_factor=float(straggler_factor),
+        divergence=divergence,
         on_node_loss=on_node_loss,
         spares=spares,
         min_nodes=min_nodes,

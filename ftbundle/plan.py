@@ -314,6 +314,7 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
             "FTB_RUN_ID": layout.run_id,
             "FTB_RUN_DIR": layout.run_dir,
             "FTB_ATTEMPT_FILE": layout.rundir.attempt,  # (a fenced rank reads it: shims/llamafactory_entry.py)
+            "FTB_DIVERGENCE": job.divergence,  # a nan or collapsed run: stop | warn (shims/steptimes.py)
             "PYTHONUNBUFFERED": "1",
             **(nccl_debug_env(layout.run_dir, _torch_version(facts)) if nccl else {}),
             **({"FTB_EXCLUDED_HOSTS": ",".join(layout.excluded)} if layout.excluded else {}),

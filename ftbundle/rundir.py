@@ -23,6 +23,8 @@ Layout (``aN``: attempt N, a restart's files beside the first's; ``R``: node ran
     ended.aN                    a detached run's end as its watcher judged it (JSON, as summary.json: state,
                                 exit, duration, hosts, loss, tokens/s, the failure); the one watcher that
                                 tells the end claims it (O_EXCL), then writes it whole; `runs` reads it
+    diverged.aN                 the loss went nan or the model collapsed (JSON: step, since, kind, said),
+                                by global rank 0's trainer callback (shims/steptimes.py); no restart follows
     stacks/                     ranks' stacks, one folder per collection
     stacks.py                   the stack collector, staged for detached nodes
     ranks/node-R/               torchrun's --log-dir of node R
@@ -139,6 +141,11 @@ def stalled_name(attempt: int | str) -> str:
 
 def ended_name(attempt: int | str) -> str:
     return f"ended.a{attempt}"
+
+
+def diverged_name(attempt: int | str) -> str:
+    """Written by the ranks' callback (shims/steptimes.py ``diverged``: the same name, spelt there)."""
+    return f"diverged.a{attempt}"
 
 
 def detached_stacks_name(attempt: int | str) -> str:
@@ -266,6 +273,9 @@ class RunDir:
     def ended(self, attempt: int) -> str:
         return self.join(ended_name(attempt))
 
+    def diverged(self, attempt: int) -> str:
+        return self.join(diverged_name(attempt))
+
     def detached_stacks(self, attempt: int) -> str:
         return self.join(STACKS, detached_stacks_name(attempt))
 
@@ -290,7 +300,7 @@ class RunDir:
         """The run-wide names the node program and a detached watcher read."""
         return {"FTB_RUN_DIR": self.path, "FTB_STOP_REQUEST": self.stop_request,
                 "FTB_VERDICT_FILE": self.verdict(attempt), "FTB_STALLED_FILE": self.stalled(attempt),
-                "FTB_ENDED_FILE": self.ended(attempt),
+                "FTB_ENDED_FILE": self.ended(attempt), "FTB_DIVERGED_FILE": self.diverged(attempt),
                 "FTB_STACKS_OUT": self.detached_stacks(attempt), "FTB_STACKS_PROGRAM": self.stacks_program,
                 "FTB_PEER_EXIT_GLOB": self.node_glob(attempt, "exit"),
                 "FTB_PEER_HB_GLOB": self.node_glob(attempt, "hb"),

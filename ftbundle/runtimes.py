@@ -100,6 +100,7 @@ def docker_prefix(*, image: str, name: str, shared_dir: str, workdir: str, env_n
         argv += ["-v", f"{workdir}:{workdir}"]
     if steps:
         argv += ["-v", f"{steps}:{steps}", "-e", "FTB_STEPS_FILE"]
+    argv += ["-e", "FTB_DIVERGED_FILE"]  # (the ranks' verdict on a nan or collapsed run: shims/steptimes.py)
     if stage_dir:  # the staged copies (ftbundle/stage.py), read-only
         argv += ["-v", f"{stage_dir}:{stage_dir}:ro"]
     argv += ["-w", workdir]

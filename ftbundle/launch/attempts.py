@@ -38,6 +38,7 @@ from ..layout import Layout, host_settings, master_addr_of
 from ..plan import Plan
 from ..recovery import RECOVERY_PARTS, attempts_said, recovery_said
 from ..ui.progress import Progress
+from .failure import diverged_said
 from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
 from .staging import stage_files
 from .states import INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, Outcome, State
@@ -400,7 +401,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             if plan.notify is not None:  # (once, at the run's end: ftbundle/notify.py)
                 from ..notify import send
 
-                send(plan.notify, {**summary, "failure": failure_said(outcome)}, say)
+                send(plan.notify, summary, say)  # (summary.json: its failure as the notifier gets it too)
         return outcome.exit_code
 
     def stopped_between(outcome: Outcome, attempt: int) -> int:
@@ -444,6 +445,14 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             else:
                 say(f"run {plan.run_id} finished on all {plan.nnodes} node(s)"
                     + (f" (attempt {attempt})" if attempt > 1 else ""))
+            return finish(outcome, attempt)
+        f = outcome.failure  # (a rank's exception exits 1: only then can its ranks have stopped it)
+        if f is not None and f.code == 1 and (diverged := diverged_said(plan, cluster, attempt)) is not None:
+            outcome = dataclasses.replace(outcome, failure=dataclasses.replace(
+                f, reason=f"its ranks stopped the run: {diverged}"))  # (what `notify` and `runs` say)
+            if attempt < attempts:
+                say(f"not restarting: the ranks stopped the run: {diverged}; a restart would take up its newest "
+                    "checkpoint with the same settings and go the same way (change them, then `ftbundle run` again)")
             return finish(outcome, attempt)
         if outcome.interrupted or attempt == attempts:
             if attempts > 1 and not outcome.interrupted:
@@ -531,7 +540,8 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
     summary = run_summary(plan, exit_code=outcome.exit_code, interrupted=outcome.interrupted,
                           stalled=outcome.stalled, requested=outcome.requested,
                           attempt=attempt, started=started_wall, duration_s=duration_s, progress=progress,
-                          failed_host=outcome.failure.host if outcome.failure else None)
+                          failed_host=outcome.failure.host if outcome.failure else None,
+                          failure=failure_said(outcome))
     if gpus is not None:  # (every attempt's readings, not the last one's alone: gpu_metrics.over_attempts)
         summary["gpus"] = gpus
     if len(attempts) > 1:

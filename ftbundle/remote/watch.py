@@ -51,7 +51,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .stallclock import StallClock
     from .watch_host import (Host, Task, Worker, append, claim_once, environ_of, read_text, release_claims,
                              which, write_plain, write_whole)
-    from .watch_rules import (MOVED, Follower, Referee, culprit, first_line,  # noqa: F401 (tests)
+    from .watch_rules import (MOVED, Follower, Referee, culprit, diverged_said, first_line,  # noqa: F401 (tests)
                               observe_progress, progress_value, waiting_for_step, wildcard)
     from .notifier import send
     from .trainer_end import ends_figures, log_mark, read_ends, speed_figures
@@ -293,6 +293,8 @@ class Watcher:
                      "stopped" if verdict == "stop stop requested" else "failed")
             line = verdict[len("stop "):] or verdict
             host, failed_code = culprit(line, self.path("FTB_NODE_HOSTS").split())
+            if state == "failed" and (said := diverged_said(read_text(self.path("FTB_DIVERGED_FILE")))):
+                line = "its ranks stopped the run: " + said  # (every rank raised: the node that exited first is any)
             own = int(code) if code.lstrip("-").isdigit() else None  # (rank 0's job may still be stopping)
             # the run's exit code, as an attached run's: the failed node's, where the verdict names it
             summary.update(state=state, exit_code=failed_code if state == "failed" and failed_code is not None else own,

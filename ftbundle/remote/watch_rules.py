@@ -92,6 +92,20 @@ def first_line(text):
     return text.split("\n", 1)[0].strip()
 
 
+def diverged_said(text):
+    """What the ranks said when they stopped the run because its loss went nan or its model
+    collapsed: the "said" of a diverged.aN record (global rank 0's callback, shims/steptimes.py)
+    whose action was stop; None for no record, one not whole, or a warning (the run went on)."""
+    import json
+
+    try:
+        record = json.loads(text or "")
+    except ValueError:
+        return None
+    said = record.get("said") if isinstance(record, dict) and record.get("action") == "stop" else None
+    return said if isinstance(said, str) else None
+
+
 def progress_value(total, steps, counted, with_steps):
     """A reading as the node program writes it (node.sh ftb_progress): `` BYTES[ STEPS_BYTES]``;
     empty when no progress is counted (FTB_PROGRESS_FILES empty)."""

@@ -12,6 +12,8 @@ and ``clock.finish()`` once training ends. ``clock.step_done(tokens=N)``, N the 
 computed in that step (its batch's, padding left out if you want it left out), also gives the
 run its tokens/s: every rank's count over its own clock from its first counted step on, summed
 (the live line, the summary, summary.json and ``runs``; ftbundle/ui/progress.py).
+``clock.step_done(loss=L, grad_norm=G)`` has the step's loss (and gradient norm, if it has one)
+judged as the callback judges the trainer's (:class:`LossWatch`, below).
 
 What is timed: the rank's own compute of each optimizer step, from its model's forward pass to
 the last gradient its backward pass computes (every micro-batch of the step, summed). In
@@ -25,16 +27,118 @@ or FSDP the forward and backward gather parameters: a slow network then shows in
 Every second at most, the rank writes "LOCAL_RANK STEPS MEDIAN_S P90_S [TOKENS SECONDS]" to
 ``$FTB_STEPS_FILE.<LOCAL_RANK>`` (a local file the node program reads with each heartbeat and
 forwards on its control channel); without FTB_STEPS_FILE (outside ftbundle) nothing is written.
+The same callback watches the trainer's logged loss and gradient norm (:class:`LossWatch`): a
+run whose weights are no longer numbers (the loss nan, or logged as 0.0 beside a nan gradient
+norm: the HF Trainer's ``logging_nan_inf_filter`` stands in for a nan loss), or that stopped
+learning (a gradient norm of exactly 0 and the same loss for every batch: a collapsed model),
+in DIVERGED_RECORDS logged steps in a row, is stopped (``divergence: stop``, the default: every
+rank raises :class:`TrainingDiverged` at the same logged step, as they all log the same reduced
+figures) or named once on rank 0's stderr (``divergence: warn``, as FTB_DIVERGENCE says).
+Global rank 0 writes the verdict to ``$FTB_DIVERGED_FILE`` (the run directory's diverged.aN,
+JSON) first: the launcher reads it to say so and not to restart a run that would only diverge again.
+
 No import of ftbundle: the ranks' interpreter may not have it.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import sys
 import time
 
 WRITE_EVERY_S = 1.0
 KEEP = 2000  # the latest steps' times kept (the median and p90 are over these)
+# logged steps in a row that must show it before a run is called diverged or collapsed: one such
+# record can be a single bad batch; a model whose weights are nan, or whose gradient is 0 for
+# every batch, logs it at every step from then on
+DIVERGED_RECORDS = 3
+FLAT_LOSS = 1e-4  # relative: "the same loss" of a collapsed model (every batch alike, to float noise)
+
+
+class TrainingDiverged(RuntimeError):
+    """Raised on every rank when the run diverged and ``divergence: stop`` (the default)."""
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value) -> float | None:
+    """A logged figure as a float (transformers 5 may log strings: '0.2333', 'nan'); None if none."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class LossWatch:
+    """The trainer's logged (step, loss, grad norm), judged. Pure.
+
+    * "nan": the loss is not finite, or it is exactly 0.0 while the gradient norm is not finite
+      (the HF Trainer's logging_nan_inf_filter logs a window of nan losses as 0.0). A finite loss
+      beside an inf or nan gradient norm is not this: an fp16 loss scaler's overflowing steps
+      (skipped, and the scale lowered) log just that while training is healthy.
+    * "flat": the gradient norm is exactly 0 and the loss the same as the record before it: no
+      batch moves the weights and every batch gets the same loss (a collapsed model: the loss of
+      predicting every token alike). A gradient norm logged as 0 beside a loss that moves (a
+      ZeRO stage that does not report it) is not this.
+    A verdict comes once, after DIVERGED_RECORDS such records in a row."""
+
+    def __init__(self, records: int = DIVERGED_RECORDS):
+        self.records = records
+        self.kind: str | None = None
+        self.since: int | None = None
+        self.count = 0
+        self.loss: float | None = None  # the record before this one's
+        self.grad: float | None = None
+        self.step: int | None = None
+        self.said = False
+
+    def feed(self, step: int, logs: dict, vocab: int | None = None) -> str | None:
+        """One logged record (the Trainer's ``logs``); what to say once it has diverged, else None."""
+        if "loss" not in logs or self.said:
+            return None
+        loss, grad = _number(logs.get("loss")), _number(logs.get("grad_norm"))
+        if loss is None:
+            return None
+        kind = None
+        if not math.isfinite(loss) or (loss == 0.0 and grad is not None and not math.isfinite(grad)):
+            kind = "nan"
+        elif (grad == 0.0 and self.loss is not None and math.isfinite(self.loss)
+              and abs(loss - self.loss) <= FLAT_LOSS * max(1.0, abs(loss))):
+            kind = "flat"
+        if kind is None or kind != self.kind:
+            self.kind, self.since, self.count = kind, (step if kind else None), (1 if kind else 0)
+            if kind == "flat" and self.grad == 0.0:  # (the record before had no gradient and this loss: it began there)
+                self.since, self.count = self.step, 2
+        else:
+            self.count += 1
+        self.loss, self.grad, self.step = loss, grad, step
+        if self.kind is None or self.count < self.records:
+            return None
+        self.said = True
+        return self.verdict(step, loss, grad, logs.get("learning_rate"), vocab)
+
+    def verdict(self, step: int, loss: float, grad: float | None, lr, vocab: int | None) -> str:
+        lr = _number(lr)
+        rate = f" (learning rate {lr:.3g})" if lr is not None else ""
+        if self.kind == "nan":
+            shown = "nan" if math.isnan(loss) else f"{loss}" if not math.isfinite(loss) else \
+                "logged as 0.0 (the trainer's stand-in for a nan loss: logging_nan_inf_filter)"
+            norm = f" and the gradient norm {grad}" if grad is not None else ""
+            return (f"training diverged at step {step}: in {self.count} logged steps in a row since step {self.since} "
+                    f"the loss is {shown}{norm}: the weights are no longer numbers{rate}; a checkpoint saved "
+                    f"before step {self.since} is the last good one")
+        uniform = ""
+        if vocab and abs(loss - math.log(vocab)) <= 1e-3 * math.log(vocab):
+            uniform = f" = ln {vocab}, the same odds for every token of its vocabulary"
+        return (f"training stopped learning at step {step}: in {self.count} logged steps in a row since step "
+                f"{self.since} the gradient norm is 0 and the loss stays at {loss:.4f}{uniform}: no batch moves "
+                f"the weights (the model collapsed){rate}")
 
 
 class StepClock:
@@ -54,6 +158,8 @@ class StepClock:
         self.tokens = 0  # counted since its first counted step (whose own tokens came before the clock)
         self._tokens_from: float | None = None  # when its first counted step ended
         self._tokens_at = 0.0  # when its latest one did
+        self.losses = LossWatch()  # (step_done(loss=...): a nan or collapsed run, as the callback judges it)
+        self.steps = 0
 
     # -- a micro-batch: its forward begins, its gradients come -------------------------------
     def begin(self, cuda: bool = False) -> None:
@@ -101,9 +207,18 @@ class StepClock:
         self._step, self._began, self._marked = 0.0, None, None
         self._events.clear()
 
-    def step_done(self, tokens: int | None = None) -> None:
+    def step_done(self, tokens: int | None = None, loss: float | None = None,
+                  grad_norm: float | None = None) -> None:
         """The optimizer step ended: this step's compute joins the others (``tokens``: how many
-        this rank computed in it, for the run's tokens/s)."""
+        this rank computed in it, for the run's tokens/s; ``loss`` and ``grad_norm``: the step's,
+        as every rank has them after the all-reduce, for :class:`LossWatch`: a nan or collapsed
+        run raises :class:`TrainingDiverged` here, as the HF callback does)."""
+        self.steps += 1
+        if loss is not None:
+            said = self.losses.feed(self.steps, {"loss": float(loss),
+                                                 **({"grad_norm": float(grad_norm)} if grad_norm is not None else {})})
+            if said is not None:
+                diverged(said, self.steps, self.losses)
         if tokens is not None:
             now = time.monotonic()
             if self._tokens_from is None:
@@ -170,6 +285,7 @@ def StepTimes(clock: StepClock | None = None):  # (a class to its users: named l
     class _StepTimes(TrainerCallback):
         def __init__(self):
             self.clock = clock or StepClock()
+            self.losses = LossWatch()
             self._hooked = False
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -187,4 +303,39 @@ def StepTimes(clock: StepClock | None = None):  # (a class to its users: named l
         def on_train_end(self, args, state, control, **kwargs):
             self.clock.finish()
 
+        def on_log(self, args, state, control, logs=None, model=None, **kwargs):
+            said = self.losses.feed(state.global_step, logs or {}, _vocab(model))
+            if said is not None:
+                diverged(said, state.global_step, self.losses)
+
     return _StepTimes()
+
+
+def _vocab(model) -> int | None:
+    try:
+        vocab = model.config.vocab_size
+    except AttributeError:
+        return None
+    return vocab if isinstance(vocab, int) and vocab > 1 else None
+
+
+def diverged(said: str, step: int, watch: LossWatch, mode: str | None = None) -> None:
+    """A verdict of :class:`LossWatch`: kept in the run directory by global rank 0, then the
+    run stopped (every rank raises) or, ``warn``, said once on rank 0's stderr."""
+    path = os.environ.get("FTB_DIVERGED_FILE")  # (the run directory's diverged.aN: ftbundle/rundir.py)
+    mode = mode or os.environ.get("FTB_DIVERGENCE") or ("stop" if os.environ.get("FTB_RUN_DIR") else "warn")
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if rank0 and path:
+        record = {"step": step, "since": watch.since, "kind": watch.kind, "action": mode, "said": said}
+        try:  # whole or not at all (the launcher may read it at any moment)
+            with open(path + ".tmp", "w") as f:
+                json.dump(record, f)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+    if mode == "stop":
+        if rank0:
+            print(f"ftbundle: {said}: stopping the run (divergence: stop)", file=sys.stderr, flush=True)
+        raise TrainingDiverged(said)
+    if rank0:
+        print(f"ftbundle: warning: {said} (divergence: warn: the run goes on)", file=sys.stderr, flush=True)

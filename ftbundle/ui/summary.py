@@ -207,6 +207,19 @@ def _indented(traceback: str) -> list[str]:
     return cut + ["  " + line for line in lines[-TRACEBACK_LINES:]]
 
 
+DIVERGED = "TrainingDiverged: "  # (shims/steptimes.py: what every rank raises when its loss went nan)
+
+
+def diverged_said(error: RankError | None, traceback: str | None) -> str | None:
+    """What the ranks said when they stopped a run whose loss went nan or whose model collapsed
+    (the exception's own text), from the failing rank's error file or traceback; else None."""
+    for text in (error.message if error else None, error.traceback if error else None, traceback):
+        for line in reversed((text or "").splitlines()):
+            if DIVERGED in line:
+                return line.split(DIVERGED, 1)[1].strip()
+    return None
+
+
 def failure_summary(*, host: str, address: str, node_rank: int, reason: str, code: int | None,
                     rank_error: RankError | None, rank_traceback: str | None, tail: list[str] | None,
                     log_path: str, local_rank: int | None = None, global_rank: int | None = None,
@@ -224,6 +237,10 @@ def failure_summary(*, host: str, address: str, node_rank: int, reason: str, cod
         who.append(f"local rank {local_rank}")
     lines = ["failed: " + ", ".join(who) + f"; {describe_exit(code)}"]
     text = reason
+    if said := diverged_said(rank_error, rank_traceback):  # (its traceback is the trainer's: nothing to read in it)
+        lines.append(f"its ranks stopped the run (divergence: stop, every rank at the same logged step): {said}")
+        lines.append(f"full log: {log_path}")
+        return lines
     if rank_error is not None and rank_error.traceback:
         lines.append("its own traceback (torch elastic error file):")
         lines += _indented(rank_error.traceback)

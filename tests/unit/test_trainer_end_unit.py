@@ -149,6 +149,7 @@ def run_shipped_referee(tmp_path, name: str, trainer_log, write_records: list[di
            "FTB_PEER_EXIT_GLOB": str(run / "node-*.a1.exit"), "FTB_PEER_HB_GLOB": str(run / "node-*.a1.hb"),
            "FTB_STOP_REQUEST": str(run / "stop-requested"), "FTB_KEPT_STEPS_FILE": str(run / "node-0.a1.steps"),
            "FTB_XIDS_FILE": str(run / "node-0.a1.xids"), "FTB_ENDED_FILE": str(run / "ended.a1"),
+           "FTB_DIVERGED_FILE": str(run / "diverged.a1"),
            "FTB_NOTIFY_WEBHOOK": "", "FTB_NOTIFY_COMMAND": f"cat > {told}" if notify else "", "FTB_NODE_HOSTS": "gpu-a",
            "FTB_TRAINER_LOG": str(trainer_log), "FTB_SPEED": speed}
     from ftbundle.launch.node import program
@@ -287,3 +288,22 @@ def test_a_detached_runs_end_is_kept_in_its_run_directory_for_runs_whether_or_no
     (shared / "runs" / run_id / "ended.a1").write_text("gpu-a\n")
     row = list_runs("j", str(shared))[-1]
     assert (row.state, row.exit_code, row.duration_s, row.failed_host) == ("failed", 3, None, None), row
+
+
+def test_a_detached_run_its_ranks_stopped_says_what_they_said_not_which_node_exited_first(tmp_path):
+    """Every rank raises at the same logged step when the loss went nan (shims/steptimes.py): which
+    node's exit file the referee reads first is chance; the end record says what the ranks said
+    (global rank 0's diverged.a1), and a warning (the run went on) changes nothing."""
+    said = "training diverged at step 30: in 3 logged steps in a row since step 28 the loss is nan"
+    run = tmp_path / "runs" / "j-20261203-160000-dddd"
+    run.mkdir(parents=True)
+    (run / "diverged.a1").write_text(json.dumps({"step": 30, "since": 28, "kind": "nan", "action": "stop",
+                                                 "said": said}))
+    told = run_shipped_referee(tmp_path, run.name, tmp_path / "none.jsonl", [], "4 0", run=run, job_code=1)
+    assert told["state"] == "failed" and told["exit_code"] == 1 and told["failed_host"] == "gpu-a", told
+    assert told["failure"] == {"host": "gpu-a", "code": 1, "line": f"its ranks stopped the run: {said}"}, told
+    warned = tmp_path / "runs" / "j-20261203-160000-eeee"
+    warned.mkdir()
+    (warned / "diverged.a1").write_text(json.dumps({"action": "warn", "said": said}))
+    told = run_shipped_referee(tmp_path, warned.name, tmp_path / "none.jsonl", [], "4 0", run=warned, job_code=1)
+    assert said not in told["failure"]["line"], told
