@@ -54,15 +54,16 @@ KEEP = 2000  # the latest steps' times kept (the median and p90 are over these)
 # record can be a single bad batch; a model whose weights are nan, or whose gradient is 0 for
 # every batch, logs it at every step from then on
 DIVERGED_RECORDS = 3
+# ... and for a finite loss beside a gradient norm that is not: an fp16 loss scaler halves its
+# scale at each overflowing step and skips it (a dozen in a row at a healthy start); after 50 in a
+# row its scale is 2^16 x 2^-50 and no step since has moved the weights (HF's GradScaler: it never
+# stops by itself; DeepSpeed's stops at its minimum scale)
+SKIPPED_RECORDS = 50
 FLAT_LOSS = 1e-4  # relative: "the same loss" of a collapsed model (every batch alike, to float noise)
 
 
 class TrainingDiverged(RuntimeError):
     """Raised on every rank when the run diverged and ``divergence: stop`` (the default)."""
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _number(value) -> float | None:
@@ -79,14 +80,15 @@ class LossWatch:
     """The trainer's logged (step, loss, grad norm), judged. Pure.
 
     * "nan": the loss is not finite, or it is exactly 0.0 while the gradient norm is not finite
-      (the HF Trainer's logging_nan_inf_filter logs a window of nan losses as 0.0). A finite loss
-      beside an inf or nan gradient norm is not this: an fp16 loss scaler's overflowing steps
-      (skipped, and the scale lowered) log just that while training is healthy.
+      (the HF Trainer's logging_nan_inf_filter logs a window of nan losses as 0.0).
+    * "skipped": a finite loss beside a gradient norm that is not finite. An fp16 loss scaler's
+      overflowing steps (skipped, and the scale lowered) log just that while training is healthy,
+      a dozen in a row at its start: named only after SKIPPED_RECORDS in a row.
     * "flat": the gradient norm is exactly 0 and the loss the same as the record before it: no
       batch moves the weights and every batch gets the same loss (a collapsed model: the loss of
       predicting every token alike). A gradient norm logged as 0 beside a loss that moves (a
       ZeRO stage that does not report it) is not this.
-    A verdict comes once, after DIVERGED_RECORDS such records in a row."""
+    A verdict comes once, after DIVERGED_RECORDS such records in a row (SKIPPED_RECORDS for "skipped")."""
 
     def __init__(self, records: int = DIVERGED_RECORDS):
         self.records = records
@@ -108,6 +110,8 @@ class LossWatch:
         kind = None
         if not math.isfinite(loss) or (loss == 0.0 and grad is not None and not math.isfinite(grad)):
             kind = "nan"
+        elif grad is not None and not math.isfinite(grad):
+            kind = "skipped"
         elif (grad == 0.0 and self.loss is not None and math.isfinite(self.loss)
               and abs(loss - self.loss) <= FLAT_LOSS * max(1.0, abs(loss))):
             kind = "flat"
@@ -118,7 +122,7 @@ class LossWatch:
         else:
             self.count += 1
         self.loss, self.grad, self.step = loss, grad, step
-        if self.kind is None or self.count < self.records:
+        if self.kind is None or self.count < (SKIPPED_RECORDS if self.kind == "skipped" else self.records):
             return None
         self.said = True
         return self.verdict(step, loss, grad, logs.get("learning_rate"), vocab)
@@ -133,6 +137,11 @@ class LossWatch:
             return (f"training diverged at step {step}: in {self.count} logged steps in a row since step {self.since} "
                     f"the loss is {shown}{norm}: the weights are no longer numbers{rate}; a checkpoint saved "
                     f"before step {self.since} is the last good one")
+        if self.kind == "skipped":
+            return (f"training skips every step at step {step}: in {self.count} logged steps in a row since step "
+                    f"{self.since} the gradient norm is {grad} beside a loss of {loss:.4f}: each step's gradients "
+                    f"overflow, an fp16 loss scaler skips the step and lowers its scale, and no step since has moved "
+                    f"the weights{rate}; bf16, or a lower learning rate")
         uniform = ""
         if vocab and abs(loss - math.log(vocab)) <= 1e-3 * math.log(vocab):
             uniform = f" = ln {vocab}, the same odds for every token of its vocabulary"

@@ -15,7 +15,7 @@ import pytest
 
 from ftbundle.errors import UserError
 from ftbundle.job import load_job
-from ftbundle.shims.steptimes import DIVERGED_RECORDS, LossWatch, TrainingDiverged, diverged
+from ftbundle.shims.steptimes import DIVERGED_RECORDS, SKIPPED_RECORDS, LossWatch, TrainingDiverged, diverged
 from ftbundle.ui.summary import diverged_said, failure_summary, RankError
 
 NAN, INF = float("nan"), float("inf")
@@ -62,6 +62,19 @@ def test_a_nan_run_is_named_diverged_after_three_records(loss, grad, shown):
     assert said[0][1].startswith("training diverged at step 5: in 3 logged steps in a row since step 3 ")
     assert shown in said[0][1]
     assert said[0][1].endswith("(learning rate 0.0002); a checkpoint saved before step 3 is the last good one")
+
+
+def test_an_fp16_run_whose_every_step_overflows_is_named_after_fifty_records_not_at_its_start():
+    """LlamaFactory issue 5660: fp16, `'loss': 4.6758, 'grad_norm': nan` at every step: the scaler
+    skips each one and the weights never move. A healthy fp16 start overflows a dozen times."""
+    start = [{"loss": 4.6 + (i % 3) / 10, "grad_norm": NAN if i % 2 else INF} for i in range(SKIPPED_RECORDS - 1)]
+    assert feed(start + [{"loss": 4.5, "grad_norm": 2.0}] * 10) == []
+    said = feed(start + [{"loss": 4.5003, "grad_norm": NAN, "learning_rate": 1e-4}] * 3)
+    assert [step for step, _ in said] == [SKIPPED_RECORDS]
+    assert said[0][1] == (
+        "training skips every step at step 50: in 50 logged steps in a row since step 1 the gradient norm is nan "
+        "beside a loss of 4.5003: each step's gradients overflow, an fp16 loss scaler skips the step and lowers "
+        "its scale, and no step since has moved the weights (learning rate 0.0001); bf16, or a lower learning rate")
 
 
 def test_what_a_healthy_run_logs_is_never_named():
