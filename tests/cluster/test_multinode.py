@@ -108,3 +108,29 @@ def test_llamafactory_lora_sft_on_three_hosts(cluster3, tmp_path):
     assert (shared / "output/lora/adapter_model.safetensors").stat().st_size > 0
     assert read_plan(run)["world_size"] == 6
     assert json.loads((shared / "output/lora/trainer_state.json").read_text())["global_step"] == 8
+
+
+def test_a_lora_that_collapses_on_two_hosts_is_stopped_on_every_node_and_not_restarted(make_cluster, tmp_path):
+    """`learning_rate: 1e4` (typed for 1e-4) on two hosts: every rank judges the same all-reduced
+    loss and gradient norm (shims/steptimes.py LossWatch), so every node's rank raises at the same
+    logged step; rank 0's host keeps the verdict on shared storage, the launcher reads it, names
+    it and does not restart (restarts: 1)."""
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    train = quickstart_lora(shared, max_steps=60, learning_rate=1.0e4)
+    job = write_job(tmp_path / "job.yaml", base_job("collapse", shared, inventory, {"llamafactory": train},
+                                                    nproc_per_node=1, restarts=1))
+    proc = ftbundle("run", str(job), timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    run = only_run_dir(shared)
+    record = json.loads((run / "diverged.a1").read_text())
+    assert record["kind"] == "flat" and record["action"] == "stop" and record["step"] < 60, record
+    assert f"its ranks stopped the run (divergence: stop, every rank at the same logged step): {record['said']}" in out
+    assert f"not restarting: the ranks stopped the run: {record['said']}" in out
+    assert not list(run.glob("node-*.a2.*")) and job_processes(cluster) == {}
+    # node1's own rank said the same, at the same step (its node log: local rank 0's stderr)
+    assert f"TrainingDiverged: {record['said']}" in (run / "node-1-node1.a1.log").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["failure"]["line"] == f"its ranks stopped the run: {record['said']}", summary
