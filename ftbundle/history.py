@@ -204,6 +204,23 @@ def ended_lines(ended: dict) -> list[str]:
     return [head + (f"; judged by {ended['told_by']}'s watcher" if ended.get("told_by") else "")]
 
 
+def diverged_lines(text: str | None, ended: dict) -> list[str]:
+    """`status`'s word of the ranks' verdict on a run whose loss went nan or whose model collapsed
+    (diverged.aN: shims/steptimes.py): said when the run went on (divergence: warn), or when it
+    stopped and no end record says it already. Pure."""
+    try:
+        record = json.loads(text or "")
+    except ValueError:
+        return []
+    said = record.get("said") if isinstance(record, dict) else None
+    if not isinstance(said, str):
+        return []
+    if record.get("action") == "warn":
+        return [f"diverged: {said} (divergence: warn: the run went on)"]
+    failure = ended.get("failure") if isinstance(ended.get("failure"), dict) else {}
+    return [] if said in str(failure.get("line") or "") else [f"diverged: {said}: its ranks stopped the run"]
+
+
 def step_nodes(files: dict[str, str], plan: dict, attempt) -> tuple[list, float]:
     """A detached run's nodes' step figures (ui.stragglers.NodeSteps) from the step times each
     node's watcher kept in the run directory (node-R.aN.steps: remote/watch.py keep_steps), on the

@@ -24,7 +24,7 @@ from .launch.node import STOP_GRACE_S, node_argv
 from .launch.staging import stage_files
 from .plan import NodePlan, shape_text
 from .recovery import attempts_said
-from .rundir import PLAN, STOP_REQUEST, TRAINER_LOG, NodeFiles, RunDir, ended_name, node_glob, runs_dir
+from .rundir import PLAN, STOP_REQUEST, TRAINER_LOG, NodeFiles, RunDir, diverged_name, ended_name, node_glob, runs_dir
 
 
 @dataclass(frozen=True)
@@ -269,19 +269,24 @@ def _detached_kept(ref: RunRef, cluster: Cluster) -> list[str]:
     (ended.aN: remote/watch.py end), each node's step times (node-R.aN.steps, remote/watch.py
     keep_steps), shown as an attached run's summary shows its stragglers, and the GPU faults
     its kernel logged while the job ran (node-R.aN.xids, node.sh ftb_xids), as a failed attached
-    run names them. Nothing when there is neither (a `command:` job on hosts without GPUs)."""
+    run names them; and, of any run, its ranks' verdict when its loss went nan or its model
+    collapsed (diverged.aN: shims/steptimes.py). Nothing when there is none of these (a `command:`
+    job on hosts without GPUs)."""
     from .gpu_health import run_fault_lines
-    from .history import ended_lines, ended_record, faults_of, split_tail_output, step_nodes
+    from .history import diverged_lines, ended_lines, ended_record, faults_of, split_tail_output, step_nodes
     from .ui import stragglers
 
-    names = [node_glob(ref.attempt, "steps"), node_glob(ref.attempt, "xids"), ended_name(ref.attempt)]
+    names = [node_glob(ref.attempt, "steps"), node_glob(ref.attempt, "xids"), ended_name(ref.attempt),
+             diverged_name(ref.attempt)]
     result = _run_dir_command(cluster, ref.via(cluster),
                               ["find", ref.run_dir, "-maxdepth", "1", "(", "-name", names[0], "-o", "-name", names[1],
-                               "-o", "-name", names[2], ")", "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
+                               "-o", "-name", names[2], "-o", "-name", names[3], ")",
+                               "-exec", "tail", "-v", "-n", "+1", "--", "{}", "+"],
                               ref.rundir.node_glob(ref.attempt, "steps"))
     files = split_tail_output(result.stdout, runs_dir(ref.shared_dir)).get(ref.run_id, {})
     nodes, factor = step_nodes(files, ref.record, ref.attempt)
-    return (ended_lines(ended_record(files.get(names[2]))) + stragglers.summary_lines(nodes, factor)
+    ended = ended_record(files.get(names[2]))
+    return (ended_lines(ended) + diverged_lines(files.get(names[3]), ended) + stragglers.summary_lines(nodes, factor)
             + run_fault_lines(faults_of(files, ref.record, ref.attempt)))
 
 

@@ -63,6 +63,9 @@ def test_a_collapsed_lora_is_stopped_at_the_step_it_is_seen_and_not_restarted(tm
                           text=True, timeout=60)
     [row] = json.loads(runs.stdout)
     assert (row["state"], row["failure"]) == ("failed", f"its ranks stopped the run: {said}"), runs.stdout
+    status = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job)], capture_output=True, text=True,
+                            timeout=60)
+    assert status.returncode == 1 and f"diverged: {said}: its ranks stopped the run\n" in status.stdout, status.stdout
 
 
 def test_divergence_warn_names_it_once_and_lets_the_run_finish(tmp_path, tiny_model):
@@ -73,8 +76,13 @@ def test_divergence_warn_names_it_once_and_lets_the_run_finish(tmp_path, tiny_mo
     warned = [line for line in out.splitlines() if "warning: training stopped learning at step" in line]
     assert len(warned) == 1 and warned[0].endswith("(divergence: warn: the run goes on)"), warned
     run = next((job.parent / ".shared/runs").iterdir())
-    assert json.loads((run / "diverged.a1").read_text())["action"] == "warn"
+    record = json.loads((run / "diverged.a1").read_text())
+    assert record["action"] == "warn"
     assert (job.parent / ".shared/output/quickstart-lora/adapter_model.safetensors").exists()
+    status = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job)], capture_output=True, text=True,
+                            timeout=60)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"diverged: {record['said']} (divergence: warn: the run went on)\n" in status.stdout, status.stdout
 
 
 def test_a_real_trainer_whose_weights_hold_a_nan_is_stopped_on_the_third_logged_step(tmp_path, tiny_model,

@@ -204,3 +204,16 @@ def test_a_scripts_own_loop_passes_its_loss_to_the_step_clock_and_is_judged_alik
                                                "step 202 the loss is nan"):
         clock.step_done(loss=NAN)
     assert json.loads((tmp_path / "diverged.a1").read_text())["step"] == 204
+
+
+def test_status_says_the_verdict_once():
+    from ftbundle.history import diverged_lines
+
+    said = "training diverged at step 30: in 3 logged steps in a row since step 28 the loss is nan"
+    stop, warn = json.dumps({"action": "stop", "said": said}), json.dumps({"action": "warn", "said": said})
+    assert diverged_lines(warn, {}) == [f"diverged: {said} (divergence: warn: the run went on)"]
+    assert diverged_lines(stop, {}) == [f"diverged: {said}: its ranks stopped the run"]
+    # a detached run's end record says it already (its `ended:` line): not twice
+    told = {"state": "failed", "failure": {"host": "gpu-a", "line": f"its ranks stopped the run: {said}"}}
+    assert diverged_lines(stop, told) == []
+    assert diverged_lines(None, {}) == diverged_lines("{\"action\": \"st", {}) == diverged_lines("[]", {}) == []
