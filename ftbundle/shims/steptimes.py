@@ -87,7 +87,8 @@ class LossWatch:
     * "flat": the gradient norm is exactly 0 and the loss the same as the record before it: no
       batch moves the weights and every batch gets the same loss (a collapsed model: the loss of
       predicting every token alike). A gradient norm logged as 0 beside a loss that moves (a
-      ZeRO stage that does not report it) is not this.
+      ZeRO stage that does not report it) is not this, nor a loss of exactly 0 with no gradient
+      (nothing to learn from those batches: a GRPO group whose completions all scored alike).
     A verdict comes once, after DIVERGED_RECORDS such records in a row (SKIPPED_RECORDS for "skipped")."""
 
     def __init__(self, records: int = DIVERGED_RECORDS):
@@ -112,7 +113,7 @@ class LossWatch:
             kind = "nan"
         elif grad is not None and not math.isfinite(grad):
             kind = "skipped"
-        elif (grad == 0.0 and self.loss is not None and math.isfinite(self.loss)
+        elif (grad == 0.0 and loss != 0.0 and self.loss is not None and math.isfinite(self.loss)
               and abs(loss - self.loss) <= FLAT_LOSS * max(1.0, abs(loss))):
             kind = "flat"
         if kind is None or kind != self.kind:

@@ -89,8 +89,11 @@ def test_what_a_healthy_run_logs_is_never_named():
     # a ZeRO stage that logs its gradient norm as 0 while the loss moves: not a collapse
     zero = [{"loss": r["loss"], "grad_norm": 0.0} for r in noisy[:100]]
     assert feed(zero) == []
-    # an exactly 0 loss beside a finite gradient norm (a model that fits its batches): not nan
+    # an exactly 0 loss beside a finite gradient norm (a model that fits its batches): not nan;
+    # nor one with no gradient at all (a GRPO group whose completions all scored alike: nothing to
+    # learn from those batches, not a collapsed model)
     assert feed([{"loss": 0.0, "grad_norm": 0.01}] * 10) == []
+    assert feed([{"loss": 0.0, "grad_norm": 0.0}] * 10) == []
     # evaluations and the trainer's closing record carry no "loss": not counted, and they do
     # not break a run of bad records either way
     evals = [{"eval_loss": NAN}, {"train_loss": NAN, "train_runtime": 3.0}] * 5
