@@ -107,6 +107,7 @@ def test_llamafactory_lora_sft_on_three_hosts(cluster3, tmp_path):
     assert "Process rank: 2," not in proc.stdout and "Process rank: 4," not in proc.stdout
     assert (shared / "output/lora/adapter_model.safetensors").stat().st_size > 0
     assert read_plan(run)["world_size"] == 6
+    assert not (run / "diverged.a1").exists()  # (6 ranks' healthy records: the divergence watch said nothing)
     assert json.loads((shared / "output/lora/trainer_state.json").read_text())["global_step"] == 8
 
 

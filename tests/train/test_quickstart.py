@@ -69,6 +69,7 @@ def test_quickstart_lora_on_localhost(tmp_path, tiny_model):
     plan = json.loads((run / "plan.json").read_text())
     assert plan["world_size"] == 2 and plan["nodes"][0]["env"]["NODE_RANK"] == "0"
     assert (run / "node-0.a1.exit").read_text().strip() == "0"
+    assert not (run / "diverged.a1").exists()  # (a healthy LoRA's records: the divergence watch said nothing)
 
 
 def test_a_lora_reporting_to_tensorboard_logs_its_loss_under_its_run_directory(tmp_path, tiny_model):
