@@ -58,6 +58,8 @@ def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, starte
         "gpus": progress.gpus.record(),
         # where the whole run slowed against its own pace, and came back (ui.pace)
         "slowdowns": progress.pace.record(),
+        # rank 0's word that its loss went nan or its model collapsed, the run let go on (divergence: warn)
+        "diverged": progress.diverged,
     }
 
 

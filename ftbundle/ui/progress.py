@@ -67,6 +67,10 @@ def _may_tell_stage(line: str) -> bool:
 
 # The plain words the trainer-output parsers need in a line (feed_line and may_tell test the same)
 CLOSING_MARK = "train_"  # the closing metrics table
+# rank 0's word that its run diverged and goes on (shims/steptimes.py ``diverged``, divergence: warn:
+# "ftbundle: warning: SAID (divergence: warn: the run goes on)"; the shim cannot import this)
+DIVERGED_MARK = " (divergence: warn: the run goes on)"
+DIVERGED_HEAD = "ftbundle: warning: "
 DICT_MARK = "{'"  # a log dict
 BAR_MARK = "%|"  # a tqdm bar
 
@@ -195,6 +199,7 @@ class Progress:
     pace: Pace = field(default_factory=Pace)
     # parts of the start-up that came before the launch: ("staging data", seconds) (ftbundle.stage)
     before: tuple[tuple[str, float], ...] = ()
+    diverged: str | None = None  # rank 0's word that the loss went nan or the model collapsed (divergence: warn)
     _slowest: str | None = None  # the live line's straggler, as last judged (feed_steps)
     _seen: int = 0  # records offered to keep_record, and every how many one is kept
     _stride: int = 1
@@ -309,7 +314,7 @@ class Progress:
         keep as the last line: it holds none of the parsers' plain markers. The same tests
         as feed_line's, so a block they pass is fed a line at a time, and one they fail costs
         a few substring scans in all, not a few per line."""
-        return (CLOSING_MARK in text or DICT_MARK in text or BAR_MARK in text
+        return (CLOSING_MARK in text or DICT_MARK in text or BAR_MARK in text or DIVERGED_MARK in text
                 or (not self.known and _may_tell_stage(text)))
 
     def quiet_lines(self, lines: list[str]) -> None:
@@ -337,6 +342,9 @@ class Progress:
                 self.stages.append((stage, time.monotonic()))
                 if self.import_s is None and (imported := IMPORTED.search(stripped)):
                     self.import_s = float(imported.group(1))
+        if DIVERGED_MARK in stripped and DIVERGED_HEAD in stripped and self.diverged is None:
+            self.diverged = stripped.split(DIVERGED_HEAD, 1)[1].split(DIVERGED_MARK, 1)[0]
+            return True
         closing = _CLOSING.search(line) if CLOSING_MARK in line else None
         if closing:  # the trainer's closing metrics table
             self._closing(closing.group(1), closing.group(2))

@@ -189,6 +189,8 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
     lines += pace.summary_lines(progress.pace.record())
     lines += stragglers.summary_lines(progress.node_steps.values(), progress.straggler_factor)
     lines += gpu_metrics.summary_lines(gpus if gpus is not None else progress.gpus.record())
+    if progress.diverged:  # (divergence: warn: said once while it went; its result is not to be trusted)
+        lines.append(f"  diverged     {progress.diverged} (divergence: warn: the run went on)")
     if output_dir:
         lines.append(f"  output dir   {output_dir}")
     if adapter:

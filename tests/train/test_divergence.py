@@ -78,6 +78,9 @@ def test_divergence_warn_names_it_once_and_lets_the_run_finish(tmp_path, tiny_mo
     run = next((job.parent / ".shared/runs").iterdir())
     record = json.loads((run / "diverged.a1").read_text())
     assert record["action"] == "warn"
+    # the closing summary and summary.json say it again: the adapter it wrote is not to be trusted
+    assert f"  diverged     {record['said']} (divergence: warn: the run went on)" in proc.stderr, proc.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["diverged"] == record["said"]
     assert (job.parent / ".shared/output/quickstart-lora/adapter_model.safetensors").exists()
     status = subprocess.run([sys.executable, "-m", "ftbundle", "status", str(job)], capture_output=True, text=True,
                             timeout=60)

@@ -220,3 +220,15 @@ def test_status_says_the_verdict_once():
     told = {"state": "failed", "failure": {"host": "gpu-a", "line": f"its ranks stopped the run: {said}"}}
     assert diverged_lines(stop, told) == []
     assert diverged_lines(None, {}) == diverged_lines("{\"action\": \"st", {}) == diverged_lines("[]", {}) == []
+
+
+def test_a_warned_runs_word_is_kept_for_its_summary_from_rank_0s_line():
+    from ftbundle.ui.progress import Progress
+
+    said = "training stopped learning at step 5: in 3 logged steps in a row since step 3 the gradient norm is 0"
+    line = f"ftbundle: warning: {said} (divergence: warn: the run goes on)"  # (as diverged() prints it)
+    p = Progress()
+    assert p.may_tell(f"other\n{line}\nmore") and not p.may_tell("ftbundle: warning: something else")
+    assert p.feed_line(line) is True and p.diverged == said
+    p.feed_line(line.replace("step 5", "step 9"))  # (said once: the first word stays)
+    assert p.diverged == said
