@@ -99,6 +99,7 @@ class LossWatch:
         self.loss: float | None = None  # the record before this one's
         self.grad: float | None = None
         self.step: int | None = None
+        self.good: int | None = None  # the step of the last record before this kind began
         self.said = False
 
     def feed(self, step: int, logs: dict, vocab: int | None = None) -> str | None:
@@ -118,8 +119,9 @@ class LossWatch:
             kind = "flat"
         if kind is None or kind != self.kind:
             self.kind, self.since, self.count = kind, (step if kind else None), (1 if kind else 0)
+            self.good = self.step  # (the last record that was not this: its step)
             if kind == "flat" and self.grad == 0.0:  # (the record before had no gradient and this loss: it began there)
-                self.since, self.count = self.step, 2
+                self.since, self.count, self.good = self.step, 2, None
         else:
             self.count += 1
         self.loss, self.grad, self.step = loss, grad, step
@@ -135,9 +137,10 @@ class LossWatch:
             shown = "nan" if math.isnan(loss) else f"{loss}" if not math.isfinite(loss) else \
                 "logged as 0.0 (the trainer's stand-in for a nan loss: logging_nan_inf_filter)"
             norm = f" and the gradient norm {grad}" if grad is not None else ""
+            good = (f"; its last good checkpoint is one saved at or before step {self.good} (the last step logged "
+                    "before it)") if self.good is not None else ""
             return (f"training diverged at step {step}: in {self.count} logged steps in a row since step {self.since} "
-                    f"the loss is {shown}{norm}: the weights are no longer numbers{rate}; a checkpoint saved "
-                    f"before step {self.since} is the last good one")
+                    f"the loss is {shown}{norm}: the weights are no longer numbers{rate}{good}")
         if self.kind == "skipped":
             return (f"training skips every step at step {step}: in {self.count} logged steps in a row since step "
                     f"{self.since} the gradient norm is {grad} beside a loss of {loss:.4f}: each step's gradients "

@@ -61,7 +61,10 @@ def test_a_nan_run_is_named_diverged_after_three_records(loss, grad, shown):
     assert [step for step, _ in said] == [5]
     assert said[0][1].startswith("training diverged at step 5: in 3 logged steps in a row since step 3 ")
     assert shown in said[0][1]
-    assert said[0][1].endswith("(learning rate 0.0002); a checkpoint saved before step 3 is the last good one")
+    assert said[0][1].endswith("(learning rate 0.0002); its last good checkpoint is one saved at or before step 2 "
+                               "(the last step logged before it)")
+    # nan from the first record on: no checkpoint of it is named good
+    assert said and "checkpoint" not in feed([bad] * 3)[0][1]
 
 
 def test_an_fp16_run_whose_every_step_overflows_is_named_after_fifty_records_not_at_its_start():
