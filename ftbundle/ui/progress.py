@@ -314,8 +314,8 @@ class Progress:
         keep as the last line: it holds none of the parsers' plain markers. The same tests
         as feed_line's, so a block they pass is fed a line at a time, and one they fail costs
         a few substring scans in all, not a few per line."""
-        return (CLOSING_MARK in text or DICT_MARK in text or BAR_MARK in text or DIVERGED_MARK in text
-                or (not self.known and _may_tell_stage(text)))
+        return (CLOSING_MARK in text or DICT_MARK in text or BAR_MARK in text
+                or (not self.known and _may_tell_stage(text)))  # (DIVERGED_MARK's line is a warning: may_warn's)
 
     def quiet_lines(self, lines: list[str]) -> None:
         """Lines that :meth:`may_tell` found nothing in: what feed_line would keep of them,

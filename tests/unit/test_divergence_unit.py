@@ -7,6 +7,7 @@ tests/train/test_divergence.py."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import random
@@ -226,12 +227,18 @@ def test_status_says_the_verdict_once():
 
 
 def test_a_warned_runs_word_is_kept_for_its_summary_from_rank_0s_line():
+    from ftbundle.launch.display import ProgressFeed
+    from ftbundle.ui.phases import Phases
     from ftbundle.ui.progress import Progress
 
     said = "training stopped learning at step 5: in 3 logged steps in a row since step 3 the gradient norm is 0"
     line = f"ftbundle: warning: {said} (divergence: warn: the run goes on)"  # (as diverged() prints it)
+    # through the display's feed as a read block (a warning: fed line by line, kept)
     p = Progress()
-    assert p.may_tell(f"other\n{line}\nmore") and not p.may_tell("ftbundle: warning: something else")
+    feed = ProgressFeed(Phases(io.StringIO(), tty=False), p, on_change=lambda: None)
+    feed.lines("[node0 r0] ", ["other", line, "more"])
+    assert p.diverged == said
+    p = Progress()
     assert p.feed_line(line) is True and p.diverged == said
     p.feed_line(line.replace("step 5", "step 9"))  # (said once: the first word stays)
     assert p.diverged == said
