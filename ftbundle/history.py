@@ -210,13 +210,12 @@ def diverged_lines(text: str | None, ended: dict) -> list[str]:
     """`status`'s word of the ranks' verdict on a run whose loss went nan or whose model collapsed
     (diverged.aN: shims/steptimes.py): said when the run went on (divergence: warn), or when it
     stopped and no end record says it already. Pure."""
-    try:
-        record = json.loads(text or "")
-    except ValueError:
+    from .remote.watch_rules import diverged_record
+
+    record = diverged_record(text)
+    if record is None:
         return []
-    said = record.get("said") if isinstance(record, dict) else None
-    if not isinstance(said, str):
-        return []
+    said = record["said"]
     if record.get("action") == "warn":
         return [f"diverged: {said} (divergence: warn: the run went on)"]
     failure = ended.get("failure") if isinstance(ended.get("failure"), dict) else {}

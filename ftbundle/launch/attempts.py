@@ -38,7 +38,7 @@ from ..layout import Layout, host_settings, master_addr_of
 from ..plan import Plan
 from ..recovery import RECOVERY_PARTS, attempts_said, recovery_said
 from ..ui.progress import Progress
-from .failure import diverged_said
+from .failure import read_diverged
 from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
 from .staging import stage_files
 from .states import INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, Outcome, State
@@ -447,7 +447,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
                     + (f" (attempt {attempt})" if attempt > 1 else ""))
             return finish(outcome, attempt)
         f = outcome.failure  # (a rank's exception exits 1: only then can its ranks have stopped it)
-        if f is not None and f.code == 1 and (diverged := diverged_said(plan, cluster, attempt)) is not None:
+        if f is not None and f.code == 1 and (diverged := read_diverged(plan, cluster, attempt)) is not None:
             outcome = dataclasses.replace(outcome, failure=dataclasses.replace(
                 f, reason=f"its ranks stopped the run: {diverged}"))  # (what `notify` and `runs` say)
             if attempt < attempts:

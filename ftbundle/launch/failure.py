@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..cluster import Cluster
 from ..plan import Plan
-from ..remote.watch_rules import diverged_said as said_in_record
+from ..remote.watch_rules import diverged_said
 from ..ui.summary import RankError, before_torchrun_report, last_words, parse_error_file, traceback_from_stderr
 from .node import WATCHDOG_S
 
@@ -133,11 +133,11 @@ def rank_failure(plan: Plan, cluster: Cluster, rank: int, tail: list[str]) -> Ra
     return found
 
 
-def diverged_said(plan: Plan, cluster: Cluster, attempt: int) -> str | None:
+def read_diverged(plan: Plan, cluster: Cluster, attempt: int) -> str | None:
     """What the ranks said when they stopped this attempt because its loss went nan or its model
     collapsed (diverged.aN, written by global rank 0's callback before every rank raised:
     shims/steptimes.py); None when they did not."""
-    return said_in_record(_read(plan, cluster, 0, plan.rundir.diverged(attempt)))
+    return diverged_said(_read(plan, cluster, 0, plan.rundir.diverged(attempt)))
 
 
 # ---------------------------------------------------------------------------------------

@@ -92,18 +92,23 @@ def first_line(text):
     return text.split("\n", 1)[0].strip()
 
 
-def diverged_said(text):
-    """What the ranks said when they stopped the run because its loss went nan or its model
-    collapsed: the "said" of a diverged.aN record (global rank 0's callback, shims/steptimes.py)
-    whose action was stop; None for no record, one not whole, or a warning (the run went on)."""
+def diverged_record(text):
+    """A diverged.aN record (global rank 0's callback, shims/steptimes.py: step, since, kind, action,
+    said) with its "said"; None for no record or one not whole."""
     import json
 
     try:
         record = json.loads(text or "")
     except ValueError:
         return None
-    said = record.get("said") if isinstance(record, dict) and record.get("action") == "stop" else None
-    return said if isinstance(said, str) else None
+    return record if isinstance(record, dict) and isinstance(record.get("said"), str) else None
+
+
+def diverged_said(text):
+    """What the ranks said when they stopped the run because its loss went nan or its model
+    collapsed; None for no record, one not whole, or a warning (the run went on)."""
+    record = diverged_record(text)
+    return record["said"] if record is not None and record.get("action") == "stop" else None
 
 
 def progress_value(total, steps, counted, with_steps):

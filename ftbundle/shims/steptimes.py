@@ -91,8 +91,7 @@ class LossWatch:
       (nothing to learn from those batches: a GRPO group whose completions all scored alike).
     A verdict comes once, after DIVERGED_RECORDS such records in a row (SKIPPED_RECORDS for "skipped")."""
 
-    def __init__(self, records: int = DIVERGED_RECORDS):
-        self.records = records
+    def __init__(self):
         self.kind: str | None = None
         self.since: int | None = None
         self.count = 0
@@ -125,7 +124,7 @@ class LossWatch:
         else:
             self.count += 1
         self.loss, self.grad, self.step = loss, grad, step
-        if self.kind is None or self.count < (SKIPPED_RECORDS if self.kind == "skipped" else self.records):
+        if self.kind is None or self.count < (SKIPPED_RECORDS if self.kind == "skipped" else DIVERGED_RECORDS):
             return None
         self.said = True
         return self.verdict(step, loss, grad, logs.get("learning_rate"), vocab)

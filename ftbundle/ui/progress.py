@@ -342,7 +342,7 @@ class Progress:
                 self.stages.append((stage, time.monotonic()))
                 if self.import_s is None and (imported := IMPORTED.search(stripped)):
                     self.import_s = float(imported.group(1))
-        if DIVERGED_MARK in stripped and DIVERGED_HEAD in stripped and self.diverged is None:
+        if self.diverged is None and DIVERGED_MARK in stripped and DIVERGED_HEAD in stripped:
             self.diverged = stripped.split(DIVERGED_HEAD, 1)[1].split(DIVERGED_MARK, 1)[0]
             return True
         closing = _CLOSING.search(line) if CLOSING_MARK in line else None

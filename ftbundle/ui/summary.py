@@ -212,7 +212,7 @@ def _indented(traceback: str) -> list[str]:
 DIVERGED = "TrainingDiverged: "  # (shims/steptimes.py: what every rank raises when its loss went nan)
 
 
-def diverged_said(error: RankError | None, traceback: str | None) -> str | None:
+def raised_verdict(error: RankError | None, traceback: str | None) -> str | None:
     """What the ranks said when they stopped a run whose loss went nan or whose model collapsed
     (the exception's own text), from the failing rank's error file or traceback; else None."""
     for text in (error.message if error else None, error.traceback if error else None, traceback):
@@ -239,7 +239,7 @@ def failure_summary(*, host: str, address: str, node_rank: int, reason: str, cod
         who.append(f"local rank {local_rank}")
     lines = ["failed: " + ", ".join(who) + f"; {describe_exit(code)}"]
     text = reason
-    if said := diverged_said(rank_error, rank_traceback):  # (its traceback is the trainer's: nothing to read in it)
+    if said := raised_verdict(rank_error, rank_traceback):  # (its traceback is the trainer's: nothing to read in it)
         lines.append(f"its ranks stopped the run (divergence: stop, every rank at the same logged step): {said}")
         lines.append(f"full log: {log_path}")
         return lines

@@ -17,7 +17,7 @@ import pytest
 from ftbundle.errors import UserError
 from ftbundle.job import load_job
 from ftbundle.shims.steptimes import DIVERGED_RECORDS, SKIPPED_RECORDS, LossWatch, TrainingDiverged, diverged
-from ftbundle.ui.summary import diverged_said, failure_summary, RankError
+from ftbundle.ui.summary import RankError, failure_summary, raised_verdict
 
 NAN, INF = float("nan"), float("inf")
 
@@ -152,9 +152,9 @@ def test_the_failure_summary_says_what_the_ranks_said_not_the_trainers_traceback
     error = RankError(local_rank=0, rank=0, message=f"TrainingDiverged: {said}",
                       traceback="Traceback (most recent call last):\n  File \"trainer.py\", line 1\n"
                                 f"ftb_steptimes.TrainingDiverged: {said}", timestamp=1)
-    assert diverged_said(error, None) == said
-    assert diverged_said(None, f"Traceback ...\nftb_steptimes.TrainingDiverged: {said}\n") == said
-    assert diverged_said(RankError(0, 0, "ValueError: x", "Traceback\nValueError: x", 1), None) is None
+    assert raised_verdict(error, None) == said
+    assert raised_verdict(None, f"Traceback ...\nftb_steptimes.TrainingDiverged: {said}\n") == said
+    assert raised_verdict(RankError(0, 0, "ValueError: x", "Traceback\nValueError: x", 1), None) is None
     lines = failure_summary(host="node1", address="10.0.0.2", node_rank=1, reason="exited with code 1", code=1,
                             rank_error=error, rank_traceback=None, tail=["x"], log_path="/shared/runs/r/node-1.log",
                             local_rank=0, global_rank=4)
