@@ -260,7 +260,8 @@ def test_a_detached_runs_end_is_kept_in_its_run_directory_for_runs_whether_or_no
         ("finished", 0, ended["duration_s"], 0.75, 600.0, None), row
     assert f"0:0{int(ended['duration_s'])}" in format_runs([row]), format_runs([row])
 
-    # a failed one: its failed host and code, as an attached run's summary.json says them
+    # a failed one: its failed host and code, as an attached run's summary.json says them (picked by its
+    # id: `runs` sorts by each run's real start, and these ids' clock times may be before or after it)
     run_id = "j-20261203-150000-ffff"
     make_run(shared, run_id, out)
     told = run_shipped_referee(tmp_path, run_id, out / "other.jsonl", [], "4 0", run=shared / "runs" / run_id,
@@ -269,7 +270,7 @@ def test_a_detached_runs_end_is_kept_in_its_run_directory_for_runs_whether_or_no
     # (the referee reads the exit file while the job still runs, or the job ended first: the same node, code)
     assert told["failure"] in [{"host": "gpu-a", "code": 3, "line": line}
                                for line in ("node-0.a1.exit says exit 3", "rank 0 exited 3")], told
-    row = list_runs("j", str(shared))[-1]
+    [row] = [r for r in list_runs("j", str(shared)) if r.run_id == run_id]
     assert (row.state, row.exit_code, row.failed_host, row.duration_s) == ("failed", 3, "gpu-a", told["duration_s"])
     # `status` says it in a line (read with the nodes' kept step times)
     assert ended_lines({**told, "duration_s": 3725.4}) == [
@@ -280,13 +281,13 @@ def test_a_detached_runs_end_is_kept_in_its_run_directory_for_runs_whether_or_no
 
     # a node that stopped its own job says why (its reason is the cause); the duration stays the watcher's
     (shared / "runs" / run_id / "node-1.a1.stopped").write_text("shared storage /x on node1 not answering for 30s\n")
-    row = list_runs("j", str(shared))[-1]
+    [row] = [r for r in list_runs("j", str(shared)) if r.run_id == run_id]
     assert row.state.startswith("stopped: shared storage /x") and row.duration_s == told["duration_s"], row
 
     # only the teller's claim there yet (its host's name: the record is being written): judged as before
     (shared / "runs" / run_id / "node-1.a1.stopped").unlink()
     (shared / "runs" / run_id / "ended.a1").write_text("gpu-a\n")
-    row = list_runs("j", str(shared))[-1]
+    [row] = [r for r in list_runs("j", str(shared)) if r.run_id == run_id]
     assert (row.state, row.exit_code, row.duration_s, row.failed_host) == ("failed", 3, None, None), row
 
 
