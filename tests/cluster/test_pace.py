@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -38,18 +39,22 @@ def elapsed(log) -> float:
         return 0.0
 
 
-def rates(log, capped_at: float) -> tuple[float, float]:
-    """The trainer log's own tokens/s (its clock, its count): from its 10th second to the caps, and
-    over its last 25 s."""
+def paces(log, capped_at: float) -> tuple[float, float]:
+    """The trainer log's pace before the caps and now, counted here as ftbundle/ui/pace.py defines
+    them (its docstring): 5 s chunks of the trainer's clock, each its tokens over its seconds, the
+    first two left out; the median of the chunks that ended by the caps, and of the last five."""
     from ftbundle.ui.pace import trainer_seconds
 
     points = [(trainer_seconds(r.get("elapsed_time")), r["total_tokens"])
               for r in map(json.loads, log.read_text().splitlines()) if "total_tokens" in r]
-
-    def rate(t0, t1):
-        inside = [(t, n) for t, n in points if t0 <= t <= t1]
-        return (inside[-1][1] - inside[0][1]) / max(1.0, inside[-1][0] - inside[0][0])
-    return rate(10, capped_at), rate(points[-1][0] - 25, points[-1][0])
+    chunks, (t0, n0) = [], points[0]
+    for t, n in points[1:]:
+        if t - t0 >= 5:
+            chunks.append((t, (n - n0) / (t - t0)))
+            t0, n0 = t, n
+    chunks = chunks[2:]
+    before = [rate for t, rate in chunks if t <= capped_at]
+    return statistics.median(before), statistics.median(rate for _, rate in chunks[-5:])
 
 
 def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster, tmp_path):
@@ -119,10 +124,14 @@ def test_a_fleet_slowed_alike_is_said_while_it_goes_and_its_return(make_cluster,
         back = wait_for("the run is back to its pace: ", 240)
         if not back:
             # the machine's other load (CI runs other modules beside this one) may hold the uncapped run
-            # under its pace before for all that time: then the silence is right, and must be so
-            before, after = rates(log, capped_at)
-            print(f"no return said: {after:,.0f} tok/s over the last 25 s against {before:,.0f} before the caps")
-            assert after < 0.9 * before, (before, after, "".join(out)[-3000:])
+            # under its pace before for all that time: then the silence is right, and must be so. The
+            # rule says back at 0.85x the pace before (the median of the chunks before the slowdown was
+            # found, a few capped ones among them); counted here from the caps, 0.9x leaves room for that
+            # (a mean since the 10th second, as this test read it first, is not what the rule reads: CI's
+            # run of 76dabe7 failed on 0.93x by that mean, with no return said)
+            before, now = paces(log, capped_at)
+            print(f"no return said: {now:,.0f} tok/s over the last 5 chunks against {before:,.0f} before the caps")
+            assert now < 0.9 * before, (before, now, "".join(out)[-3000:])
     finally:
         for host in capped:
             subprocess.run(["docker", "update", "--cpu-quota", "-1", host.container], capture_output=True, check=False)
