@@ -26,6 +26,9 @@ trap 'rm -rf "$ctx"' EXIT
 # The controller's pip resolves torch and its pure-Python dependencies (cp311 wheels,
 # the same ABI as bookworm's python3.11) into the build context.
 python3 -m pip install -q --no-compile --target "$ctx/torch" $TORCH >&2
+# ... and in the image, the bytecode of what torchrun and a rank import (the RUN below): without
+# it every container (each rank's, each torchrun's) compiled torch again, 3.0 s against 1.2 s for
+# `import torch` here; all of torch compiled would add 147 MB to every pull, this adds 20 MB
 rm -rf "$ctx"/torch/bin "$ctx"/torch/torch/test  # pip's scripts; torch's own test suite (83 MB)
 cat > "$ctx/Dockerfile" <<DOCKERFILE
 FROM $base AS os
@@ -37,6 +40,7 @@ FROM scratch
 COPY --from=os / /
 COPY torch /opt/torch
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 PYTHONPATH=/opt/torch
+RUN cd /tmp && python3 -c "import torch, torch.distributed.run, torch.nn.parallel, torch.optim, torch.utils.data"
 LABEL org.ftbundle.recipe=$hash
 CMD ["python3", "-c", "import torch; print(torch.__version__)"]
 DOCKERFILE

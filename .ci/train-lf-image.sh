@@ -10,6 +10,9 @@
 # only for audio datasets; no torchaudio build for the base image's CPU torch 2.13 exists here
 # (PyPI's wheels link CUDA's libcudart), so the image carries a placeholder module of that name
 # that fails, saying why, on any use: what an audio dataset would need.
+# The copy leaves the venv's bytecode out (__pycache__ above); the image compiles
+# what a LlamaFactory rank imports instead (the RUN below): without it each rank's container
+# compiled it again, 13.5 s against 5.0 s for the import here (+44 MB; all of it: +183 MB).
 # Cached by a hash of this script, the base image and the venv's package versions.
 # Prints the image reference (last line).
 set -euo pipefail
@@ -82,6 +85,7 @@ cat > "$ctx/Dockerfile" <<DOCKERFILE
 FROM $base
 COPY lf /opt/lf
 ENV PYTHONPATH=/opt/torch:/opt/lf
+RUN cd /tmp && python3 -c "import llamafactory.launcher, llamafactory.train.tuner, transformers.models.llama.modeling_llama, peft, trl"
 LABEL org.ftbundle.recipe=$hash
 CMD ["python3", "-c", "import llamafactory; print(llamafactory.__version__)"]
 DOCKERFILE
