@@ -6,8 +6,12 @@ Docker engine inside; the training image is pushed to a real registry on this ma
 is pulled from the internet.
 
 One Molecule cluster serves the whole module, in order: create + converge (the fixture),
-idempotence, verify, then the two halves together (`ftbundle run` with the docker runtime
-on the hosts site.yml made ready), then the negative cases, which change a host.
+--check on the converged hosts, verify, then the two halves together (`ftbundle run` with
+the docker runtime on the hosts site.yml made ready), then the negative cases, which change
+a host. A second full converge (Molecule's idempotence) is not run here: the lived-in
+scenario runs it on the same three-host site.yml, every role included
+(tests/cluster/test_provisioning_livedin.py), and the systemd one on systemd hosts; here it
+cost a whole converge of site.yml (63 s on a quiet machine here) and showed nothing else.
 """
 
 from __future__ import annotations
@@ -119,16 +123,6 @@ def registry_alive() -> None:
     """Each test finds the controller's registry answering (started again if it died since
     the module's converge: a pull by digest would otherwise fail for a reason no role has)."""
     ensure_registry(TESTBED.registry_port, **TESTBED.script_env())
-
-
-@pytest.mark.cluster
-@pytest.mark.timeout(2400)
-def test_second_converge_changes_nothing(molecule):
-    proc = molecule("idempotence")
-    assert proc.returncode == 0, tail(proc, 12000)
-    hosts = recap(proc.stdout)
-    assert sorted(hosts) == HOSTS, proc.stdout[-3000:]
-    assert all(h["changed"] == 0 and h["failed"] == 0 for h in hosts.values()), proc.stdout[-3000:]
 
 
 @pytest.mark.cluster
