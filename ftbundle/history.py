@@ -399,6 +399,8 @@ def format_runs(rows: list[RunRow]) -> str:
     lines = []
     for i, row in enumerate(table):
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i and rows[i - 1].failure:  # (the line why, as the run's end said it: not only in --json)
+            lines.append(f"  failed on {rows[i - 1].failed_host or 'a node'}: {rows[i - 1].failure}")
         lines += [f"  {said}" for said in (rows[i - 1].attempts if i else [])]  # (under its run: a lost host)
         lines += [f"  tracker: {where}" for where in (rows[i - 1].trackers if i else [])]
         lines += [f"  {said}" for said in (rows[i - 1].staged if i else [])]

@@ -272,6 +272,11 @@ def test_a_detached_runs_end_is_kept_in_its_run_directory_for_runs_whether_or_no
                                for line in ("node-0.a1.exit says exit 3", "rank 0 exited 3")], told
     [row] = [r for r in list_runs("j", str(shared)) if r.run_id == run_id]
     assert (row.state, row.exit_code, row.failed_host, row.duration_s) == ("failed", 3, "gpu-a", told["duration_s"])
+    # `runs`' table says why under the run (not only --json); a finished run has no such line
+    table = format_runs(list_runs("j", str(shared))).splitlines()
+    said = f"  failed on gpu-a: {told['failure']['line']}"
+    assert said in table and table[table.index(said) - 1].startswith(run_id), table
+    assert sum(line.startswith("  failed on ") for line in table) == 1, table
     # `status` says it in a line (read with the nodes' kept step times)
     assert ended_lines({**told, "duration_s": 3725.4}) == [
         f"ended: failed after 1:02:05: gpu-a ({told['failure']['line']}); judged by {told['told_by']}'s watcher"]
