@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from ..cluster import Cluster
 from ..plan import Plan
 from ..remote.watch_rules import diverged_said
-from ..ui.summary import RankError, before_torchrun_report, last_words, parse_error_file, traceback_from_stderr
+from ..ui.summary import (RankError, before_torchrun_report, describe_exit, last_words, parse_error_file,
+                          traceback_from_stderr)
 from .node import WATCHDOG_S
 
 _ROOT = re.compile(r"Root Cause \(first observed failure\):")
@@ -56,6 +57,23 @@ def parse_root_cause(lines: list[str]) -> RankFailure:
         elif (m := _ERROR_FILE.match(line)) and found.error_file is None and m.group(1) != "<N/A>":
             found.error_file = m.group(1)
     return found
+
+
+def cause_line(found: RankFailure, node_code: int | None) -> str | None:
+    """The failing rank in a line, added to its node's reason where it is read later (summary.json's
+    failure, `ftbundle runs`, a webhook): torchrun exits 1 whatever its rank did, so "exited with
+    code 1" alone hides the rank's own code and exception. None when torchrun named no rank."""
+    if found.global_rank is None:
+        return None
+    who = f"rank {found.global_rank}" + (f" (local rank {found.local_rank})" if found.local_rank is not None else "")
+    line = f"{who}: {describe_exit(found.code if found.code is not None else node_code)}"
+    raised = found.error.message if found.error is not None and found.error.message else None
+    if raised is None and found.traceback:
+        raised = next((t.strip() for t in reversed(found.traceback.splitlines()) if t.strip()), None)
+    if raised:
+        raised = " ".join(raised.split())
+        line += f"; {raised[:197] + '...' if len(raised) > 200 else raised}"
+    return line
 
 
 def _reader(plan: Plan, cluster: Cluster, rank: int):

@@ -25,6 +25,7 @@ so a stall of a second or two never trips it while a cut network is noticed in a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import queue
@@ -40,7 +41,7 @@ from ..rundir import TRAINER_LOG
 from ..ui.progress import Progress
 from .checkpoints import CheckpointWatch
 from .display import Display, ProgressFeed
-from .failure import exit_reason, rank_failure, read_tail, unreachable_note
+from .failure import cause_line, exit_reason, rank_failure, read_tail, unreachable_note
 from .node import WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
 from .stall import STALLED_EXIT_CODE, StallClock, ending, stall_report
 from .states import (INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, PROBE_S, START_TIMEOUT_S, Failure, NodeStatus, Outcome, Silence, State,
@@ -400,7 +401,9 @@ class Supervisor:
             self.say(f"  then {f.host} (node rank {f.rank}): {f.reason}")
         self.say(f"stopped the other nodes in {took:.1f}s" + (f"; {self._unreachable_note(lost)}" if lost else ""))
         if self.ui is not None:
-            self._print_failure_summary(first)
+            cause = self._print_failure_summary(first)
+            if cause:  # (what the run's record, `runs` and a webhook say: the rank, not only its node)
+                first = dataclasses.replace(first, reason=f"{first.reason}; {cause}")
         else:
             self._print_log_tail(first.rank)
         faults = self._print_gpu_faults()
@@ -473,8 +476,9 @@ class Supervisor:
         return Outcome(STALLED_EXIT_CODE, failure, teardown_s=took, lost=tuple(lost), progress=self.progress,
                        stalled=True)
 
-    def _print_failure_summary(self, first: Failure) -> None:
-        """Who failed, the failing rank's own traceback, a hint (:mod:`ftbundle.ui.summary`)."""
+    def _print_failure_summary(self, first: Failure) -> str | None:
+        """Who failed, the failing rank's own traceback, a hint (:mod:`ftbundle.ui.summary`);
+        returns the failing rank in a line (:func:`failure.cause_line`), None if none was named."""
         from ..ui.summary import failure_summary
 
         runner = self.runners[first.rank]
@@ -494,6 +498,8 @@ class Supervisor:
             self.ui.print(self.redact(line))
         if runner.messages:
             self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
+        cause = cause_line(found, first.code)
+        return None if cause is None else self.redact(cause)
 
     def _print_gpu_faults(self) -> tuple[str, ...]:
         """GPU faults the kernel logged during the run (NVRM Xid lines since it began), on every

@@ -222,7 +222,11 @@ def test_failure_summary_shows_the_failing_ranks_own_traceback(tmp_path):
     stderr_files = list((run_dir / "ranks/node-0").glob("*/attempt_0/1/stderr.log"))
     assert len(stderr_files) == 1 and "boom on rank 1" in stderr_files[0].read_text()
     assert "boom on rank 1" not in (run_dir / "node-0-localhost.a1.log").read_text().split("ChildFailedError")[0]
-    assert json.loads((run_dir / "summary.json").read_text())["state"] == "failed"
+    record = json.loads((run_dir / "summary.json").read_text())
+    # the failure's line (`runs`, a webhook) names the rank and what it raised, not torchrun's exit 1 alone
+    line = "exited with code 1; rank 1 (local rank 1): exit code 1; ValueError: boom on rank 1"
+    assert record["state"] == "failed" and record["failure"]["line"] == line, record
+    assert f"  failed on localhost: {line}" in ftb("runs", str(job), timeout=120).stdout
 
 
 @pytest.mark.parametrize("local_rank", [1, 0])
@@ -247,6 +251,9 @@ def test_a_rank_that_aborts_in_native_code_is_shown_by_its_last_words_not_torchr
     assert f"| Training completed. rank {local_rank} saved" in summary, summary
     assert "| terminate called without an active exception" in summary, summary
     assert "hint: the rank aborted in native code (std::terminate)" in summary, summary
+    run_dir = next((tmp_path / ".shared/runs").iterdir())
+    assert json.loads((run_dir / "summary.json").read_text())["failure"]["line"] == \
+        f"exited with code 1; rank {local_rank} (local rank {local_rank}): killed by SIGABRT"
 
 
 def test_llamafactory_failure_comes_from_the_torch_elastic_error_file(tmp_path, tiny_model):  # noqa: F811

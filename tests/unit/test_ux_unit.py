@@ -14,7 +14,7 @@ import yaml
 
 from ftbundle.cli import main
 from ftbundle.history import format_runs, run_row, run_summary, split_tail_output
-from ftbundle.launch.failure import parse_root_cause
+from ftbundle.launch.failure import RankFailure, cause_line, parse_root_cause
 from ftbundle.ui.phases import Phases, warning_key
 from ftbundle.ui.progress import Progress, parse_bar, parse_hf_dict, parse_trainer_log, status_line
 from ftbundle.ui.summary import (before_torchrun_report, closing_summary, describe_exit, failure_summary, hint,
@@ -160,6 +160,22 @@ def test_failure_summary_from_torchrun_root_cause_and_error_file():
                                  "[rank1]: ValueError: x\nafter") == ("Traceback (most recent call last):\n"
                                                                      "  File \"b.py\"\nValueError: x")
 
+
+
+def test_the_failing_rank_in_a_line_for_the_runs_record_runs_and_a_webhook():
+    """torchrun exits 1 whatever its rank did: the failure's line (summary.json, `runs`, notify)
+    adds the rank torchrun named, its own exit and the last line of what it raised."""
+    killed = parse_root_cause(ROOT_CAUSE.splitlines())
+    assert cause_line(killed, 1) == "rank 3 (local rank 1): killed by SIGKILL"
+    raised = RankFailure(global_rank=1, local_rank=1, code=1, error=parse_error_file(json.dumps(
+        {"message": {"message": "ValueError: bad\n   batch", "extraInfo": {"py_callstack": "T", "timestamp": 1}}})))
+    assert cause_line(raised, 1) == "rank 1 (local rank 1): exit code 1; ValueError: bad batch"
+    from_stderr = RankFailure(global_rank=0, local_rank=0, code=None, traceback="Traceback (most recent call last):\n"
+                              "  File \"t.py\"\nRuntimeError: " + "x" * 300 + "\n\n")
+    line = cause_line(from_stderr, 7)
+    assert line.startswith("rank 0 (local rank 0): exit code 7; RuntimeError: xxx") and line.endswith("...")
+    assert len(line) == len("rank 0 (local rank 0): exit code 7; ") + 200, line
+    assert cause_line(RankFailure(code=3), 3) is None  # (torchrun named no rank: the node's reason says enough)
 
 NODE_LOG_ABORT = """[INFO|trainer.py:3815] 2026-11-23 18:51:56,293 >> Saving model checkpoint to /s/output/lora
   train_runtime            = 0:00:00.97
