@@ -161,7 +161,6 @@ def test_failure_summary_from_torchrun_root_cause_and_error_file():
                                                                      "  File \"b.py\"\nValueError: x")
 
 
-
 def test_the_failing_rank_in_a_line_for_the_runs_record_runs_and_a_webhook():
     """torchrun exits 1 whatever its rank did: the failure's line (summary.json, `runs`, notify)
     adds the rank torchrun named, its own exit and the last line of what it raised."""
@@ -176,6 +175,7 @@ def test_the_failing_rank_in_a_line_for_the_runs_record_runs_and_a_webhook():
     assert line.startswith("rank 0 (local rank 0): exit code 7; RuntimeError: xxx") and line.endswith("...")
     assert len(line) == len("rank 0 (local rank 0): exit code 7; ") + 200, line
     assert cause_line(RankFailure(code=3), 3) is None  # (torchrun named no rank: the node's reason says enough)
+
 
 NODE_LOG_ABORT = """[INFO|trainer.py:3815] 2026-11-23 18:51:56,293 >> Saving model checkpoint to /s/output/lora
   train_runtime            = 0:00:00.97
