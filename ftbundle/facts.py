@@ -202,6 +202,7 @@ class HostFacts:
     fingerprints: dict[str, dict] = field(default_factory=dict)  # the job's node-local files' bytes (remote/probe_files.py)
     model: dict | None = None  # the model's parameters, files and config (rank 0: remote/probe_files.py)
     tokenized: dict | None = None  # the kept tokenized dataset's key and state (rank 0: remote/probe_tokenized.py)
+    gemm: dict | None = None  # the newest GPU burn-in's bf16 GEMM of each GPU, or {"error"} (rank 0: remote/probe.py gemm)
     wandb_login: dict | None = None  # where rank 0's wandb would find a key (remote/probe.py wandb_login)
     servers: dict | None = None  # whether rank 0 reaches its trackers' servers (remote/probe.py servers)
     mlruns: str | None = None  # rank 0's ./mlruns where it holds runs and no URI is set: MLflow's default then
@@ -280,6 +281,7 @@ def parse_facts(host: str, rank: int, data: dict[str, Any]) -> HostFacts:
     f.fingerprints = {k: v for k, v in (data.get("fingerprints") or {}).items() if isinstance(v, dict)}
     f.model = data.get("model") if isinstance(data.get("model"), dict) else None
     f.tokenized = data.get("tokenized") if isinstance(data.get("tokenized"), dict) else None
+    f.gemm = data.get("gemm") if isinstance(data.get("gemm"), dict) else None
     f.problems = list(data.get("errors") or [])
     return f
 

@@ -92,6 +92,15 @@ def tokenized_dir(shared_dir: str) -> str:
     return posixpath.join(shared_dir, TOKENIZED)
 
 
+GEMM = "gemm.json"  # under checks/: the bf16 GEMM the newest GPU burn-in measured on each GPU (check/burnin.py)
+
+
+def gemm_record(shared_dir: str) -> str:
+    """``<shared_dir>/checks/gemm.json``: what a later run counts MFU against where ftbundle's
+    table knows no data-sheet peak for its GPUs (ftbundle/speed.py ``basis_of``)."""
+    return posixpath.join(shared_dir, CHECKS, GEMM)
+
+
 def check_dir(shared_dir: str, run_id: str) -> str:
     """``<shared_dir>/checks/<run id>``: a check's own job (the burn-in) and what it keeps."""
     return posixpath.join(shared_dir, CHECKS, run_id)

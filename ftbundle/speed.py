@@ -11,12 +11,16 @@ compare (issue 47 item 1). Pure.
   check (rank 0's probe); attention's own FLOPs (12 x layers x hidden x sequence) are left
   out, and with LoRA the frozen weights' gradients are not computed, so the count is the
   usual convention, not the work done: said in the basis. The peak of the GPU the job uses,
-  from :data:`PEAK_BF16_TFLOPS`; an unknown GPU: MFU unknown, said.
+  from :data:`PEAK_BF16_TFLOPS`; a GPU not there: the median bf16 GEMM the newest burn-in
+  measured on the run's GPUs (``ftbundle check --burn-in``, kept in ``<shared_dir>/checks/gemm.json``
+  and read by rank 0's probe), said as such; with neither, MFU unknown, said.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
+import time
 from dataclasses import asdict, dataclass
 
 from .units import release
@@ -24,17 +28,26 @@ from .units import release
 # Dense bf16 tensor-core peak, TFLOP/s per GPU (the vendors' data sheets; "with sparsity"
 # figures are twice these). Matched against nvidia-smi's name, first match wins.
 PEAK_BF16_TFLOPS: tuple[tuple[str, str, float], ...] = (
-    (r"GB200|B200", "B200", 2250.0),
+    (r"GB200", "GB200", 2500.0),
+    (r"B200", "B200", 2250.0),
     (r"H100.*PCIe", "H100 PCIe", 756.0),
+    (r"H800.*PCIe", "H800 PCIe", 756.0),
     (r"H100.*NVL", "H100 NVL", 835.0),
+    (r"H200.*NVL", "H200 NVL", 835.0),
     (r"H100|H800|GH200", "H100 SXM", 989.0),
     (r"H200", "H200", 989.0),
+    (r"\bH20\b", "H20", 148.0),
     (r"A100|A800", "A100", 312.0),
     (r"L40S", "L40S", 362.0),
     (r"L40\b", "L40", 181.0),
+    (r"\bL20\b", "L20", 119.5),
     (r"\bL4\b", "L4", 121.0),
+    (r"\bA40\b", "A40", 149.7),
     (r"\bA10\b", "A10", 125.0),
+    (r"RTX 6000 Ada", "RTX 6000 Ada", 364.2),
+    (r"RTX A6000", "RTX A6000", 154.8),
     (r"RTX 4090", "RTX 4090", 165.0),
+    (r"RTX 3090", "RTX 3090", 71.0),
 )
 NON_PADDING_SINCE = (4, 57)  # transformers: include_num_input_tokens_seen "non_padding" (PR 40416)
 
@@ -70,6 +83,8 @@ class SpeedBasis:
     peak_tflops: float | None = None  # per GPU
     params: int | None = None  # the model's parameters
     padding: bool | None = None  # whether the token count includes padding (None: no count)
+    peak_from: str | None = None  # the peak is a burn-in's measured bf16 GEMM: which, on how many GPUs
+    no_peak: str | None = None  # why no measured peak could be read either (the burn-in's record unreadable)
 
     @property
     def flops_per_token(self) -> float | None:
@@ -101,7 +116,8 @@ class SpeedBasis:
         if not ranks:
             return None
         return cls(ranks=ranks, gpus=gpus, gpu=of("gpu", str), peak_tflops=of("peak_tflops", (int, float)),
-                   params=of("params", int), padding=of("padding", bool))
+                   params=of("params", int), padding=of("padding", bool), peak_from=of("peak_from", str),
+                   no_peak=of("no_peak", str))
 
     def record(self) -> dict:
         """plan.json's "speed": what a run without summary.json is counted against (`runs`), and
@@ -117,15 +133,18 @@ class SpeedBasis:
         if not self.params:
             return "MFU unknown: the model's parameters were not counted (a script's model, a hub id, or not safetensors)"
         if not self.peak_tflops:
-            return f"MFU unknown: no dense bf16 peak known for {self.gpu or 'these GPUs'}"
+            return (f"MFU unknown: no dense bf16 peak known for {self.gpu or 'these GPUs'} and no burn-in measured "
+                    "them (`ftbundle check --burn-in JOB` does: runs after it count MFU against its bf16 GEMM)"
+                    + (f"; {self.no_peak}" if self.no_peak else ""))
+        at = (f"{self.peak_tflops:g} TFLOP/s, {self.peak_from} ({self.gpu} has no data-sheet peak in ftbundle's "
+              "table)" if self.peak_from else f"{self.peak_tflops:g} TFLOP/s dense bf16")
         return (f"6 x {self.params / 1e9:.2f}B parameters per token (attention's own FLOPs not counted; with "
-                f"LoRA the frozen weights' gradients are not computed either) over {self.gpus} x {self.gpu} at "
-                f"{self.peak_tflops:g} TFLOP/s dense bf16")
+                f"LoRA the frozen weights' gradients are not computed either) over {self.gpus} x {self.gpu} at {at}")
 
 
 def basis_of(facts, ranks: int, padding: bool | None, uses_gpus: bool) -> SpeedBasis:
     """The run's SpeedBasis from the hosts' facts (ftbundle.facts.ClusterFacts, or None)."""
-    params = gpu = peak = None
+    params = gpu = peak = peak_from = no_peak = None
     if facts is not None:
         model = next((f.model for f in facts.hosts if getattr(f, "model", None)), None)
         params = int(model["params"]) if model and model.get("params") else None
@@ -133,8 +152,35 @@ def basis_of(facts, ranks: int, padding: bool | None, uses_gpus: bool) -> SpeedB
         if names and uses_gpus:
             found = gpu_peak(names[0])
             gpu, peak = (found[0], found[1]) if found else (names[0], None)
+            if found is None:
+                record = next((f.gemm for f in facts.hosts if getattr(f, "gemm", None)), None)
+                measured = measured_peak(record, [g.uuid for f in facts.hosts for g in f.gpus])
+                if isinstance(measured, tuple):
+                    peak, peak_from = measured
+                else:
+                    no_peak = measured
     return SpeedBasis(ranks=ranks, gpus=ranks if uses_gpus and gpu else 0, gpu=gpu, peak_tflops=peak,
-                      params=params, padding=padding)
+                      params=params, padding=padding, peak_from=peak_from, no_peak=no_peak)
+
+
+def measured_peak(record: dict | None, uuids: list[str | None]) -> tuple[float, str] | str | None:
+    """The median bf16 GEMM the newest burn-in measured on these GPUs (``uuids``: the run's
+    hosts'), from its record (check/burnin.py ``gemm_record``, read by rank 0's probe), and the
+    words that say so; a string: why it could not be read; None: no record, or none of them in it."""
+    if not record:
+        return None
+    if record.get("error"):
+        return f"the burn-in's record could not be read: {record['error']}"
+    gpus = record.get("gpus") if isinstance(record.get("gpus"), dict) else {}
+    figures = [gpus[u]["tflops"] for u in uuids if u and isinstance(gpus.get(u), dict)
+               and isinstance(gpus[u].get("tflops"), (int, float)) and gpus[u]["tflops"] > 0]
+    if not figures:
+        return None
+    at = record.get("at")
+    when = (time.strftime(" on %Y-%m-%d", time.gmtime(at)) if isinstance(at, (int, float)) else "")
+    return (round(statistics.median(figures), 1),
+            f"the median bf16 GEMM the burn-in {record.get('check', '?')} measured{when} on {len(figures)} of "
+            f"these {len(uuids)} GPUs")
 
 
 def tokens_text(tokens_per_s: float, basis: SpeedBasis) -> str:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from functools import cache, partial
 
-from .. import shipped, tokenized, trackers
+from .. import rundir, shipped, tokenized, trackers
 from ..cluster import Cluster, Proc, first_line, parallel
 from ..facts import ClusterFacts, HostFacts, parse_facts
 from ..gpu_health import FIELD_ALIASES, HEALTH_FIELDS, XID_WINDOW_S
@@ -178,6 +178,8 @@ def probe_spec(layout: Layout, rank: int, *, token: str | None, expect: list[int
         spec["model"] = wanted["model_name_or_path"]  # (its size: what a checkpoint holds)
     if told:
         spec["told"] = True
+    if rank == 0 and job.gpus_per_node != 0 and (layout.lf_config is not None or job.train.mode == "script"):
+        spec["gemm"] = rundir.gemm_record(layout.shared_dir)  # (MFU where the table has no peak: ftbundle/speed.py)
     if rank == 0 and create and layout.dataset_dir and job.tokenize_once:  # (ftbundle/tokenized.py)
         asked = tokenized.request(layout.lf_config, layout.shared_dir, wanted.get("model_name_or_path"))
         if asked is not None:

@@ -120,6 +120,7 @@ class BurninReport:
     nodes: dict[str, dict] = field(default_factory=dict)  # host -> its node's result, as written
     net: dict | None = None  # --net's figures, when it ran too
     errors: list[str] = field(default_factory=list)  # hosts or GPUs not measured
+    gemm_kept: str | None = None  # where each GPU's bf16 GEMM is kept for later runs' MFU (gemm_record)
     notes: list[str] = field(default_factory=list)  # hosts that measured before every host was ready
     took: float = 0.0
 
@@ -223,6 +224,36 @@ def late_notes(host: str, result: dict, names: list[str]) -> list[str]:
         return [f"{host} began measuring {behind:.1f}s after the others (it saw the last host ready only then): "
                 "its figures are not from quite the same moment as theirs"]
     return []
+
+
+def gemm_record(report: BurninReport, check: str, at: float) -> dict | None:
+    """What later runs count MFU against where ftbundle's table knows no dense bf16 peak for
+    their GPUs (ftbundle/speed.py ``basis_of``), kept as ``<shared_dir>/checks/gemm.json``:
+    each measured GPU's bf16 GEMM by its UUID, with its host and name. None: no GPU measured
+    (a CPU burn-in keeps nothing there). The newest GPU burn-in's record replaces the last."""
+    names = {str(d.get("uuid")): d.get("name") for result in report.nodes.values()
+             for d in result.get("devices", []) if isinstance(d, dict) and d.get("uuid")}
+    gpus = {f.uuid: {"host": f.host, "device": f.device, "name": names.get(f.uuid), "tflops": round(f.value, 2)}
+            for f in report.figures if f.metric == "gemm_bf16_tflops" and f.uuid}
+    if not gpus:
+        return None
+    return {"check": check, "at": round(at, 3), "gpus": gpus}
+
+
+def gemm_note(report: BurninReport) -> str | None:
+    """Said where the GPUs measured are not in ftbundle's table: their MFU counts against this."""
+    from ..speed import gpu_peak
+
+    if not report.gemm_kept:
+        return None
+    names = sorted({str(d.get("name")) for result in report.nodes.values() for d in result.get("devices", [])
+                    if isinstance(d, dict) and d.get("name") and isinstance(d.get("gemm_bf16_tflops"), (int, float))})
+    unknown = [name for name in names if gpu_peak(name) is None]
+    if not unknown or "gemm_bf16_tflops" not in report.medians:
+        return None
+    return (f"{', '.join(unknown)}: not in ftbundle's table of data-sheet bf16 peaks; later runs on these GPUs count "
+            f"MFU against the bf16 GEMM measured here (median {num(report.medians['gemm_bf16_tflops'])} TFLOP/s), "
+            f"kept in {report.gemm_kept}")
 
 
 def burnin_source() -> str:
@@ -339,6 +370,14 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
         report.took = time.monotonic() - started
         stage_files(cluster, rank0, bench.run_dir, {rundir.BURNIN_RESULT: json.dumps(report.to_dict(), indent=2) + "\n"},
                     leftovers=_bookkeeping(bench))
+        kept = gemm_record(report, plan.run_id, time.time())
+        if kept is not None:  # (a later run's MFU on GPUs the table does not know: ftbundle/speed.py)
+            record = rundir.gemm_record(plan.shared_dir)
+            try:
+                stage_files(cluster, rank0, posixpath.dirname(record), {rundir.GEMM: json.dumps(kept, indent=1) + "\n"})
+                report.gemm_kept = record
+            except StagingError as exc:
+                report.notes.append(f"each GPU's bf16 GEMM was not kept for later runs' MFU: {exc}")
     except StagingError as exc:  # the check's directory could not be written: say so
         report.errors.append(f"burn-in could not run: {exc}")
         report.took = time.monotonic() - started
@@ -375,7 +414,7 @@ def format_burnin_report(report: BurninReport, plan: Plan) -> list[str]:
         lines.append(line)
     lines += [f"warning: {s.line()}" for s in report.slow]
     lines += [f"note: {s.crowded_line()}" for s in report.crowded]
-    lines += [f"note: {n}" for n in report.notes]
+    lines += [f"note: {n}" for n in report.notes + [gemm_note(report)] if n]
     lines += [f"error: {e}" for e in report.errors]
     if report.figures and not report.slow:
         lines.append("no host is slow")

@@ -36,7 +36,8 @@ question, not their sum:
 - the master port: rank 0 binds it (the "is it free" test) and accepts the others, who
   connect to it, all within this one round;
 - the dataset files' sha256 (LlamaFactory's dataset_info.json rules) and the fingerprint of a
-  node-local model (probe_files.py: each file's digest remembered while it is unchanged).
+  node-local model (probe_files.py: each file's digest remembered while it is unchanged);
+- on rank 0 of a GPU job, the bf16 GEMM the newest burn-in measured on each GPU (:func:`gemm`).
 """
 
 import os
@@ -416,6 +417,35 @@ def datasets(spec, out):
     tokenized(spec, out)  # (its key holds the digests just taken)
 
 
+GEMM_MAX_BYTES = 4 << 20  # the burn-in's record of a few thousand GPUs is well under this
+
+
+def gemm(spec, out):
+    """``out["gemm"]``: the bf16 GEMM the newest GPU burn-in measured on each GPU (its record
+    on shared storage: ftbundle/check/burnin.py ``gemm_record``), nothing where there is none,
+    or {"error"}: what a run counts MFU against where ftbundle's table knows no peak."""
+    path = spec.get("gemm")
+    if not path:
+        return
+    try:
+        with open(path, "rb") as f:
+            data = f.read(GEMM_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        out["gemm"] = {"error": f"{path}: {exc.strerror or exc}"}
+        return
+    if len(data) > GEMM_MAX_BYTES:
+        out["gemm"] = {"error": f"{path}: over {GEMM_MAX_BYTES >> 20} MB, not read"}
+        return
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        out["gemm"] = {"error": f"{path}: not JSON ({exc})"}
+        return
+    out["gemm"] = record if isinstance(record, dict) else {"error": f"{path}: not a JSON object"}
+
+
 # -- check --net: iperf3 between rank 0 and one other host ------------------------------
 
 def iperf_server(spec, out):
@@ -505,7 +535,7 @@ def main():
     stuck = report.answered(spec.get("storage_answer_s", 5), spec.get("storage_patience_s", 30)) if report else None
     if stuck is None:
         late = [Task(guarded, (t, spec, out), t.__name__)
-                for t in (dirs, datasets, paths, fingerprints, model_size)]
+                for t in (dirs, datasets, paths, fingerprints, model_size, gemm)]
         for t in late:
             t.start()
         threads += late

@@ -153,3 +153,44 @@ def test_a_detached_runs_gpus_are_kept_by_each_nodes_watcher(make_cluster, tmp_p
     run = only_run_dir(shared)
     assert not cluster.exec("node0", "pgrep -f '[u]tilization.gpu' || true").stdout.strip()  # (its loop went with the job)
     assert (run / "node-0.a1.gpumetrics").exists()
+
+
+def test_gpus_the_table_does_not_know_are_counted_against_the_gemm_a_burn_in_kept(make_cluster, tmp_path):
+    """MFU's peak where ftbundle's table has no data sheet for the GPUs (AWS's A10G here: the
+    recorded H100 readings renamed, each host's GPUs UUIDs of their own): rank 0's probe reads,
+    over real SSH on shared storage, the bf16 GEMM the newest burn-in kept
+    (<shared_dir>/checks/gemm.json, as check/burnin.py writes it from each node's figures), and
+    the run counts against the median of its own GPUs' figures, said in plan.json. (The burn-in's
+    GPU half needs a GPU: tests/gpu; a CPU burn-in keeps no GEMM: tests/unit/test_speed_unit.py.)"""
+    from ftbundle.check.burnin import BurninReport, compare, figures_of, gemm_record
+
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    uuids = {}
+    for i, host in enumerate(("node0", "node1")):
+        install_smi(cluster, host, "h100-x8")
+        cluster.exec(host, "cd /etc/ftb-smi && for f in h100-x8.*; do sed -e 's/NVIDIA H100 80GB HBM3/NVIDIA A10G/' "
+                           f"-e 's/GPU-5c1e8a2/GPU-{i}a10a2/' $f > a10g-x8.${{f#h100-x8.}}; done && echo a10g-x8 > sample")
+        uuids[host] = [line.split(", ")[1] for line in
+                       cluster.exec(host, "nvidia-smi --query-gpu=index,uuid,memory.used").stdout.splitlines()]
+    assert len(uuids["node0"]) == 8 and not set(uuids["node0"]) & set(uuids["node1"]), uuids
+    # what a burn-in of node0 alone kept: each of its GPUs' bf16 GEMM (60-67 TFLOP/s), from the node
+    # results it read (shims/burnin.py's JSON)
+    node = {"devices": [{"device": f"GPU {k}", "name": "NVIDIA A10G", "uuid": u, "gemm_bf16_tflops": 60.0 + k,
+                         "hbm_copy_gbps": 500.0} for k, u in enumerate(uuids["node0"])]}
+    figures, _ = figures_of("node0", node)
+    report = BurninReport(check_dir=f"{shared}/checks/burn-x", figures=figures, nodes={"node0": node})
+    report.medians, report.slow = compare(figures)
+    (shared / "checks").mkdir()
+    (shared / "checks" / "gemm.json").write_text(json.dumps(gemm_record(report, "burn-x", time.time())))
+
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    (shared / "nothing.py").write_text("pass\n")
+    job = write_job(tmp_path / "job.yaml", base_job("unknown-gpus", shared, inventory, {"script": "nothing.py"},
+                                                    workdir=str(shared)))
+    done = ftbundle("run", str(job), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    speed = json.loads((only_run_dir(shared) / "plan.json").read_text())["speed"]
+    assert (speed["gpu"], speed["gpus"], speed["peak_tflops"]) == ("NVIDIA A10G", 2, 63.5), speed  # (median of 60..67)
+    assert speed["peak_from"].startswith("the median bf16 GEMM the burn-in burn-x measured on ") and \
+        speed["peak_from"].endswith(" on 8 of these 16 GPUs"), speed

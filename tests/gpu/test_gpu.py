@@ -156,6 +156,11 @@ def test_real_gpu_burn_in_measures_every_gpu(tmp_path):
     assert not report.slow, [s.line() for s in report.slow]
     kept = json.loads((Path(report.check_dir) / "burnin.json").read_text())
     node = kept["nodes"]["localhost"]
+    # each GPU's GEMM kept for later runs' MFU on GPUs the table does not know (check/burnin.py gemm_record)
+    gemm = json.loads((Path(report.check_dir).parent / "gemm.json").read_text())
+    assert report.gemm_kept == str(Path(report.check_dir).parent / "gemm.json")
+    assert {u: g["tflops"] for u, g in gemm["gpus"].items()} == {
+        d["uuid"]: round(d["gemm_bf16_tflops"], 2) for d in node["devices"]}, gemm
     sample = f"{slug(node['devices'][0]['name'])}-x{count}"
     RECORDED.mkdir(parents=True, exist_ok=True)
     (RECORDED / f"{sample}.burnin.json").write_text(json.dumps(node, indent=2) + "\n")

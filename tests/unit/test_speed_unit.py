@@ -4,14 +4,20 @@ a hand count, and the figures on the live line, in the summary, summary.json and
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ftbundle import speed as S
-from ftbundle.facts import ClusterFacts
+from ftbundle.check.burnin import BurninReport, Figure, compare, figures_of, gemm_note, gemm_record
+from ftbundle.facts import ClusterFacts, Gpu
 from ftbundle.history import format_runs, run_row, speed_record
 from ftbundle.ui.progress import Progress, status_fields
 from ftbundle.ui.summary import closing_summary
-from tests.unit.test_check_unit import facts, smi
+from ftbundle.inventory import Host
+from ftbundle.layout import make_layout
+from ftbundle.plan import make_plan
+from tests.unit.test_check_unit import SMI, facts, job_of, smi
 
 
 def test_the_peak_of_the_gpus_users_run_from_nvidia_smis_own_names():
@@ -22,6 +28,18 @@ def test_the_peak_of_the_gpus_users_run_from_nvidia_smis_own_names():
     assert S.gpu_peak("NVIDIA H200") == ("H200", 989.0)
     assert S.gpu_peak("NVIDIA L40S") == ("L40S", 362.0) and S.gpu_peak("NVIDIA L4") == ("L4", 121.0)
     assert S.gpu_peak("NVIDIA GeForce RTX 4090") == ("RTX 4090", 165.0)
+    # the names nvidia-smi gives the other GPUs fine-tuning runs on: a wrong row here is an MFU
+    # that looks right and is not (the 'with sparsity' figures are twice these)
+    assert S.gpu_peak("NVIDIA H200 NVL") == ("H200 NVL", 835.0)  # (not the SXM H200's 989)
+    assert S.gpu_peak("NVIDIA H800 PCIe") == ("H800 PCIe", 756.0) and S.gpu_peak("NVIDIA H800") == ("H100 SXM", 989.0)
+    assert S.gpu_peak("NVIDIA H20") == ("H20", 148.0)  # (not an H200)
+    assert S.gpu_peak("NVIDIA GB200") == ("GB200", 2500.0) and S.gpu_peak("NVIDIA B200") == ("B200", 2250.0)
+    assert S.gpu_peak("NVIDIA L20") == ("L20", 119.5) and S.gpu_peak("NVIDIA L40") == ("L40", 181.0)
+    assert S.gpu_peak("NVIDIA A40") == ("A40", 149.7) and S.gpu_peak("NVIDIA A10") == ("A10", 125.0)
+    assert S.gpu_peak("NVIDIA A10G") is None  # (AWS's A10G is not the A10: unknown, the burn-in's GEMM instead)
+    assert S.gpu_peak("NVIDIA RTX 6000 Ada Generation") == ("RTX 6000 Ada", 364.2)
+    assert S.gpu_peak("NVIDIA RTX A6000") == ("RTX A6000", 154.8)
+    assert S.gpu_peak("NVIDIA GeForce RTX 3090") == ("RTX 3090", 71.0)
     assert S.gpu_peak("Tesla V100-SXM2-32GB") is None  # (no bf16: MFU unknown, said)
 
 
@@ -44,8 +62,9 @@ def test_mfu_against_a_hand_count():
     cpu = S.SpeedBasis(ranks=2, padding=True)
     assert cpu.mfu(1000) is None and S.tokens_text(1000, cpu) == "1,000 tokens/s (500 per rank, padding counted)"
     unknown = S.SpeedBasis(ranks=8, gpus=8, gpu="Tesla V100-SXM2-32GB", params=10**9)
-    assert unknown.mfu(1000) is None and unknown.mfu_basis() == ("MFU unknown: no dense bf16 peak known for "
-                                                                 "Tesla V100-SXM2-32GB")
+    assert unknown.mfu(1000) is None and unknown.mfu_basis() == (
+        "MFU unknown: no dense bf16 peak known for Tesla V100-SXM2-32GB and no burn-in measured them (`ftbundle "
+        "check --burn-in JOB` does: runs after it count MFU against its bf16 GEMM)")
 
 
 def test_the_basis_comes_from_the_checks_facts():
@@ -55,6 +74,104 @@ def test_the_basis_comes_from_the_checks_facts():
     assert (basis.gpus, basis.gpu, basis.peak_tflops, basis.params) == (2, "H100 SXM", 989.0, 10**9)
     assert S.basis_of(ClusterFacts(hosts), 2, False, uses_gpus=False).gpus == 0
     assert S.basis_of(None, 2, True, uses_gpus=True) == S.SpeedBasis(ranks=2, padding=True)
+
+
+RECORDED_BURNIN = SMI / "recorded" / "nvidia-h100-80gb-hbm3-x1.burnin.json"  # (a real H100's, 2026-11-27)
+
+
+def unknown_gpus(uuids: list[str], name: str = "NVIDIA A10G") -> list:
+    """GPUs of a kind ftbundle's table does not know (AWS's A10G), with these UUIDs."""
+    return [Gpu(name, "580.159.04", 23028, "8.6", str(i), uuid) for i, uuid in enumerate(uuids)]
+
+
+def test_a_gpu_the_table_does_not_know_counts_mfu_against_the_gemm_a_burn_in_measured_on_it():
+    # the burn-in's record, from a real H100 node's figures (bf16 GEMM 677.3 TFLOP/s)
+    node = json.loads(RECORDED_BURNIN.read_text())
+    figures, errors = figures_of("node0", node)
+    report = BurninReport(check_dir="/s/checks/burn-20261203-201000-ab12", figures=figures, nodes={"node0": node})
+    report.medians, report.slow = compare(figures)
+    at = 1796335800.0  # 2026-12-03 20:10 UTC
+    kept = gemm_record(report, "burn-20261203-201000-ab12", at)
+    uuid = node["devices"][0]["uuid"]
+    assert not errors and kept == {"check": "burn-20261203-201000-ab12", "at": at, "gpus": {
+        uuid: {"host": "node0", "device": "GPU 0", "name": "NVIDIA H100 80GB HBM3", "tflops": 677.3}}}
+    # ... a CPU burn-in keeps nothing there
+    cpu = BurninReport(figures=[Figure("node0", "cpu", "cpu_gemm_gflops", 64.6, lib="numpy 2.4.6")])
+    assert gemm_record(cpu, "c", at) is None
+    # the H100 is in the table: the data sheet wins, the burn-in is not read for it
+    report.gemm_kept = "/s/checks/gemm.json"
+    assert gemm_note(report) is None
+    h100 = [facts("node0", gpus=smi("h100-health.csv"), model={"params": 10**9}, gemm=kept)]
+    assert S.basis_of(ClusterFacts(h100), 1, False, uses_gpus=True).peak_tflops == 989.0
+
+    # two hosts of GPUs the table does not know, 8 GPUs measured by the burn-in, 8 not
+    measured = {f"GPU-a{i}": 60.0 + i for i in range(8)}
+    record = {"check": "burn-x", "at": at, "gpus": {u: {"host": "node0", "tflops": v} for u, v in measured.items()}}
+    hosts = [facts("node0", gpus=unknown_gpus(list(measured)), model={"params": 8_030_261_248}, gemm=record),
+             facts("node1", 1, gpus=unknown_gpus([f"GPU-b{i}" for i in range(8)]))]
+    basis = S.basis_of(ClusterFacts(hosts), 16, False, uses_gpus=True)
+    assert (basis.gpu, basis.peak_tflops, basis.gpus) == ("NVIDIA A10G", 63.5, 16)  # (the median of 60..67)
+    assert basis.peak_from == "the median bf16 GEMM the burn-in burn-x measured on 2026-12-03 on 8 of these 16 GPUs"
+    # MFU by hand: 6 x 8.03e9 x 1,000 tokens/s / (16 x 63.5e12) = 4.74%
+    assert basis.mfu(1000) == pytest.approx(6 * 8_030_261_248 * 1000 / (16 * 63.5e12))
+    assert f"{basis.mfu(1000):.2%}" == "4.74%"
+    assert basis.mfu_basis().endswith("over 16 x NVIDIA A10G at 63.5 TFLOP/s, the median bf16 GEMM the burn-in "
+                                      "burn-x measured on 2026-12-03 on 8 of these 16 GPUs (NVIDIA A10G has no "
+                                      "data-sheet peak in ftbundle's table)")
+    assert S.SpeedBasis.from_record(basis.record()) == basis  # (plan.json keeps it: `runs` counts the same)
+    # none of the run's GPUs measured, no record, a record that could not be read: MFU unknown, said
+    other = [facts("node0", gpus=unknown_gpus(["GPU-c0"]), model={"params": 10**9}, gemm=record)]
+    for host in (other, [facts("node0", gpus=unknown_gpus(["GPU-a0"]), model={"params": 10**9})]):
+        unknown = S.basis_of(ClusterFacts(host), 1, False, uses_gpus=True)
+        assert unknown.peak_tflops is None and unknown.mfu(1000) is None and unknown.no_peak is None
+        assert unknown.mfu_basis().startswith("MFU unknown: no dense bf16 peak known for NVIDIA A10G and no burn-in")
+    broken = [facts("node0", gpus=unknown_gpus(["GPU-a0"]), model={"params": 10**9},
+                    gemm={"error": "/s/checks/gemm.json: not JSON (Expecting value: line 1 column 1 (char 0))"})]
+    said = S.basis_of(ClusterFacts(broken), 1, False, uses_gpus=True).mfu_basis()
+    assert said.endswith("; the burn-in's record could not be read: /s/checks/gemm.json: not JSON (Expecting value: "
+                         "line 1 column 1 (char 0))"), said
+    # measured figures that are not numbers count for nothing
+    odd = {"check": "x", "gpus": {"GPU-a0": {"tflops": "fast"}, "GPU-a1": {"tflops": 0}, "GPU-a2": None}}
+    assert S.measured_peak(odd, ["GPU-a0", "GPU-a1", "GPU-a2"]) is None
+
+
+def test_the_burn_in_says_which_gpus_later_runs_count_mfu_for_against_its_gemm():
+    node = json.loads(RECORDED_BURNIN.read_text())
+    node["devices"][0]["name"] = "NVIDIA A10G"
+    figures, _ = figures_of("node0", node)
+    report = BurninReport(check_dir="/s/checks/b", figures=figures, nodes={"node0": node})
+    report.medians, report.slow = compare(figures)
+    assert gemm_note(report) is None  # (nothing kept: nothing said)
+    report.gemm_kept = "/s/checks/gemm.json"
+    assert gemm_note(report) == ("NVIDIA A10G: not in ftbundle's table of data-sheet bf16 peaks; later runs on these "
+                                 "GPUs count MFU against the bf16 GEMM measured here (median 677 TFLOP/s), kept in "
+                                 "/s/checks/gemm.json")
+
+
+def test_a_run_on_gpus_the_table_does_not_know_says_its_mfu_basis_before_it_starts(tmp_path):
+    lora = job_of(tmp_path, train={"llamafactory": {"model_name_or_path": "org/model", "output_dir": "/shared/out",
+                                                    "stage": "sft", "finetuning_type": "lora"}})
+    layout = make_layout(lora, [Host("node0", "10.0.0.10")], "r1")
+    measured = {"check": "burn-x", "at": 1796335800.0, "gpus": {"GPU-a0": {"tflops": 61.2}}}
+
+    def mfu_notes(gpus, gemm, job_layout=layout):
+        model = {"params": 10**9} if job_layout is layout else None  # (a script's model is not counted)
+        plan = make_plan(job_layout, ClusterFacts([facts("node0", gpus=gpus, model=model, gemm=gemm)]))
+        return plan, [n for n in plan.notes if n.startswith("MFU")]
+
+    plan, said = mfu_notes(unknown_gpus(["GPU-a0"]), measured)
+    assert plan.speed.peak_tflops == 61.2 and said == [
+        "MFU counted against 61.2 TFLOP/s, the median bf16 GEMM the burn-in burn-x measured on 2026-12-03 on 1 of "
+        "these 1 GPUs"]
+    _, said = mfu_notes(unknown_gpus(["GPU-a0"]), None)
+    assert len(said) == 1 and said[0].startswith("MFU unknown: no dense bf16 peak known for NVIDIA A10G"), said
+    # GPUs the table knows: nothing said before the run (the summary says the basis)
+    _, said = mfu_notes(smi("h100-health.csv"), measured)
+    assert said == []
+    # a script's model is not counted (no MFU): nothing said of its peak, which plan.json still keeps
+    script = make_layout(job_of(tmp_path), [Host("node0", "10.0.0.10")], "r1")
+    plan, said = mfu_notes(unknown_gpus(["GPU-a0"]), measured, script)
+    assert said == [] and plan.to_dict()["speed"]["peak_tflops"] == 61.2
 
 
 def record(step: int, tokens: int, elapsed: str) -> dict:
@@ -200,3 +317,40 @@ def test_the_curve_of_a_short_run_is_every_record():
         p.feed_record({"current_steps": step, "total_steps": 3, "loss": float(step)})
     p.feed_record({"current_steps": 3, "total_steps": 3, "train_runtime": 1.0})  # (the end: no loss)
     assert [r["current_steps"] for r in p.plot_records()] == [1, 2, 3] == [r["current_steps"] for r in p.records]
+
+
+def test_rank_0s_probe_reads_the_burn_ins_record_and_nothing_else_asks_it(tmp_path):
+    from ftbundle.check import probe_spec
+    from ftbundle.remote import probe
+
+    lora = job_of(tmp_path, train={"llamafactory": {"model_name_or_path": "org/model", "output_dir": "/shared/out"}})
+    two = [Host("node0", "10.0.0.10"), Host("node1", "10.0.0.11")]
+
+    def asked(job, rank):
+        return probe_spec(make_layout(job, two, "r1"), rank, token=None, expect=None, port_peers=None).get("gemm")
+
+    assert asked(lora, 0) == "/shared/checks/gemm.json" and asked(lora, 1) is None
+    assert asked(job_of(tmp_path), 0) == "/shared/checks/gemm.json"  # (a script may count its tokens)
+    assert asked(job_of(tmp_path, gpus_per_node=0), 0) is None  # (a CPU job asks nothing)
+    assert asked(job_of(tmp_path, train={"command": "true"}), 0) is None  # (a command job has no speed)
+
+    path = tmp_path / "gemm.json"
+
+    def read():
+        out = {}
+        probe.gemm({"gemm": str(path)}, out)
+        return out.get("gemm")
+
+    assert read() is None  # (no burn-in yet: no record, nothing said)
+    kept = {"check": "burn-x", "at": 1796335800.0, "gpus": {"GPU-a0": {"host": "node0", "tflops": 61.2}}}
+    path.write_text(json.dumps(kept))
+    assert read() == kept
+    path.write_text("{\"check\": ")
+    assert read()["error"].startswith(f"{path}: not JSON (")
+    path.write_text("[]")
+    assert read() == {"error": f"{path}: not a JSON object"}
+    path.write_bytes(b" " * (probe.GEMM_MAX_BYTES + 1))
+    assert read() == {"error": f"{path}: over 4 MB, not read"}
+    path.unlink()
+    path.mkdir()
+    assert read() == {"error": f"{path}: Is a directory"}
