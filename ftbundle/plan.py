@@ -295,12 +295,13 @@ def make_plan(layout: Layout, facts: ClusterFacts | None = None) -> Plan:
         import yaml
 
         files[LLAMAFACTORY_CONFIG] = yaml.safe_dump(staged, sort_keys=False)
-        speed = basis_of(facts, sum(counts), padding, uses_gpus=uses_gpus(job, facts))
+        speed = basis_of(facts, sum(counts), padding, uses_gpus=uses_gpus(job, facts), nprocs=nprocs, env=job.env)
     elif job.train.mode == "script":  # (tokens/s when the script counts its own: shims/steptimes.py StepClock)
-        speed = basis_of(facts, sum(counts), None, uses_gpus=uses_gpus(job, facts))
+        speed = basis_of(facts, sum(counts), None, uses_gpus=uses_gpus(job, facts), nprocs=nprocs, env=job.env)
     if speed is not None and speed.gpus and speed.params and (speed.peak_from or not speed.peak_tflops):
         # (GPUs the table does not know: said before the run, not found in its summary)
-        notes.append(f"MFU counted against {speed.peak_tflops:g} TFLOP/s, {speed.peak_from}" if speed.peak_tflops
+        notes.append(f"MFU counted against {speed.mix or f'{speed.peak_tflops:g} TFLOP/s'}, {speed.peak_from}"
+                     if speed.peak_tflops
                      else speed.mfu_basis())
 
     lf_env = llamafactory.credential_env(layout.lf_secrets)

@@ -13,7 +13,8 @@ compare (issue 47 item 1). Pure.
   usual convention, not the work done: said in the basis. The peak of the GPU the job uses,
   from :data:`PEAK_BF16_TFLOPS`; a GPU not there: the median bf16 GEMM the newest burn-in
   measured on the run's GPUs (``ftbundle check --burn-in``, kept in ``<shared_dir>/checks/gemm.json``
-  and read by rank 0's probe), said as such; with neither, MFU unknown, said.
+  and read by rank 0's probe), said as such; with neither, MFU unknown, said. A fleet of mixed
+  GPUs: the sum of the peaks of the GPUs its ranks run on (a rank a GPU), said GPU by GPU.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class SpeedBasis:
     padding: bool | None = None  # whether the token count includes padding (None: no count)
     peak_from: str | None = None  # the peak is a burn-in's measured bf16 GEMM: which, on how many GPUs
     no_peak: str | None = None  # why no measured peak could be read either (the burn-in's record unreadable)
+    mix: str | None = None  # a fleet of mixed GPUs: how many of each at which peak (peak_tflops: their mean)
 
     @property
     def flops_per_token(self) -> float | None:
@@ -117,7 +119,7 @@ class SpeedBasis:
             return None
         return cls(ranks=ranks, gpus=gpus, gpu=of("gpu", str), peak_tflops=of("peak_tflops", (int, float)),
                    params=of("params", int), padding=of("padding", bool), peak_from=of("peak_from", str),
-                   no_peak=of("no_peak", str))
+                   no_peak=of("no_peak", str), mix=of("mix", str))
 
     def record(self) -> dict:
         """plan.json's "speed": what a run without summary.json is counted against (`runs`), and
@@ -136,37 +138,79 @@ class SpeedBasis:
             return (f"MFU unknown: no dense bf16 peak known for {self.gpu or 'these GPUs'} and no burn-in measured "
                     "them (`ftbundle check --burn-in JOB` does: runs after it count MFU against its bf16 GEMM)"
                     + (f"; {self.no_peak}" if self.no_peak else ""))
-        at = (f"{self.peak_tflops:g} TFLOP/s, {self.peak_from} ({self.gpu} has no data-sheet peak in ftbundle's "
-              "table)" if self.peak_from else f"{self.peak_tflops:g} TFLOP/s dense bf16")
+        over = (f"{self.mix} dense bf16 (their sum; a GPU's mean {self.peak_tflops:g})" if self.mix
+                else f"{self.gpus} x {self.gpu} at {self.peak_tflops:g} TFLOP/s")
+        if self.peak_from:
+            over += f", {self.peak_from}"
+        elif not self.mix:
+            over += " dense bf16"
         return (f"6 x {self.params / 1e9:.2f}B parameters per token (attention's own FLOPs not counted; with "
-                f"LoRA the frozen weights' gradients are not computed either) over {self.gpus} x {self.gpu} at {at}")
+                f"LoRA the frozen weights' gradients are not computed either) over {over}")
 
 
-def basis_of(facts, ranks: int, padding: bool | None, uses_gpus: bool) -> SpeedBasis:
-    """The run's SpeedBasis from the hosts' facts (ftbundle.facts.ClusterFacts, or None)."""
-    params = gpu = peak = peak_from = no_peak = None
+def basis_of(facts, ranks: int, padding: bool | None, uses_gpus: bool, nprocs: dict[str, int] | None = None,
+             env: dict[str, str] | None = None) -> SpeedBasis:
+    """The run's SpeedBasis from the hosts' facts (ftbundle.facts.ClusterFacts, or None):
+    ``nprocs``, each host's ranks (default: ``ranks`` spread evenly over the hosts with GPUs),
+    each on one of the GPUs the job's ``env`` lets it see there. On a fleet of mixed GPUs
+    the peak is their mean, each rank's GPU counted: MFU against the sum of their peaks."""
+    params = None
     if facts is not None:
         model = next((f.model for f in facts.hosts if getattr(f, "model", None)), None)
         params = int(model["params"]) if model and model.get("params") else None
-        names = [g.name for f in facts.hosts for g in f.gpus]
-        if names and uses_gpus:
-            found = gpu_peak(names[0])
-            gpu, peak = (found[0], found[1]) if found else (names[0], None)
-            if found is None:
-                record = next((f.gemm for f in facts.hosts if getattr(f, "gemm", None)), None)
-                measured = measured_peak(record, [g.uuid for f in facts.hosts for g in f.gpus])
-                if isinstance(measured, tuple):
-                    peak, peak_from = measured
-                else:
-                    no_peak = measured
-    return SpeedBasis(ranks=ranks, gpus=ranks if uses_gpus and gpu else 0, gpu=gpu, peak_tflops=peak,
-                      params=params, padding=padding, peak_from=peak_from, no_peak=no_peak)
+    used = _used_gpus(facts, ranks, nprocs, env or {}) if facts is not None and uses_gpus else []
+    if not used:
+        return SpeedBasis(ranks=ranks, params=params, padding=padding)
+    record = next((f.gemm for f in facts.hosts if getattr(f, "gemm", None)), None)
+    peaks: dict[str, tuple[str, float | None]] = {}  # a GPU's name -> (the table's name for it, its peak)
+    peak_from = no_peak = None
+    for name in dict.fromkeys(g.name for g in used):
+        found = gpu_peak(name)
+        if found is None:
+            measured = measured_peak(record, [g.uuid for g in used if g.name == name])
+            if isinstance(measured, tuple):
+                found = (name, measured[0])
+                peak_from = f"{measured[1]} ({name} has no data-sheet peak in ftbundle's table)"
+            else:
+                no_peak = no_peak or measured
+        peaks[name] = found or (name, None)
+    missing = [label for label, peak in peaks.values() if peak is None]
+    labels = list(dict.fromkeys(label for label, _ in peaks.values()))
+    if missing:  # (one GPU of unknown peak: the whole fleet's MFU is unknown, that GPU named)
+        return SpeedBasis(ranks=ranks, gpus=ranks, gpu=", ".join(missing), params=params, padding=padding,
+                          no_peak=no_peak)
+    total = sum(peaks[g.name][1] for g in used)
+    mix = None
+    if len(labels) > 1:
+        counted: dict[str, int] = {}
+        for g in used:
+            counted[peaks[g.name][0]] = counted.get(peaks[g.name][0], 0) + 1
+        at = {label: peak for label, peak in peaks.values()}
+        mix = " + ".join(f"{n} x {label} at {at[label]:g}" for label, n in counted.items()) + " TFLOP/s"
+    return SpeedBasis(ranks=ranks, gpus=ranks, gpu=", ".join(labels), peak_tflops=total / len(used),
+                      params=params, padding=padding, peak_from=peak_from, mix=mix)
+
+
+def _used_gpus(facts, ranks: int, nprocs: dict[str, int] | None, env: dict[str, str]) -> list:
+    """The GPUs the ranks run on, a rank each: on each host the first of those the job sees."""
+    hosts = [f for f in facts.reached if f.gpus]
+    if not hosts or ranks <= 0:
+        return []
+    if nprocs is None:
+        share, extra = divmod(ranks, len(hosts))
+        nprocs = {f.host: share + (1 if i < extra else 0) for i, f in enumerate(hosts)}
+    used = []
+    for f in hosts:
+        seen = f.visible_gpus(env) or f.gpus
+        used += seen[:nprocs.get(f.host, 0)]
+    return used
 
 
 def measured_peak(record: dict | None, uuids: list[str | None]) -> tuple[float, str] | str | None:
     """The median bf16 GEMM the newest burn-in measured on these GPUs (``uuids``: the run's
-    hosts'), from its record (check/burnin.py ``gemm_record``, read by rank 0's probe), and the
-    words that say so; a string: why it could not be read; None: no record, or none of them in it."""
+    GPUs of one kind), from its record (check/burnin.py ``gemm_record``, read by rank 0's
+    probe), and the words that say so; a string: why it could not be read; None: no record,
+    or none of them in it."""
     if not record:
         return None
     if record.get("error"):

@@ -111,7 +111,8 @@ def test_a_gpu_the_table_does_not_know_counts_mfu_against_the_gemm_a_burn_in_mea
              facts("node1", 1, gpus=unknown_gpus([f"GPU-b{i}" for i in range(8)]))]
     basis = S.basis_of(ClusterFacts(hosts), 16, False, uses_gpus=True)
     assert (basis.gpu, basis.peak_tflops, basis.gpus) == ("NVIDIA A10G", 63.5, 16)  # (the median of 60..67)
-    assert basis.peak_from == "the median bf16 GEMM the burn-in burn-x measured on 2026-12-03 on 8 of these 16 GPUs"
+    assert basis.peak_from == ("the median bf16 GEMM the burn-in burn-x measured on 2026-12-03 on 8 of these 16 GPUs "
+                               "(NVIDIA A10G has no data-sheet peak in ftbundle's table)")
     # MFU by hand: 6 x 8.03e9 x 1,000 tokens/s / (16 x 63.5e12) = 4.74%
     assert basis.mfu(1000) == pytest.approx(6 * 8_030_261_248 * 1000 / (16 * 63.5e12))
     assert f"{basis.mfu(1000):.2%}" == "4.74%"
@@ -133,6 +134,43 @@ def test_a_gpu_the_table_does_not_know_counts_mfu_against_the_gemm_a_burn_in_mea
     # measured figures that are not numbers count for nothing
     odd = {"check": "x", "gpus": {"GPU-a0": {"tflops": "fast"}, "GPU-a1": {"tflops": 0}, "GPU-a2": None}}
     assert S.measured_peak(odd, ["GPU-a0", "GPU-a1", "GPU-a2"]) is None
+
+
+def test_a_fleet_of_mixed_gpus_counts_mfu_against_the_sum_of_the_peaks_its_ranks_run_on():
+    # node0: 8 x H100 SXM (989), node1: 4 x A100 (312), a rank a GPU: 8 x 989 + 4 x 312 = 9,160 TFLOP/s
+    # (the first host's GPU for all twelve said 11,868: an MFU 23% too low, and 'looks right')
+    hosts = [facts("node0", gpus=smi("h100-x8.csv"), model={"params": 8_030_261_248}),
+             facts("node1", 1, gpus=smi("a100-x4.csv"))]
+    basis = S.basis_of(ClusterFacts(hosts), 12, False, uses_gpus=True, nprocs={"node0": 8, "node1": 4})
+    assert (basis.gpus, basis.gpu, basis.mix) == (12, "H100 SXM, A100", "8 x H100 SXM at 989 + 4 x A100 at 312 TFLOP/s")
+    assert basis.mfu(20_000) == pytest.approx(6 * 8_030_261_248 * 20_000 / (9160e12))
+    assert f"{basis.mfu(20_000):.2%}" == "10.52%"
+    assert basis.mfu_basis().endswith("over 8 x H100 SXM at 989 + 4 x A100 at 312 TFLOP/s dense bf16 (their sum; "
+                                      "a GPU's mean 763.333)"), basis.mfu_basis()
+    assert S.SpeedBasis.from_record(basis.record()) == basis
+    # two ranks a host: only the GPUs they run on count; a host of mixed GPUs (two H100, then an A100)
+    # and the job's CUDA_VISIBLE_DEVICES choosing its A100 first
+    two = S.basis_of(ClusterFacts(hosts), 4, False, uses_gpus=True, nprocs={"node0": 2, "node1": 2})
+    assert (two.mix, two.peak_tflops) == ("2 x H100 SXM at 989 + 2 x A100 at 312 TFLOP/s", 650.5)
+    mixed = [facts("node0", gpus=smi("mixed-h100-a100.csv"), model={"params": 10**9})]
+    assert S.basis_of(ClusterFacts(mixed), 2, False, uses_gpus=True, nprocs={"node0": 2}).mix is None  # (H100 x 2)
+    picked = S.basis_of(ClusterFacts(mixed), 2, False, uses_gpus=True, nprocs={"node0": 2},
+                        env={"CUDA_VISIBLE_DEVICES": "2,0"})
+    assert picked.mix == "1 x A100 at 312 + 1 x H100 SXM at 989 TFLOP/s"
+    # one kind the table does not know, and no burn-in of it: the whole fleet's MFU unknown, that GPU named
+    odd = [facts("node0", gpus=smi("h100-x8.csv"), model={"params": 10**9}),
+           facts("node1", 1, gpus=unknown_gpus(["GPU-b0"]))]
+    unknown = S.basis_of(ClusterFacts(odd), 2, False, uses_gpus=True, nprocs={"node0": 1, "node1": 1})
+    assert unknown.mfu(1000) is None and unknown.mfu_basis().startswith(
+        "MFU unknown: no dense bf16 peak known for NVIDIA A10G and no burn-in measured them")
+    # ... measured by a burn-in: counted against the table's peak and the measured GEMM together
+    gemm = {"check": "burn-x", "at": 1796335800.0, "gpus": {"GPU-b0": {"tflops": 61.2}}}
+    rank0 = facts("node0", gpus=smi("h100-x8.csv"), model={"params": 10**9}, gemm=gemm)  # (rank 0's probe reads it)
+    both = S.basis_of(ClusterFacts([rank0, odd[1]]), 2, False, uses_gpus=True, nprocs={"node0": 1, "node1": 1})
+    assert both.mix == "1 x H100 SXM at 989 + 1 x NVIDIA A10G at 61.2 TFLOP/s" and both.peak_tflops == 525.1
+    assert both.mfu_basis().endswith("(their sum; a GPU's mean 525.1), the median bf16 GEMM the burn-in burn-x "
+                                     "measured on 2026-12-03 on 1 of these 1 GPUs (NVIDIA A10G has no data-sheet "
+                                     "peak in ftbundle's table)"), both.mfu_basis()
 
 
 def test_the_burn_in_says_which_gpus_later_runs_count_mfu_for_against_its_gemm():
@@ -162,7 +200,7 @@ def test_a_run_on_gpus_the_table_does_not_know_says_its_mfu_basis_before_it_star
     plan, said = mfu_notes(unknown_gpus(["GPU-a0"]), measured)
     assert plan.speed.peak_tflops == 61.2 and said == [
         "MFU counted against 61.2 TFLOP/s, the median bf16 GEMM the burn-in burn-x measured on 2026-12-03 on 1 of "
-        "these 1 GPUs"]
+        "these 1 GPUs (NVIDIA A10G has no data-sheet peak in ftbundle's table)"]
     _, said = mfu_notes(unknown_gpus(["GPU-a0"]), None)
     assert len(said) == 1 and said[0].startswith("MFU unknown: no dense bf16 peak known for NVIDIA A10G"), said
     # GPUs the table knows: nothing said before the run (the summary says the basis)
@@ -241,13 +279,15 @@ def test_a_script_counts_its_tokens_through_the_step_clock(tmp_path):
         lines.append((tmp_path / f"a1.steps.{rank}").read_text().strip())
     ranks = parse_steps(";".join(lines))
     assert [(r.local_rank, r.steps, r.tokens) for r in ranks] == [(0, 6, 2560), (1, 6, 2560)]  # (5 steps after the first)
-    assert all(0.09 <= r.tokens_s <= 0.5 for r in ranks), ranks
+    # (5 sleeps of 20 ms at least; a loaded machine stretches them: 0.7 s seen beside a Molecule run, so
+    # the bound above only catches a unit mistake, milliseconds for seconds)
+    assert all(0.09 <= r.tokens_s <= 5.0 for r in ranks), ranks
     p = Progress()
     p.feed_steps("node0", lines[0])
     p.feed_steps("node1", lines[1])
     rate = p.tokens_per_s()
     assert rate == pytest.approx(sum(r.tokens / r.tokens_s for r in ranks))
-    assert 2 * 512 / 0.5 <= rate <= 2 * 512 / 0.02  # about 2 x 512 tokens every 20 ms
+    assert 2 * 512 / 5.0 <= rate <= 2 * 512 / 0.02  # about 2 x 512 tokens every 20 ms
     plain = StepClock(str(tmp_path / "b.steps"), "0")
     plain.begin()
     plain.mark()
