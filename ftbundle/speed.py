@@ -163,14 +163,15 @@ def basis_of(facts, ranks: int, padding: bool | None, uses_gpus: bool, nprocs: d
         return SpeedBasis(ranks=ranks, params=params, padding=padding)
     record = next((f.gemm for f in facts.hosts if getattr(f, "gemm", None)), None)
     peaks: dict[str, tuple[str, float | None]] = {}  # a GPU's name -> (the table's name for it, its peak)
-    peak_from = no_peak = None
+    measured_from: list[str] = []
+    no_peak = None
     for name in dict.fromkeys(g.name for g in used):
         found = gpu_peak(name)
         if found is None:
             measured = measured_peak(record, [g.uuid for g in used if g.name == name])
             if isinstance(measured, tuple):
                 found = (name, measured[0])
-                peak_from = f"{measured[1]} ({name} has no data-sheet peak in ftbundle's table)"
+                measured_from.append(f"{measured[1]} ({name} has no data-sheet peak in ftbundle's table)")
             else:
                 no_peak = no_peak or measured
         peaks[name] = found or (name, None)
@@ -188,7 +189,7 @@ def basis_of(facts, ranks: int, padding: bool | None, uses_gpus: bool, nprocs: d
         at = {label: peak for label, peak in peaks.values()}
         mix = " + ".join(f"{n} x {label} at {at[label]:g}" for label, n in counted.items()) + " TFLOP/s"
     return SpeedBasis(ranks=ranks, gpus=ranks, gpu=", ".join(labels), peak_tflops=total / len(used),
-                      params=params, padding=padding, peak_from=peak_from, mix=mix)
+                      params=params, padding=padding, peak_from="; ".join(measured_from) or None, mix=mix)
 
 
 def _used_gpus(facts, ranks: int, nprocs: dict[str, int] | None, env: dict[str, str]) -> list:
