@@ -191,6 +191,7 @@ def test_gpus_the_table_does_not_know_are_counted_against_the_gemm_a_burn_in_kep
     done = ftbundle("run", str(job), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     speed = json.loads((only_run_dir(shared) / "plan.json").read_text())["speed"]
-    assert (speed["gpu"], speed["gpus"], speed["peak_tflops"]) == ("NVIDIA A10G", 2, 63.5), speed  # (median of 60..67)
+    # a rank a host, on its GPU 0: node0's measured 60.0, node1's not measured (the median of what was)
+    assert (speed["gpu"], speed["gpus"], speed["peak_tflops"]) == ("NVIDIA A10G", 2, 60.0), speed
     assert speed["peak_from"].startswith("the median bf16 GEMM the burn-in burn-x measured on ") and \
-        speed["peak_from"].endswith(" on 8 of these 16 GPUs"), speed
+        speed["peak_from"].endswith(" on 1 of these 2 GPUs (NVIDIA A10G has no data-sheet peak in ftbundle's table)"), speed
