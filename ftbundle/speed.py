@@ -19,6 +19,7 @@ compare (issue 47 item 1). Pure.
 
 from __future__ import annotations
 
+import collections
 import re
 import statistics
 import time
@@ -183,10 +184,8 @@ def basis_of(facts, ranks: int, padding: bool | None, uses_gpus: bool, nprocs: d
     total = sum(peaks[g.name][1] for g in used)
     mix = None
     if len(labels) > 1:
-        counted: dict[str, int] = {}
-        for g in used:
-            counted[peaks[g.name][0]] = counted.get(peaks[g.name][0], 0) + 1
-        at = {label: peak for label, peak in peaks.values()}
+        at = dict(peaks.values())  # the table's name -> its peak
+        counted = collections.Counter(peaks[g.name][0] for g in used)
         mix = " + ".join(f"{n} x {label} at {at[label]:g}" for label, n in counted.items()) + " TFLOP/s"
     return SpeedBasis(ranks=ranks, gpus=ranks, gpu=", ".join(labels), peak_tflops=total / len(used),
                       params=params, padding=padding, peak_from="; ".join(measured_from) or None, mix=mix)

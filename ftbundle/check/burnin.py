@@ -231,13 +231,18 @@ def gemm_record(report: BurninReport, check: str, at: float) -> dict | None:
     their GPUs (ftbundle/speed.py ``basis_of``), kept as ``<shared_dir>/checks/gemm.json``:
     each measured GPU's bf16 GEMM by its UUID, with its host and name. None: no GPU measured
     (a CPU burn-in keeps nothing there). The newest GPU burn-in's record replaces the last."""
-    names = {str(d.get("uuid")): d.get("name") for result in report.nodes.values()
-             for d in result.get("devices", []) if isinstance(d, dict) and d.get("uuid")}
+    names = _gpu_names(report)
     gpus = {f.uuid: {"host": f.host, "device": f.device, "name": names.get(f.uuid), "tflops": round(f.value, 2)}
             for f in report.figures if f.metric == "gemm_bf16_tflops" and f.uuid}
     if not gpus:
         return None
     return {"check": check, "at": round(at, 3), "gpus": gpus}
+
+
+def _gpu_names(report: BurninReport) -> dict[str, str]:
+    """Each measured GPU's name by its UUID, from the node results (the figures carry no name)."""
+    return {str(d["uuid"]): d.get("name") for result in report.nodes.values()
+            for d in result.get("devices", []) if isinstance(d, dict) and d.get("uuid")}
 
 
 def gemm_note(report: BurninReport) -> str | None:
@@ -246,9 +251,10 @@ def gemm_note(report: BurninReport) -> str | None:
 
     if not report.gemm_kept:
         return None
-    names = sorted({str(d.get("name")) for result in report.nodes.values() for d in result.get("devices", [])
-                    if isinstance(d, dict) and d.get("name") and isinstance(d.get("gemm_bf16_tflops"), (int, float))})
-    unknown = [name for name in names if gpu_peak(name) is None]
+    names = _gpu_names(report)
+    measured = sorted({str(names[f.uuid]) for f in report.figures
+                       if f.metric == "gemm_bf16_tflops" and names.get(f.uuid)})
+    unknown = [name for name in measured if gpu_peak(name) is None]
     if not unknown or "gemm_bf16_tflops" not in report.medians:
         return None
     return (f"{', '.join(unknown)}: not in ftbundle's table of data-sheet bf16 peaks; later runs on these GPUs count "
