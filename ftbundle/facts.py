@@ -202,7 +202,7 @@ class HostFacts:
     fingerprints: dict[str, dict] = field(default_factory=dict)  # the job's node-local files' bytes (remote/probe_files.py)
     model: dict | None = None  # the model's parameters, files and config (rank 0: remote/probe_files.py)
     tokenized: dict | None = None  # the kept tokenized dataset's key and state (rank 0: remote/probe_tokenized.py)
-    gemm: dict | None = None  # the newest GPU burn-in's bf16 GEMM of each GPU, or {"error"} (rank 0: remote/probe.py gemm)
+    gemm: dict | None = None  # each GPU's bf16 GEMM as its last burn-in measured it, or {"error"} (rank 0: remote/probe.py gemm)
     wandb_login: dict | None = None  # where rank 0's wandb would find a key (remote/probe.py wandb_login)
     servers: dict | None = None  # whether rank 0 reaches its trackers' servers (remote/probe.py servers)
     mlruns: str | None = None  # rank 0's ./mlruns where it holds runs and no URI is set: MLflow's default then

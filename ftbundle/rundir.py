@@ -92,7 +92,7 @@ def tokenized_dir(shared_dir: str) -> str:
     return posixpath.join(shared_dir, TOKENIZED)
 
 
-GEMM = "gemm.json"  # under checks/: the bf16 GEMM the newest GPU burn-in measured on each GPU (check/burnin.py)
+GEMM = "gemm.json"  # under checks/: the bf16 GEMM the last burn-in of each GPU measured on it (check/burnin.py)
 
 
 def gemm_record(shared_dir: str) -> str:

@@ -11,8 +11,8 @@ compare (issue 47 item 1). Pure.
   check (rank 0's probe); attention's own FLOPs (12 x layers x hidden x sequence) are left
   out, and with LoRA the frozen weights' gradients are not computed, so the count is the
   usual convention, not the work done: said in the basis. The peak of the GPU the job uses,
-  from :data:`PEAK_BF16_TFLOPS`; a GPU not there: the median bf16 GEMM the newest burn-in
-  measured on the run's GPUs (``ftbundle check --burn-in``, kept in ``<shared_dir>/checks/gemm.json``
+  from :data:`PEAK_BF16_TFLOPS`; a GPU not there: the median bf16 GEMM measured on the run's
+  GPUs, each by its last burn-in (``ftbundle check --burn-in``, kept in ``<shared_dir>/checks/gemm.json``
   and read by rank 0's probe), said as such; with neither, MFU unknown, said. A fleet of mixed
   GPUs: the sum of the peaks of the GPUs its ranks run on (a rank a GPU), said GPU by GPU.
 """
@@ -207,24 +207,33 @@ def _used_gpus(facts, ranks: int, nprocs: dict[str, int] | None, env: dict[str, 
 
 
 def measured_peak(record: dict | None, uuids: list[str | None]) -> tuple[float, str] | str | None:
-    """The median bf16 GEMM the newest burn-in measured on these GPUs (``uuids``: the run's
-    GPUs of one kind), from its record (check/burnin.py ``gemm_record``, read by rank 0's
-    probe), and the words that say so; a string: why it could not be read; None: no record,
-    or none of them in it."""
+    """The median bf16 GEMM the burn-ins measured on these GPUs (``uuids``: the run's GPUs of
+    one kind), from their record (check/burnin.py ``gemm_record``, read by rank 0's probe: each
+    GPU with the burn-in that measured it last), and the words that say so; a string: why it
+    could not be read; None: no record, or none of them in it."""
     if not record:
         return None
     if record.get("error"):
         return f"the burn-in's record could not be read: {record['error']}"
     gpus = record.get("gpus") if isinstance(record.get("gpus"), dict) else {}
-    figures = [gpus[u]["tflops"] for u in uuids if u and isinstance(gpus.get(u), dict)
-               and isinstance(gpus[u].get("tflops"), (int, float)) and gpus[u]["tflops"] > 0]
-    if not figures:
+    found = [gpus[u] for u in uuids if u and isinstance(gpus.get(u), dict)
+             and isinstance(gpus[u].get("tflops"), (int, float)) and gpus[u]["tflops"] > 0]
+    if not found:
         return None
-    at = record.get("at")
-    when = (time.strftime(" on %Y-%m-%d", time.gmtime(at)) if isinstance(at, (int, float)) else "")
-    return (round(statistics.median(figures), 1),
-            f"the median bf16 GEMM the burn-in {record.get('check', '?')} measured{when} on {len(figures)} of "
-            f"these {len(uuids)} GPUs")
+    by = collections.Counter((g.get("check", record.get("check")), g.get("at", record.get("at"))) for g in found)
+    if len(by) == 1:
+        ((check, at),) = by
+        said = f"the burn-in {check or '?'} measured{_on_day(at)}"
+    else:  # (burn-ins of parts of the fleet: each named, newest first, with how many GPUs it measured)
+        newest = sorted(by, key=lambda k: k[1] if isinstance(k[1], (int, float)) else 0, reverse=True)
+        said = "the burn-ins " + ", ".join(f"{check or '?'}{_on_day(at)} ({by[check, at]})"
+                                           for check, at in newest) + " measured"
+    return (round(statistics.median(g["tflops"] for g in found), 1),
+            f"the median bf16 GEMM {said} on {len(found)} of these {len(uuids)} GPUs")
+
+
+def _on_day(at) -> str:
+    return time.strftime(" on %Y-%m-%d", time.gmtime(at)) if isinstance(at, (int, float)) else ""
 
 
 def tokens_text(tokens_per_s: float, basis: SpeedBasis) -> str:

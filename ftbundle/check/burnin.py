@@ -226,17 +226,28 @@ def late_notes(host: str, result: dict, names: list[str]) -> list[str]:
     return []
 
 
-def gemm_record(report: BurninReport, check: str, at: float) -> dict | None:
+def gemm_record(report: BurninReport, check: str, at: float, kept: dict | None = None) -> dict | None:
     """What later runs count MFU against where ftbundle's table knows no dense bf16 peak for
     their GPUs (ftbundle/speed.py ``basis_of``), kept as ``<shared_dir>/checks/gemm.json``:
-    each measured GPU's bf16 GEMM by its UUID, with its host and name. None: no GPU measured
-    (a CPU burn-in keeps nothing there). The newest GPU burn-in's record replaces the last."""
+    each measured GPU's bf16 GEMM by its UUID, with its host, name, and the burn-in (``check``,
+    ``at``) that measured it. None: no GPU measured (a CPU burn-in keeps nothing there).
+    ``kept``: the record there before: the GPUs measured now replace theirs, the others keep
+    theirs (a burn-in of part of the fleet does not lose the rest's figures)."""
     names = _gpu_names(report)
-    gpus = {f.uuid: {"host": f.host, "device": f.device, "name": names.get(f.uuid), "tflops": round(f.value, 2)}
+    at = round(at, 3)
+    gpus = {f.uuid: {"host": f.host, "device": f.device, "name": names.get(f.uuid), "tflops": round(f.value, 2),
+                     "check": check, "at": at}
             for f in report.figures if f.metric == "gemm_bf16_tflops" and f.uuid}
     if not gpus:
         return None
-    return {"check": check, "at": round(at, 3), "gpus": gpus}
+    before = kept.get("gpus") if isinstance(kept, dict) and isinstance(kept.get("gpus"), dict) else {}
+    older = {}
+    for uuid, gpu in before.items():
+        if uuid in gpus or not isinstance(gpu, dict):
+            continue
+        # (a record written before each GPU carried its own burn-in: the record's own id and time)
+        older[uuid] = {"check": kept.get("check"), "at": kept.get("at"), **gpu}
+    return {"check": check, "at": at, "gpus": {**older, **gpus}}
 
 
 def _gpu_names(report: BurninReport) -> dict[str, str]:
@@ -313,6 +324,33 @@ def _read_node(cluster: Cluster, node, run_dir: str):
     return result
 
 
+def _kept_gemm(cluster: Cluster, host, path: str, report: BurninReport) -> dict | None:
+    """The GEMM record an earlier burn-in kept (rundir.gemm_record), read on rank 0's host
+    only where this burn-in measured GPUs; None: none there, or one that cannot be merged
+    (said as a note: this burn-in's record replaces it)."""
+    if not any(f.metric == "gemm_bf16_tflops" and f.uuid for f in report.figures):
+        return None
+    try:
+        answer = cluster.run(host, ["sh", "-c", 'test ! -e "$1" || cat -- "$1"', "sh", path], timeout=15)
+        text = answer.stdout if answer.ok else None
+        why = None if answer.ok else (first_line(answer.stderr) or f"exit {answer.code}")
+    except Exception as exc:  # noqa: BLE001 - said below
+        text, why = None, first_line(exc)
+    if text is not None and not text.strip():
+        return None
+    try:
+        if why is None:
+            kept = json.loads(text)
+            if isinstance(kept, dict) and isinstance(kept.get("gpus"), dict):
+                return kept
+            why = "not a record of GPUs"
+    except ValueError as exc:
+        why = f"not JSON ({exc})"
+    report.notes.append(f"{path} could not be read ({why}): the GPUs earlier burn-ins measured there and this one "
+                        "did not are no longer kept")
+    return None
+
+
 def _bookkeeping(bench: Plan) -> tuple[str, ...]:
     """The launcher's own files of the burn-in (pid, exit code, attempt) and the staged
     script: removed once burnin.json is written. Each node's log and result stay."""
@@ -376,9 +414,9 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
         report.took = time.monotonic() - started
         stage_files(cluster, rank0, bench.run_dir, {rundir.BURNIN_RESULT: json.dumps(report.to_dict(), indent=2) + "\n"},
                     leftovers=_bookkeeping(bench))
-        kept = gemm_record(report, plan.run_id, time.time())
+        record = rundir.gemm_record(plan.shared_dir)
+        kept = gemm_record(report, plan.run_id, time.time(), _kept_gemm(cluster, rank0, record, report))
         if kept is not None:  # (a later run's MFU on GPUs the table does not know: ftbundle/speed.py)
-            record = rundir.gemm_record(plan.shared_dir)
             try:
                 stage_files(cluster, rank0, posixpath.dirname(record), {rundir.GEMM: json.dumps(kept, indent=1) + "\n"})
                 report.gemm_kept = record

@@ -37,7 +37,7 @@ question, not their sum:
   connect to it, all within this one round;
 - the dataset files' sha256 (LlamaFactory's dataset_info.json rules) and the fingerprint of a
   node-local model (probe_files.py: each file's digest remembered while it is unchanged);
-- on rank 0 of a GPU job, the bf16 GEMM the newest burn-in measured on each GPU (:func:`gemm`).
+- on rank 0 of a GPU job, the bf16 GEMM the last burn-in of each GPU measured (:func:`gemm`).
 """
 
 import os
@@ -421,7 +421,7 @@ GEMM_MAX_BYTES = 4 << 20  # the burn-in's record of a few thousand GPUs is well 
 
 
 def gemm(spec, out):
-    """``out["gemm"]``: the bf16 GEMM the newest GPU burn-in measured on each GPU (its record
+    """``out["gemm"]``: the bf16 GEMM the last burn-in of each GPU measured (its record
     on shared storage: ftbundle/check/burnin.py ``gemm_record``), nothing where there is none,
     or {"error"}: what a run counts MFU against where ftbundle's table knows no peak."""
     path = spec.get("gemm")

@@ -195,3 +195,27 @@ def test_gpus_the_table_does_not_know_are_counted_against_the_gemm_a_burn_in_kep
     assert (speed["gpu"], speed["gpus"], speed["peak_tflops"]) == ("NVIDIA A10G", 2, 60.0), speed
     assert speed["peak_from"].startswith("the median bf16 GEMM the burn-in burn-x measured on ") and \
         speed["peak_from"].endswith(" on 1 of these 2 GPUs (NVIDIA A10G has no data-sheet peak in ftbundle's table)"), speed
+
+    # a later burn-in of node1 alone: the launcher reads the record kept before over SSH on rank
+    # 0's host (check/burnin.py _kept_gemm) and keeps node0's figures beside node1's new ones
+    from ftbundle.check.burnin import _kept_gemm
+    from ftbundle.commands.common import load_layout, open_cluster
+
+    later = {"devices": [{"device": f"GPU {k}", "name": "NVIDIA A10G", "uuid": u, "gemm_bf16_tflops": 50.0,
+                          "hbm_copy_gbps": 500.0} for k, u in enumerate(uuids["node1"])]}
+    figures, _ = figures_of("node1", later)
+    report1 = BurninReport(check_dir=f"{shared}/checks/burn-y", figures=figures, nodes={"node1": later})
+    record = f"{shared}/checks/gemm.json"
+    _, layout = load_layout(str(job), None)
+    with open_cluster(layout.hosts) as ssh:
+        rank0 = layout.hosts[0]
+        kept = _kept_gemm(ssh, rank0, record, report1)
+        merged = gemm_record(report1, "burn-y", time.time(), kept)
+        assert set(merged["gpus"]) == set(uuids["node0"]) | set(uuids["node1"]) and not report1.notes
+        assert {g["check"] for u, g in merged["gpus"].items() if u in uuids["node0"]} == {"burn-x"}
+        assert {g["tflops"] for u, g in merged["gpus"].items() if u in uuids["node1"]} == {50.0}
+        # none there yet: nothing to keep, nothing said; one that is not JSON: said, replaced
+        assert _kept_gemm(ssh, rank0, f"{shared}/checks/none.json", report1) is None and not report1.notes
+        (shared / "checks" / "gemm.json").write_text("{\"gpus\": {")
+        assert _kept_gemm(ssh, rank0, record, report1) is None
+        assert report1.notes and report1.notes[0].startswith(f"{record} could not be read (not JSON ("), report1.notes

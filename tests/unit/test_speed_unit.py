@@ -94,7 +94,8 @@ def test_a_gpu_the_table_does_not_know_counts_mfu_against_the_gemm_a_burn_in_mea
     kept = gemm_record(report, "burn-20261203-201000-ab12", at)
     uuid = node["devices"][0]["uuid"]
     assert not errors and kept == {"check": "burn-20261203-201000-ab12", "at": at, "gpus": {
-        uuid: {"host": "node0", "device": "GPU 0", "name": "NVIDIA H100 80GB HBM3", "tflops": 677.3}}}
+        uuid: {"host": "node0", "device": "GPU 0", "name": "NVIDIA H100 80GB HBM3", "tflops": 677.3,
+               "check": "burn-20261203-201000-ab12", "at": at}}}
     # ... a CPU burn-in keeps nothing there
     cpu = BurninReport(figures=[Figure("node0", "cpu", "cpu_gemm_gflops", 64.6, lib="numpy 2.4.6")])
     assert gemm_record(cpu, "c", at) is None
@@ -134,6 +135,38 @@ def test_a_gpu_the_table_does_not_know_counts_mfu_against_the_gemm_a_burn_in_mea
     # measured figures that are not numbers count for nothing
     odd = {"check": "x", "gpus": {"GPU-a0": {"tflops": "fast"}, "GPU-a1": {"tflops": 0}, "GPU-a2": None}}
     assert S.measured_peak(odd, ["GPU-a0", "GPU-a1", "GPU-a2"]) is None
+
+
+def test_a_burn_in_of_part_of_the_fleet_keeps_the_figures_earlier_burn_ins_measured_on_the_rest():
+    # burn-in A measured node0 and node1 (8 GPUs each) on 2026-12-01; burn-in B only node1, two days later
+    day = 86400.0
+    a_at, b_at = 1796335800.0 - 2 * day, 1796335800.0
+    first = BurninReport(figures=[Figure(f"node{h}", f"GPU {g}", "gemm_bf16_tflops", 60.0 + g, uuid=f"GPU-{h}{g}")
+                                  for h in (0, 1) for g in range(8)])
+    a = gemm_record(first, "burn-a", a_at)
+    again = BurninReport(figures=[Figure("node1", f"GPU {g}", "gemm_bf16_tflops", 50.0, uuid=f"GPU-1{g}")
+                                  for g in range(8)])
+    b = gemm_record(again, "burn-b", b_at, kept=a)
+    assert len(b["gpus"]) == 16 and (b["check"], b["at"]) == ("burn-b", b_at)
+    assert b["gpus"]["GPU-00"] == a["gpus"]["GPU-00"]  # node0's, as A measured them
+    assert b["gpus"]["GPU-13"] == {"host": "node1", "device": "GPU 3", "name": None, "tflops": 50.0,
+                                   "check": "burn-b", "at": b_at}  # node1's, replaced by B's
+    # a run on both hosts: the median of 8 x 50 (B) and 60..67 (A) = 55.0, both burn-ins named, newest first
+    peak, said = S.measured_peak(b, [f"GPU-{h}{g}" for h in (0, 1) for g in range(8)])
+    assert peak == 55.0
+    assert said == ("the median bf16 GEMM the burn-ins burn-b on 2026-12-03 (8), burn-a on 2026-12-01 (8) "
+                    "measured on 16 of these 16 GPUs")
+    # a run on node0 only reads A's figures alone
+    assert S.measured_peak(b, [f"GPU-0{g}" for g in range(8)]) == (
+        63.5, "the median bf16 GEMM the burn-in burn-a measured on 2026-12-01 on 8 of these 8 GPUs")
+    # a record kept before each GPU carried its burn-in (stop 63's form): the record's own id and time
+    old = {"check": "burn-old", "at": a_at, "gpus": {"GPU-00": {"host": "node0", "tflops": 61.0}}}
+    merged = gemm_record(again, "burn-b", b_at, kept=old)
+    assert merged["gpus"]["GPU-00"] == {"check": "burn-old", "at": a_at, "host": "node0", "tflops": 61.0}
+    assert S.measured_peak(old, ["GPU-00"])[1].startswith("the median bf16 GEMM the burn-in burn-old measured on 2026")
+    # nothing kept, or something that is no record: B's alone
+    for kept in (None, {"error": "x"}, {"gpus": ["GPU-00"]}):
+        assert len(gemm_record(again, "burn-b", b_at, kept=kept)["gpus"]) == 8
 
 
 def test_a_fleet_of_mixed_gpus_counts_mfu_against_the_sum_of_the_peaks_its_ranks_run_on():
