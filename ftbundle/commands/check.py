@@ -36,6 +36,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             if staged is not None:
                 report.checks.append(staged)
         print_report(report)
+        if plan is not None and (plan.notes or plan.warnings):  # (what `run` says before it starts, said now)
+            print("before it starts, `ftbundle run` would say:")
+            for line in [*plan.notes, *(f"warning: {w}" for w in plan.warnings)]:
+                print(f"  {line}")
         if not report.ok:
             not_run = [flag for flag, asked in (("--net", args.net), ("--burn-in", args.burn_in is not None)) if asked]
             if not_run:  # (a host that fails the check is never left out of a measurement in silence)

@@ -188,6 +188,24 @@ def test_gpus_the_table_does_not_know_are_counted_against_the_gemm_a_burn_in_kep
     (shared / "nothing.py").write_text("pass\n")
     job = write_job(tmp_path / "job.yaml", base_job("unknown-gpus", shared, inventory, {"script": "nothing.py"},
                                                     workdir=str(shared)))
+    # `check` of a LlamaFactory job on these hosts says it before any run, as `run` would before it
+    # starts (its model: a safetensors header of 3 x 10^6 parameters, all a check reads of it)
+    (shared / "model").mkdir()
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [1000, 3000], "data_offsets": [0, 6_000_000]}}).encode()
+    (shared / "model" / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    (shared / "model" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 1000}))
+    (shared / "data").mkdir()
+    (shared / "data" / "dataset_info.json").write_text(json.dumps({"support": {"file_name": "support.json"}}))
+    (shared / "data" / "support.json").write_text(json.dumps([{"instruction": "hi", "input": "", "output": "ok"}]))
+    lf = {"llamafactory": {"model_name_or_path": str(shared / "model"), "dataset": "support", "dataset_dir": "data",
+                           "output_dir": "out", "save_total_limit": 1}}
+    lf_job = write_job(tmp_path / "lf.yaml", base_job("unknown-gpus-lf", shared, inventory, lf, workdir=str(shared)))
+    checked = ftbundle("check", str(lf_job), timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    said = checked.stdout.split("before it starts, `ftbundle run` would say:\n", 1)[-1].splitlines()
+    assert "  MFU counted against 60 TFLOP/s, the median bf16 GEMM the burn-in burn-x measured on " in "\n".join(said) \
+        and said[-1].endswith(" on 1 of these 2 GPUs (NVIDIA A10G has no data-sheet peak in ftbundle's table)"), \
+        checked.stdout
     done = ftbundle("run", str(job), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     speed = json.loads((only_run_dir(shared) / "plan.json").read_text())["speed"]
