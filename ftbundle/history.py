@@ -71,7 +71,7 @@ def speed_record(progress) -> dict:
     return {"tokens": progress.tokens_counted, "tokens_per_s": None if tokens is None else round(tokens, 1),
             "tokens_per_s_per_rank": None if per is None else round(per, 1),
             "tokens_padding": None if basis is None else basis.padding,
-            "mfu": None if progress.mfu() is None else round(progress.mfu(), 4),
+            "mfu": None if progress.mfu() is None else float(f"{progress.mfu():.4g}"),
             "mfu_basis": None if basis is None or not basis.gpus else basis.mfu_basis()}
 
 

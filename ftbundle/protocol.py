@@ -132,20 +132,23 @@ class RankSteps:
     p90_s: float
     tokens: int | None = None  # a script's count (StepClock.step_done(tokens=N)), since its first counted step
     tokens_s: float | None = None  # ... over this many seconds of its own clock
+    params: int | None = None  # the script's model's parameters (StepClock.watch), for MFU
 
 
 def parse_steps(text: str) -> list[RankSteps]:
     """The ranks' parts an ``ftb-steps`` line carries ("LOCAL_RANK STEPS MEDIAN P90", then
-    "TOKENS SECONDS" where the script counts its tokens; ';' between ranks); a part that is not
-    one is skipped (a file caught mid-write)."""
+    "TOKENS SECONDS" where the script counts its tokens, then "PARAMS" where its model's were
+    counted; ';' between ranks); a part that is not one is skipped (a file caught mid-write)."""
     ranks = []
     for part in text.split(";"):
         fields = part.split()
-        if len(fields) not in (4, 6):
+        if len(fields) not in (4, 6, 7):
             continue
         try:
-            counted = (int(fields[4]), float(fields[5])) if len(fields) == 6 else (None, None)
-            rank = RankSteps(int(fields[0]), int(fields[1]), float(fields[2]), float(fields[3]), *counted)
+            counted = (int(fields[4]), float(fields[5])) if len(fields) >= 6 else (None, None)
+            params = int(fields[6]) if len(fields) == 7 else None
+            rank = RankSteps(int(fields[0]), int(fields[1]), float(fields[2]), float(fields[3]), *counted,
+                             params=params if params and params > 0 else None)
         except ValueError:
             continue
         if rank.steps > 0 and rank.median_s >= 0 and rank.p90_s >= 0:

@@ -23,7 +23,7 @@ import collections
 import re
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .units import release
 
@@ -88,6 +88,9 @@ class SpeedBasis:
     peak_from: str | None = None  # the peak is a burn-in's measured bf16 GEMM: which, on how many GPUs
     no_peak: str | None = None  # why no measured peak could be read either (the burn-in's record unreadable)
     mix: str | None = None  # a fleet of mixed GPUs: how many of each at which peak (peak_tflops: their mean)
+    # a script's parameters, counted by its ranks' StepClock while it runs: said so; or, with no
+    # params, why they are not known (its ranks counted different figures: a model split across them)
+    params_from: str | None = None
 
     @property
     def flops_per_token(self) -> float | None:
@@ -120,7 +123,7 @@ class SpeedBasis:
             return None
         return cls(ranks=ranks, gpus=gpus, gpu=of("gpu", str), peak_tflops=of("peak_tflops", (int, float)),
                    params=of("params", int), padding=of("padding", bool), peak_from=of("peak_from", str),
-                   no_peak=of("no_peak", str), mix=of("mix", str))
+                   no_peak=of("no_peak", str), mix=of("mix", str), params_from=of("params_from", str))
 
     def record(self) -> dict:
         """plan.json's "speed": what a run without summary.json is counted against (`runs`), and
@@ -134,7 +137,10 @@ class SpeedBasis:
         if not self.gpus:
             return "no GPUs: no MFU"
         if not self.params:
-            return "MFU unknown: the model's parameters were not counted (a script's model, a hub id, or not safetensors)"
+            if self.params_from:
+                return f"MFU unknown: {self.params_from}"
+            return ("MFU unknown: the model's parameters were not counted (a hub id, not safetensors, or a script's "
+                    "model its StepClock did not watch)")
         if not self.peak_tflops:
             return (f"MFU unknown: no dense bf16 peak known for {self.gpu or 'these GPUs'} and no burn-in measured "
                     "them (`ftbundle check --burn-in JOB` does: runs after it count MFU against its bf16 GEMM)"
@@ -145,7 +151,8 @@ class SpeedBasis:
             over += f", {self.peak_from}"
         elif not self.mix:
             over += " dense bf16"
-        return (f"6 x {self.params / 1e9:.2f}B parameters per token (attention's own FLOPs not counted; with "
+        counted = f", {self.params_from}" if self.params_from else ""
+        return (f"6 x {_count(self.params)} parameters per token{counted} (attention's own FLOPs not counted; with "
                 f"LoRA the frozen weights' gradients are not computed either) over {over}")
 
 
@@ -234,6 +241,32 @@ def measured_peak(record: dict | None, uuids: list[str | None]) -> tuple[float, 
 
 def _on_day(at) -> str:
     return time.strftime(" on %Y-%m-%d", time.gmtime(at)) if isinstance(at, (int, float)) else ""
+
+
+def _count(params: int) -> str:
+    """8030261248 -> 8.03B, 124439808 -> 124.4M, 2344 -> 2,344."""
+    if params >= 10**9:
+        return f"{params / 1e9:.2f}B"
+    return f"{params / 1e6:.1f}M" if params >= 10**6 else f"{params:,}"
+
+
+SCRIPT_COUNTED = "counted by the script's StepClock on its model"
+
+
+def script_params(basis: SpeedBasis | None, counted: dict) -> SpeedBasis | None:
+    """``basis`` with the parameters a script's ranks counted (``counted``: {(host, local rank):
+    parameters}, StepClock.watch), where the plan counted none (a LlamaFactory job's come from its
+    model's files and stay). Ranks that counted different figures hold different parts of the
+    model (tensor or pipeline parallel, by hand): MFU unknown, said, rather than a slice's."""
+    if basis is None or not basis.gpus or not counted or (basis.params and basis.params_from != SCRIPT_COUNTED):
+        return basis
+    figures = sorted(set(counted.values()))
+    if len(figures) == 1:
+        return replace(basis, params=figures[0], params_from=SCRIPT_COUNTED)
+    said = ", ".join(f"{n:,}" for n in figures[:3]) + (" ..." if len(figures) > 3 else "")
+    return replace(basis, params=None, params_from=(
+        f"the script's ranks counted different parameters ({said}): a model split across them; give "
+        "StepClock(params=N), the whole model's, on every rank"))
 
 
 def tokens_text(tokens_per_s: float, basis: SpeedBasis) -> str:

@@ -112,4 +112,4 @@ def speed_figures(tokens_per_s, ranks, mfu_per_token_s):
     if tokens_per_s is None:
         return {"tokens_per_s_per_rank": None, "mfu": None}
     return {"tokens_per_s_per_rank": round(tokens_per_s / ranks, 1) if ranks else None,
-            "mfu": round(tokens_per_s * mfu_per_token_s, 4) if mfu_per_token_s else None}
+            "mfu": float(f"{tokens_per_s * mfu_per_token_s:.4g}") if mfu_per_token_s else None}

@@ -11,7 +11,11 @@ once (the model itself, not its DDP wrapper), ``clock.step_done()`` after each o
 and ``clock.finish()`` once training ends. ``clock.step_done(tokens=N)``, N the tokens this rank
 computed in that step (its batch's, padding left out if you want it left out), also gives the
 run its tokens/s: every rank's count over its own clock from its first counted step on, summed
-(the live line, the summary, summary.json and ``runs``; ftbundle/ui/progress.py).
+(the live line, the summary, summary.json and ``runs``; ftbundle/ui/progress.py). On GPUs it gives
+MFU too: the model's parameters are counted when ``clock.watch(model)`` hooks it (ZeRO-3's
+``ds_numel``, a 4-bit weight's unpacked shape; not a sharded FSDP1 flat parameter, which holds a
+slice: pass ``StepClock(params=N)`` there), and 6 x them a token over the GPUs' peak is the MFU
+(ftbundle/speed.py). A LlamaFactory job's parameters are counted from its model's files instead.
 ``clock.step_done(loss=L, grad_norm=G)`` has the step's loss (and gradient norm, if it has one)
 judged as the callback judges the trainer's (:class:`LossWatch`, below).
 
@@ -24,7 +28,7 @@ beside the backward (asynchronously) and is waited for after the last gradient. 
 same two moments are CUDA events, read once the GPU has passed them (no wait added). Under ZeRO-3
 or FSDP the forward and backward gather parameters: a slow network then shows in it too.
 
-Every second at most, the rank writes "LOCAL_RANK STEPS MEDIAN_S P90_S [TOKENS SECONDS]" to
+Every second at most, the rank writes "LOCAL_RANK STEPS MEDIAN_S P90_S [TOKENS SECONDS [PARAMS]]" to
 ``$FTB_STEPS_FILE.<LOCAL_RANK>`` (a local file the node program reads with each heartbeat and
 forwards on its control channel); without FTB_STEPS_FILE (outside ftbundle) nothing is written.
 The same callback watches the trainer's logged loss and gradient norm (:class:`LossWatch`): a
@@ -156,7 +160,7 @@ class LossWatch:
 class StepClock:
     """The timing and the file, without the HF Trainer."""
 
-    def __init__(self, path: str | None = None, local_rank: str | None = None):
+    def __init__(self, path: str | None = None, local_rank: str | None = None, params: int | None = None):
         base = path if path is not None else os.environ.get("FTB_STEPS_FILE")
         self.local_rank = local_rank if local_rank is not None else os.environ.get("LOCAL_RANK", "0")
         self.path = f"{base}.{self.local_rank}" if base else None
@@ -172,6 +176,7 @@ class StepClock:
         self._tokens_at = 0.0  # when its latest one did
         self.losses = LossWatch()  # (step_done(loss=...): a nan or collapsed run, as the callback judges it)
         self.steps = 0
+        self.params = params  # the model's parameters (MFU): given, or counted by watch()
 
     # -- a micro-batch: its forward begins, its gradients come -------------------------------
     def begin(self, cuda: bool = False) -> None:
@@ -208,6 +213,8 @@ class StepClock:
     def watch(self, model) -> None:
         """Time ``model``'s micro-batches: a hook on its forward, one on each trained parameter."""
         cuda = next((p.is_cuda for p in model.parameters()), False)
+        if self.params is None:
+            self.params = count_params(model)
         model.register_forward_pre_hook(lambda *_: self.begin(cuda))
         for param in model.parameters():
             if param.requires_grad:
@@ -275,6 +282,8 @@ class StepClock:
         median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
         p90 = ordered[max(0, -(-9 * n // 10) - 1)]
         counted = "" if self._tokens_from is None else f" {self.tokens} {self._tokens_at - self._tokens_from:.6f}"
+        if counted and self.params:
+            counted += f" {int(self.params)}"
         return f"{self.local_rank} {n} {median:.6f} {p90:.6f}{counted}"
 
     def write(self) -> None:
@@ -288,6 +297,25 @@ class StepClock:
             os.replace(self.path + ".tmp", self.path)
         except OSError:
             pass
+
+
+def count_params(model) -> int | None:
+    """The model's parameters, each counted whole: ZeRO-3's partitioned ones by ``ds_numel``, a
+    bitsandbytes 4-bit one by the shape it was quantized from (its data is packed), FSDP2's
+    DTensors by their global shape (``numel``). None where a parameter holds only this rank's
+    slice of others (FSDP1's flat parameters): MFU is then unknown rather than wrong."""
+    total = 0
+    for param in model.parameters():
+        if getattr(param, "_is_flat_param", False) or type(param).__name__ == "FlatParameter":
+            return None
+        whole = getattr(param, "ds_numel", None)
+        shape = getattr(getattr(param, "quant_state", None), "shape", None)
+        if whole is None and shape is not None:
+            whole = 1
+            for d in shape:
+                whole *= int(d)
+        total += int(whole) if whole is not None else param.numel()
+    return total or None
 
 
 def StepTimes(clock: StepClock | None = None):  # (a class to its users: named like one)

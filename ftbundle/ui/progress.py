@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..gpu_metrics import GpuFleet
 from ..protocol import parse_steps
-from ..speed import SpeedBasis, tokens_text
+from ..speed import SpeedBasis, script_params, tokens_text
 from . import stragglers
 from .pace import Pace, trainer_seconds
 
@@ -193,6 +193,7 @@ class Progress:
     speed: SpeedBasis | None = None  # ranks, GPUs' peak, parameters: per rank and MFU (ftbundle.speed)
     # a script's ranks' own token counts, (host, local rank) -> (tokens, seconds of its clock)
     rank_tokens: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
+    rank_params: dict[tuple[str, int], int] = field(default_factory=dict)  # a script's model, as each rank counted it
     # every node's GPU readings while the run goes (ftbundle.gpu_metrics: the live line's GPU field)
     gpus: GpuFleet = field(default_factory=GpuFleet)
     # the run's recent pace against its own (ui.pace): a slowdown of the whole fleet, said while it goes
@@ -291,6 +292,9 @@ class Progress:
         for rank in ranks:  # a script's own token count (StepClock.step_done(tokens=N))
             if rank.tokens is not None:
                 self.rank_tokens[(host, rank.local_rank)] = (rank.tokens, rank.tokens_s or 0.0)
+            if rank.params is not None and self.rank_params.get((host, rank.local_rank)) != rank.params:
+                self.rank_params[(host, rank.local_rank)] = rank.params  # (and MFU: its parameters, counted)
+                self.speed = script_params(self.speed, self.rank_params)
         now = time.monotonic() if now is None else now
         if self._judged_at is not None and now - self._judged_at < STRAGGLERS_EVERY_S:
             return False

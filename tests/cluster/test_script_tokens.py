@@ -49,3 +49,55 @@ def test_a_scripts_own_token_count_gives_the_runs_tokens_per_second(make_cluster
     assert "tokens       " in proc.stdout + proc.stderr and "per rank" in proc.stdout + proc.stderr
     runs = ftbundle("runs", str(job), timeout=60)
     assert f"{rate:,.0f}" in runs.stdout, runs.stdout
+
+
+WATCHED = """\
+import os, sys, time
+import torch, torch.distributed as dist
+sys.path.insert(0, os.environ["FTB_RUN_DIR"])
+from ftb_steptimes import StepClock
+
+dist.init_process_group("gloo")
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256))  # 262,912 parameters
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+clock = StepClock()
+clock.watch(model)  # (the model itself, not its DDP wrapper)
+for step in range(31):
+    ddp(torch.randn(8, 256)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.03)
+    clock.step_done(tokens=128)
+clock.finish()
+dist.destroy_process_group()
+"""
+
+
+def test_a_scripts_model_watched_by_the_step_clock_gives_the_runs_mfu(make_cluster, tmp_path):
+    """On GPU hosts (the nvidia-smi stand-in replays a real H100 box: the plan counts against
+    989 TFLOP/s), a script whose StepClock watches its model: its ranks count its parameters and
+    send them beside their tokens over the node channel, and the run's MFU is 6 x those x tokens/s
+    over 2 x 989 TFLOP/s, by hand from summary.json's own tokens/s. (The ranks run gloo on the
+    CPU: the figure is tiny and exact.)"""
+    from tests.support.helpers import install_smi
+
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    for host in ("node0", "node1"):
+        install_smi(cluster, host, "h100-x8")
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    (shared / "watched.py").write_text(WATCHED)
+    job = write_job(tmp_path / "job.yaml", base_job("mfu", shared, inventory, {"script": "watched.py"},
+                                                    workdir=str(shared)))
+    proc = ftbundle("run", str(job), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((only_run_dir(shared) / "summary.json").read_text())
+    params = 256 * 512 + 512 + 512 * 256 + 256
+    assert summary["tokens"] == 2 * 30 * 128, summary
+    assert summary["mfu"] == pytest.approx(6 * params * summary["tokens_per_s"] / (2 * 989e12), rel=0.001), summary
+    assert summary["mfu_basis"].startswith(f"6 x {params:,} parameters per token, counted by the script's "
+                                           "StepClock on its model "), summary
+    assert summary["mfu_basis"].endswith("over 2 x H100 SXM at 989 TFLOP/s dense bf16"), summary
+    assert "  MFU          0.0%: 6 x 262,912 parameters per token, counted by the script's StepClock" in \
+        proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
