@@ -124,7 +124,7 @@ def _step_times() -> list:
         from ftb_steptimes import StepTimes
     except ImportError:
         return []
-    return [StepTimes()]
+    return [StepTimes(tokens=False)]  # (the run's tokens: the trainer's log, read by the launcher)
 
 
 TRACKER_RUNS = "trackers.json"  # (ftbundle/rundir.py TRACKER_RUNS)

@@ -6,7 +6,8 @@ Staged into the run directory as ``ftb_steptimes.py``. The LlamaFactory entry ad
     sys.path.insert(0, os.environ["FTB_RUN_DIR"]); from ftb_steptimes import StepTimes
     trainer.add_callback(StepTimes())
 
-and a script with a training loop of its own calls ``clock = StepClock(); clock.watch(model)``
+(with ``include_num_input_tokens_seen`` on in its TrainingArguments, the trainer's token count
+gives the run its tokens/s and, on GPUs, MFU: :func:`StepTimes`), and a script with a training loop of its own calls ``clock = StepClock(); clock.watch(model)``
 once (the model itself, not its DDP wrapper), ``clock.step_done()`` after each optimizer step
 and ``clock.finish()`` once training ends. ``clock.step_done(tokens=N)``, N the tokens this rank
 computed in that step (its batch's, padding left out if you want it left out), also gives the
@@ -318,8 +319,12 @@ def count_params(model) -> int | None:
     return total or None
 
 
-def StepTimes(clock: StepClock | None = None):  # (a class to its users: named like one)
-    """The HF Trainer callback (made here: transformers is imported only when it is used)."""
+def StepTimes(clock: StepClock | None = None, tokens: bool = True):  # (a class to its users: named like one)
+    """The HF Trainer callback (made here: transformers is imported only when it is used). With
+    ``include_num_input_tokens_seen`` on in the script's TrainingArguments, the trainer's own count
+    (every rank's, gathered) gives the run its tokens/s and, on GPUs, MFU: each rank reports its
+    share of each step's tokens. ``tokens=False``: not (LlamaFactory's entry: the launcher reads
+    that count from the trainer's log instead)."""
     from transformers import TrainerCallback
 
     class _StepTimes(TrainerCallback):
@@ -327,6 +332,7 @@ def StepTimes(clock: StepClock | None = None):  # (a class to its users: named l
             self.clock = clock or StepClock()
             self.losses = LossWatch()
             self._hooked = False
+            self._seen = 0
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             if model is None or self._hooked or self.clock.path is None:
@@ -338,7 +344,15 @@ def StepTimes(clock: StepClock | None = None):  # (a class to its users: named l
             self.clock.step_begins()
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.clock.step_done()
+            seen = getattr(state, "num_input_tokens_seen", 0) if tokens else 0
+            if not isinstance(seen, (int, float)) or isinstance(seen, bool) or seen <= 0:
+                self.clock.step_done()
+                return
+            # (the trainer's count is the whole run's, every rank's gathered: this rank's share of
+            # the step's; the launcher sums the ranks' rates)
+            share = (seen - self._seen) / max(1, int(getattr(args, "world_size", 1) or 1))
+            self._seen = seen
+            self.clock.step_done(tokens=round(share))
 
         def on_train_end(self, args, state, control, **kwargs):
             self.clock.finish()
