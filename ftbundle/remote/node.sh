@@ -30,7 +30,7 @@
 #   stderr  `ftb-gpu` on a host with nvidia-smi (a failed run reads its kernel log: ftb_xids),
 #           `ftb-pid PID` once the job runs, then `ftb-hb [BYTES]` every FTB_HEARTBEAT seconds
 #           (BYTES: how much the ranks have written so far, for the stall watchdog),
-#           `ftb-steps LOCAL_RANK STEPS MEDIAN P90[;...]` when the ranks' step times changed
+#           `ftb-steps LOCAL_RANK STEPS MEDIAN P90 [TOKENS SECONDS [PARAMS]][;...]` when the ranks' step times changed
 #           (FTB_STEPS_FILE.<LOCAL_RANK>, local files; ftbundle/ui/stragglers.py),
 #           `ftb-storage SECONDS` while shared storage does not answer, `ftb-storage ok` after,
 #           `ftb-smi READING` every FTB_GPU_EVERY_MS on a GPU job's host (ftb_gpu_sampler),
