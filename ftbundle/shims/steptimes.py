@@ -12,7 +12,9 @@ once (the model itself, not its DDP wrapper), ``clock.step_done()`` after each o
 and ``clock.finish()`` once training ends. ``clock.step_done(tokens=N)``, N the tokens this rank
 computed in that step (its batch's, padding left out if you want it left out), also gives the
 run its tokens/s: every rank's count over its own clock from its first counted step on, summed
-(the live line, the summary, summary.json and ``runs``; ftbundle/ui/progress.py). On GPUs it gives
+(the live line, the summary, summary.json and ``runs``; ftbundle/ui/progress.py); on a GPU that
+clock is the GPU's (an event at each counted step's end, read once passed: the host queues
+kernels well ahead of them, and its own clock would count the queue). On GPUs it gives
 MFU too: the model's parameters are counted when ``clock.watch(model)`` hooks it (ZeRO-3's
 ``ds_numel``, a 4-bit weight's unpacked shape; not a sharded FSDP1 flat parameter, which holds a
 slice: pass ``StepClock(params=N)`` there), and 6 x them a token over the GPUs' peak is the MFU
@@ -173,8 +175,10 @@ class StepClock:
         self._waiting: list[list] = []  # CUDA: steps' event pairs the GPU has not passed yet
         self._written = 0.0
         self.tokens = 0  # counted since its first counted step (whose own tokens came before the clock)
-        self._tokens_from: float | None = None  # when its first counted step ended
-        self._tokens_at = 0.0  # when its latest one did
+        self._tokens_from = None  # when its first counted step ended: monotonic(), or its CUDA event
+        self._tokens_s = 0.0  # from then to the latest counted step's end
+        self._cuda = False  # the watched model is on a GPU: the tokens' clock is the GPU's (events)
+        self._token_events: list = []  # CUDA: (tokens, end event) of counted steps the GPU has not passed
         self.losses = LossWatch()  # (step_done(loss=...): a nan or collapsed run, as the callback judges it)
         self.steps = 0
         self.params = params  # the model's parameters (MFU): given, or counted by watch()
@@ -186,6 +190,7 @@ class StepClock:
         if cuda:
             import torch
 
+            self._cuda = True  # (a script timing its own micro-batches on the GPU: the tokens' clock too)
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             self._began = (start, stop)
@@ -214,6 +219,7 @@ class StepClock:
     def watch(self, model) -> None:
         """Time ``model``'s micro-batches: a hook on its forward, one on each trained parameter."""
         cuda = next((p.is_cuda for p in model.parameters()), False)
+        self._cuda = bool(cuda)
         if self.params is None:
             self.params = count_params(model)
         model.register_forward_pre_hook(lambda *_: self.begin(cuda))
@@ -239,13 +245,15 @@ class StepClock:
                                                  **({"grad_norm": float(grad_norm)} if grad_norm is not None else {})})
             if said is not None:
                 diverged(said, self.steps, self.losses)
-        if tokens is not None:
-            now = time.monotonic()
-            if self._tokens_from is None:
-                self._tokens_from = now
-            else:
-                self.tokens += int(tokens)
-            self._tokens_at = now
+        if tokens is not None and self._cuda:  # (the host runs ahead of the GPU: its clock would
+            import torch  # count the kernels queued, not those run; an event marks the step's end)
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._token_events.append((int(tokens), event))
+        elif tokens is not None:
+            self._count_tokens(int(tokens), time.monotonic())
+        self._read_tokens()
         self._close()
         if self._events:  # CUDA: read once the GPU has passed them, a step or two later (no wait)
             self._waiting.append(self._events)
@@ -260,6 +268,26 @@ class StepClock:
             self.write()
             self._written = now
 
+    def _count_tokens(self, tokens: int, end) -> None:
+        """A counted step ended at ``end`` (monotonic seconds, or its CUDA event): the first one
+        starts the clock (its tokens came before it), the others are counted."""
+        if self._tokens_from is None:
+            self._tokens_from = end
+            return
+        self.tokens += tokens
+        if isinstance(end, float):
+            self._tokens_s = end - self._tokens_from
+        else:
+            self._tokens_s = self._tokens_from.elapsed_time(end) / 1000
+
+    def _read_tokens(self, wait: bool = False) -> None:
+        """CUDA: the counted steps the GPU has passed (``wait``: all, waiting for them)."""
+        while self._token_events and (wait or self._token_events[0][1].query()):
+            tokens, event = self._token_events.pop(0)
+            if wait:
+                event.synchronize()
+            self._count_tokens(tokens, event)
+
     def _read_passed(self, wait: bool = False) -> None:
         """CUDA: the waiting steps' times, those the GPU has passed (``wait``: all, waiting for them)."""
         while self._waiting and (wait or all(stop.query() for _, stop in self._waiting[0])):
@@ -271,6 +299,7 @@ class StepClock:
     def finish(self) -> None:
         """Training ended: the steps still on the GPU are waited for (once, at the end), then written."""
         self._read_passed(wait=True)
+        self._read_tokens(wait=True)
         del self.times[:-KEEP]
         self.write()
 
@@ -282,7 +311,7 @@ class StepClock:
         mid = n // 2
         median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
         p90 = ordered[max(0, -(-9 * n // 10) - 1)]
-        counted = "" if self._tokens_from is None else f" {self.tokens} {self._tokens_at - self._tokens_from:.6f}"
+        counted = "" if self._tokens_from is None else f" {self.tokens} {self._tokens_s:.6f}"
         if counted and self.params:
             counted += f" {int(self.params)}"
         return f"{self.local_rank} {n} {median:.6f} {p90:.6f}{counted}"

@@ -278,6 +278,118 @@ def test_lora_on_the_gpu_shows_no_deprecated_variable_no_raw_bar_and_where_the_t
     proc, log = lora_through_ftbundle(tmp_path, "cuda")
     assert_what_the_first_gpu_run_showed_is_gone(proc, log, "cuda")
     assert_the_ranks_step_clock_ran(tmp_path, 30)
+    assert_tokens_and_mfu_agree_with_a_hand_count(tmp_path, proc)
+
+
+def model_params(model: Path) -> int:
+    """The tiny model's parameters, counted by hand from its safetensors headers."""
+    import json
+
+    total = 0
+    for weights in model.glob("*.safetensors"):
+        with open(weights, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, tensor in header.items():
+            if name != "__metadata__":
+                count = 1
+                for d in tensor["shape"]:
+                    count *= d
+                total += count
+    return total
+
+
+def assert_tokens_and_mfu_agree_with_a_hand_count(job_dir: Path, proc: subprocess.CompletedProcess) -> None:
+    """Issue 47 item 5: the LoRA's tokens/s against the trainer's own count over its runtime, and
+    its MFU against 6 x the model's parameters x tokens/s / this GPU's dense bf16 peak (ftbundle's
+    table, by nvidia-smi's name); recorded in tests/data/nvidia-smi/recorded/ with the date."""
+    import json
+
+    from ftbundle.speed import gpu_peak
+
+    (summary_path,) = (job_dir / "quickstart/.shared/runs").glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    runtime = json.loads((job_dir / "quickstart/.shared/output/quickstart-lora/train_results.json").read_text())
+    assert summary["tokens"] and summary["tokens_per_s"] == pytest.approx(
+        summary["tokens"] / runtime["train_runtime"], rel=0.25), (summary, runtime)
+    assert summary["tokens_per_s_per_rank"] == pytest.approx(summary["tokens_per_s"], abs=0.1)  # (one GPU)
+    listing, sample = listed_gpus()
+    name = listing.split(": ", 1)[1].split(" (UUID")[0]
+    params = model_params(helpers.tiny_model())
+    found = gpu_peak(name)
+    if found is None:  # (a GPU the table does not know: said, not guessed)
+        assert summary["mfu"] is None and summary["mfu_basis"].startswith("MFU unknown"), summary
+    else:
+        by_hand = 6 * params * summary["tokens_per_s"] / (found[1] * 1e12)
+        assert summary["mfu"] == pytest.approx(by_hand, rel=2e-3), (summary, by_hand)
+        assert f"over 1 x {found[0]} at {found[1]:g} TFLOP/s" in summary["mfu_basis"], summary["mfu_basis"]
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("  MFU          ")] or [""]
+    assert line, proc.stdout[-3000:]
+    figures = {"recorded": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "host": socket.gethostname(), "gpu": name, "params": params, "tokens": summary["tokens"],
+               "tokens_per_s": summary["tokens_per_s"], "train_runtime": runtime["train_runtime"],
+               "mfu": summary["mfu"], "mfu_basis": summary["mfu_basis"], "summary_line": line.strip()}
+    RECORDED.mkdir(parents=True, exist_ok=True)
+    (RECORDED / f"{sample}.lora-speed.json").write_text(json.dumps(figures, indent=2) + "\n")
+    with open(RECORDED / "SOURCES.md", "a") as sources:
+        sources.write(f"- `{sample}.lora-speed.json`: the quickstart LoRA (30 steps, bf16, 1 GPU) through `ftbundle run`, "
+                      f"recorded {figures['recorded']} on {figures['host']} by tests/gpu/test_gpu.py: "
+                      f"{summary['tokens_per_s']:,} tokens/s, MFU {summary['mfu']}\n")
+    print(f"LoRA speed: {line.strip()}")
+
+
+@pytest.mark.gpu
+def test_a_plain_loops_mfu_is_6_x_its_parameters_x_tokens_over_the_peak(tmp_path):
+    """A script's own loop on the GPU (StepClock: CUDA events, the model's parameters counted on the
+    device, tokens per step): ftbundle's MFU against a hand count from the GPU's synchronized wall
+    time. 4 bf16 layers of 8192 without bias, 8192 rows a step taken as its tokens: 6 x 268M
+    parameters x tokens is the usual count (the first layer's input gradient is not computed: the
+    GEMMs really done are 5.5/6 of it), so the MFU lies below what the burn-in's GEMM allows."""
+    import json
+    import time
+
+    import torch
+
+    from ftbundle.shims.steptimes import StepClock
+    from ftbundle.speed import SpeedBasis, gpu_peak
+    from ftbundle.ui.progress import Progress
+
+    listing, sample = listed_gpus()
+    name = listing.split(": ", 1)[1].split(" (UUID")[0]
+    found = gpu_peak(name)
+    if found is None:
+        pytest.skip(f"{name}: not in ftbundle's table (the burn-in's GEMM stands in there: check_burnin)")
+    size, rows = 8192, 8192
+    model = torch.nn.Sequential(*[torch.nn.Linear(size, size, bias=False) for _ in range(4)]).to("cuda", torch.bfloat16)
+    x = torch.randn(rows, size, device="cuda", dtype=torch.bfloat16)
+    clock = StepClock(path=str(tmp_path / "steps"), local_rank="0")
+    clock.watch(model)
+    assert clock.params == 4 * size * size
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    began = None
+    for step in range(40):  # (no sync in the loop, as in a real one: the host queues far ahead)
+        clock.step_begins()
+        model(x).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        clock.step_done(tokens=rows)
+        if step == 0:  # (the wall from the first step's end, as the clock counts: cuBLAS's start-up apart)
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - began
+    clock.finish()
+    line = (tmp_path / "steps.0").read_text().strip()
+    p = Progress(speed=SpeedBasis(ranks=1, gpus=1, gpu=found[0], peak_tflops=found[1]))
+    p.feed_steps("localhost", line, now=time.monotonic())
+    assert p.speed.params == 4 * size * size
+    by_hand = 6 * 4 * size * size * (39 * rows / wall) / (found[1] * 1e12)  # (39 steps after the first)
+    mfu = p.mfu()
+    print(f"plain loop on {name}: MFU {mfu:.1%} (by the synchronized wall {by_hand:.1%}), {p.tokens_per_s():,.0f} tokens/s")
+    assert 0.1 < mfu < 1.0 and mfu == pytest.approx(by_hand, rel=0.15), (mfu, by_hand, line)
+    RECORDED.mkdir(parents=True, exist_ok=True)
+    (RECORDED / f"{sample}.loop-mfu.json").write_text(json.dumps({
+        "recorded": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": name, "line": line, "mfu": mfu, "mfu_by_wall": by_hand, "wall_s": wall}, indent=2) + "\n")
 
 
 @pytest.mark.gpu

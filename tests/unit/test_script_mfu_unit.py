@@ -138,3 +138,43 @@ def test_ranks_that_count_different_parameters_hold_parts_of_the_model_and_mfu_i
     assert "mfu" not in dict(status_fields(p, 1, 1))
     # the basis as plan.json and summary.json keep it reads back the same
     assert S.SpeedBasis.from_record(p.speed.record()) == p.speed
+
+
+def test_on_a_gpu_the_tokens_clock_is_the_gpus_not_the_hosts(tmp_path, monkeypatch):
+    """The host queues a step's kernels and runs ahead: its clock would count the queue. On a GPU
+    each counted step's end is a CUDA event, its tokens counted once the GPU has passed it, the
+    seconds between the events'. (torch.cuda.Event stands in here as a clock the test moves: this
+    machine has no GPU; tests/gpu/test_gpu.py runs the real one against a synchronized wall.)"""
+    gpu_now = [0.0]
+
+    class Event:  # query / synchronize / elapsed_time, as torch.cuda.Event has them
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = "queued"
+
+        def query(self):
+            return self.at != "queued"
+
+        def synchronize(self):
+            if self.at == "queued":
+                self.at = gpu_now[0]
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) * 1000.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    clock = StepClock(str(tmp_path / "a1.steps"), "0", params=1000)
+    clock._cuda = True  # (as watch() sets it for a model on a GPU)
+    clock.times.append(0.01)  # (a step time, so the line is written)
+    for _ in range(5):  # the host queues 5 steps at once, in no time
+        clock.step_done(tokens=100)
+    assert clock.tokens == 0 and clock.line().split()[4:] == []  # nothing passed: nothing counted yet
+    first, second, *rest = [event for _, event in clock._token_events]
+    first.at, second.at = 0.0, 2.0  # the GPU ran the first two steps: 2 s for the second
+    clock.step_done(tokens=100)
+    assert clock.line().split()[4:] == ["100", "2.000000", "1000"]
+    gpu_now[0] = 10.0
+    clock.finish()  # (waits for the rest: each passed at 10 s)
+    assert clock.line().split()[4:] == ["500", "10.000000", "1000"]
