@@ -31,16 +31,26 @@ dist.destroy_process_group()
 """
 
 
-def test_a_scripts_own_token_count_gives_the_runs_tokens_per_second(make_cluster, tmp_path):
+def run_script(make_cluster, tmp_path, source: str, gpus: str | None = None):
+    """``source`` as the script of a job on two containerized hosts (with the nvidia-smi stand-in
+    replaying ``gpus`` on each, where given), run to its end: (the job, the run, its summary.json)."""
+    from tests.support.helpers import install_smi
+
     cluster = make_cluster(2)
     shared = cluster.shared_dir
+    for host in ("node0", "node1") if gpus else ():
+        install_smi(cluster, host, gpus)
     inventory = cluster.write_inventory(tmp_path / "hosts.yml")
-    (shared / "counting.py").write_text(COUNTING)
-    job = write_job(tmp_path / "job.yaml", base_job("tokens", shared, inventory, {"script": "counting.py"},
+    (shared / "train.py").write_text(source)
+    job = write_job(tmp_path / "job.yaml", base_job("tokens", shared, inventory, {"script": "train.py"},
                                                     workdir=str(shared)))
     proc = ftbundle("run", str(job), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = json.loads((only_run_dir(shared) / "summary.json").read_text())
+    return job, proc, json.loads((only_run_dir(shared) / "summary.json").read_text())
+
+
+def test_a_scripts_own_token_count_gives_the_runs_tokens_per_second(make_cluster, tmp_path):
+    job, proc, summary = run_script(make_cluster, tmp_path, COUNTING)
     assert summary["tokens"] == 2 * 40 * 256, summary  # every rank's 40 counted steps after its first
     rate, per = summary["tokens_per_s"], summary["tokens_per_s_per_rank"]
     # each rank: 256 tokens a step of a little over 50 ms (its sleep, the barrier, a loaded machine)
@@ -80,19 +90,7 @@ def test_a_scripts_model_watched_by_the_step_clock_gives_the_runs_mfu(make_clust
     send them beside their tokens over the node channel, and the run's MFU is 6 x those x tokens/s
     over 2 x 989 TFLOP/s, by hand from summary.json's own tokens/s. (The ranks run gloo on the
     CPU: the figure is tiny and exact.)"""
-    from tests.support.helpers import install_smi
-
-    cluster = make_cluster(2)
-    shared = cluster.shared_dir
-    for host in ("node0", "node1"):
-        install_smi(cluster, host, "h100-x8")
-    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
-    (shared / "watched.py").write_text(WATCHED)
-    job = write_job(tmp_path / "job.yaml", base_job("mfu", shared, inventory, {"script": "watched.py"},
-                                                    workdir=str(shared)))
-    proc = ftbundle("run", str(job), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = json.loads((only_run_dir(shared) / "summary.json").read_text())
+    _, proc, summary = run_script(make_cluster, tmp_path, WATCHED, gpus="h100-x8")
     params = 256 * 512 + 512 + 512 * 256 + 256
     assert summary["tokens"] == 2 * 30 * 128, summary
     assert summary["mfu"] == pytest.approx(6 * params * summary["tokens_per_s"] / (2 * 989e12), rel=0.001), summary
