@@ -192,8 +192,9 @@ def ended_record(text: str | None) -> dict:
 
 
 def ended_lines(ended: dict) -> list[str]:
-    """`status`'s word of a detached run's end as its watcher judged it (ended_record): its state,
-    duration, and the failure it stopped on. Pure."""
+    """`status`'s word of a detached run's end as its watcher judged it, or of an attached run's
+    whose launcher was lost as its rank 0 said it (ended_record): its state, duration, and the
+    failure it stopped on. Pure."""
     from .ui.progress import clock
 
     if not ended.get("state"):
@@ -203,7 +204,11 @@ def ended_lines(ended: dict) -> list[str]:
     failure = ended.get("failure") if isinstance(ended.get("failure"), dict) else {}
     if failure.get("line"):
         head += f": {failure.get('host') or 'a node'} ({failure['line']})"
-    return [head + (f"; judged by {ended['told_by']}'s watcher" if ended.get("told_by") else "")]
+    if not ended.get("told_by"):
+        return [head]
+    if ended.get("detached") is False:  # (an attached run whose launcher was lost: remote/tell.py)
+        return [head + f"; said by {ended['told_by']} (rank 0), its launcher gone"]
+    return [head + f"; judged by {ended['told_by']}'s watcher"]
 
 
 def diverged_lines(text: str | None, ended: dict) -> list[str]:

@@ -55,6 +55,7 @@ STACKS = "stacks"
 STACKS_PROGRAM = "stacks.py"
 RANKS = "ranks"  # torchrun's --log-dir, one folder per node
 WATCHER_PROGRAM = "watch.py"  # the detached watcher, staged for detached nodes (remote/watch.py)
+TELLER_PROGRAM = "tell.py"  # an attached run's word when its launcher is lost, rank 0's (remote/tell.py)
 # staged by the launcher before the nodes start (runtimes, check/burnin.py, check/net.py, export/shell.py)
 LLAMAFACTORY_CONFIG = "llamafactory.yaml"  # the job's LlamaFactory config, as the ranks read it
 TENSORBOARD = "tensorboard"  # TensorBoard's logging_dir, when the config reports to it (ftbundle/trackers.py)
@@ -264,6 +265,10 @@ class RunDir:
     @property
     def watcher_program(self) -> str:
         return self.join(WATCHER_PROGRAM)
+
+    @property
+    def teller_program(self) -> str:
+        return self.join(TELLER_PROGRAM)
 
     @property
     def ranks(self) -> str:

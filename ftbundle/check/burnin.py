@@ -387,7 +387,7 @@ def run_burnin(plan: Plan, cluster: Cluster, seconds: float = DEFAULT_SECONDS,
     report = BurninReport(check_dir=bench.run_dir, seconds=seconds, slow_below=slow_below, net=net)
     rank0 = bench.nodes[0].host
     try:
-        stage_run_dir(cluster, bench)
+        stage_run_dir(cluster, bench, tell=False)
         stage_files(cluster, rank0, bench.run_dir, {rundir.BURNIN_SCRIPT: burnin_source()})
         outcome = Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run()
         if outcome.interrupted:  # Ctrl-C: every node was stopped; the CLI says so and exits 130

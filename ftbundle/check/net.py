@@ -165,7 +165,7 @@ def measure_allreduce(plan: Plan, cluster: Cluster, report: NetReport, *, size_m
     bench = bench_plan(plan, size_mib=size_mib, iters=iters)
     rank0 = bench.nodes[0].host
     try:
-        stage_run_dir(cluster, bench)
+        stage_run_dir(cluster, bench, tell=False)
         stage_files(cluster, rank0, bench.run_dir, {rundir.NET_BENCH_SCRIPT: bench_source()})
         outcome = Supervisor(bench, cluster, out=io.StringIO(), err=io.StringIO()).run()
         result = cluster.run(rank0, ["cat", "--", bench.rundir.join(rundir.NET_BENCH_RESULT)], timeout=15)

@@ -425,7 +425,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
                 files.update(plan.files)  # (the config with its rescaled accumulation)
             stage_files(cluster, plan.nodes[0].host, plan.run_dir, files)
         supervisor = Supervisor(plan, cluster, attempt=attempt, out=out, err=err, ui=ui, verbose=verbose,
-                                start_step=start_step, more_attempts=attempt < attempts)
+                                start_step=start_step, more_attempts=attempt < attempts, run_started=started)
         outcome = supervisor.run(before if attempt == 1 else None)
         curve += [{**r, "attempt": attempt} for r in (outcome.progress.plot_records() + outcome.progress.gpus.curve
                                                       if outcome.progress else [])]

@@ -80,9 +80,14 @@ def stop_argv(files: NodeFiles, node: NodePlan) -> list[str]:
     return node_argv("stop", files.marker, node.container or "")
 
 
-def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, detach: bool) -> dict[str, str]:
-    """Everything the node program reads, and the job's own environment after it."""
+def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, detach: bool,
+             elapsed: float | None = None) -> dict[str, str]:
+    """Everything the node program reads, and the job's own environment after it. ``elapsed``:
+    the seconds since the run began (earlier attempts, the restarts between), as its launcher
+    counts them: an attached run's rank 0 adds its own when it tells a lost launcher's end
+    (None: not a run, a check's load: no word)."""
     passwords = url_passwords(node.env)  # (a URL's password travels as a variable of its own, masked as the rest)
+    tells = not detach and node.rank == 0 and elapsed is not None  # (an attached run's rank 0: remote/tell.py)
     control = {
         # every name in the run directory (ftbundle/rundir.py): the node program builds none
         **plan.rundir.env(attempt),
@@ -118,14 +123,17 @@ def node_env(node: NodePlan, plan: Plan, files: NodeFiles, attempt: int, *, deta
         # a GPU job's GPUs, read by one nvidia-smi loop and sent on this channel (ftbundle.gpu_metrics)
         **gpu_env(plan, node),
         # a detached run's end is judged by rank 0's watcher, or by the first of the others to find it
-        # silent (rank 0's host lost): written into the run directory (ended.aN, what `runs` reads) and
-        # told to the job's `notify:` (remote/watch.py end); the job never sees these
+        # silent (rank 0's host lost); an attached run's whose launcher was lost, by rank 0's node program
+        # (remote/tell.py): written into the run directory (ended.aN, what `runs` reads) and told to the
+        # job's `notify:` (remote/watch.py end); the job never sees these
         **({"FTB_NODE_HOSTS": " ".join(n.host.name for n in plan.nodes),  # (by node rank: who failed)
             # ... with the run's loss, tokens/s and MFU from the trainer's log (remote/trainer_end.py)
             "FTB_TRAINER_LOG": posixpath.join(plan.checkpoint_dir, TRAINER_LOG) if plan.checkpoint_dir else "",
-            "FTB_SPEED": speed_env(plan)} if detach else {}),
+            "FTB_SPEED": speed_env(plan)} if detach or tells else {}),
         **({"FTB_NOTIFY_WEBHOOK": plan.notify.webhook or "", "FTB_NOTIFY_COMMAND": plan.notify.command or ""}
-           if detach and plan.notify is not None else {}),
+           if (detach or tells) and plan.notify is not None else {}),
+        **({"FTB_TELLER_PROGRAM": plan.rundir.teller_program, "FTB_RUN_ELAPSED": f"{elapsed:.1f}",
+            "FTB_SUMMARY_FILE": plan.rundir.summary, "FTB_PLAN_FILE": plan.rundir.plan} if tells else {}),
     }
     return {**control, **node.env}
 
@@ -312,8 +320,10 @@ class NodeRunner:
     """One node of one attempt: starts its program, turns its channels into events."""
 
     def __init__(self, node: NodePlan, plan: Plan, cluster: Cluster, events: queue.Queue[Event],
-                 *, attempt: int = 1, display=None, detach: bool = False, fence: threading.Event | None = None):
+                 *, attempt: int = 1, display=None, detach: bool = False, fence: threading.Event | None = None,
+                 run_started: float | None = None):
         self.node = node
+        self.run_started = run_started  # the run's start (monotonic): its first attempt's, for a lost launcher's word
         self.plan = plan
         self.cluster = cluster
         self.events = events
@@ -346,7 +356,8 @@ class NodeRunner:
         self._thread.start()
 
     def _control(self, gate: Gate | None) -> None:
-        env = node_env(self.node, self.plan, self.files, self.attempt, detach=self.detach)
+        env = node_env(self.node, self.plan, self.files, self.attempt, detach=self.detach,
+                       elapsed=time.monotonic() - self.run_started if self.run_started is not None else None)
         try:
             self.proc = self.cluster.start(self.node.host, node_argv("node", *self.node.argv))
         except HostUnreachable as exc:

@@ -12,7 +12,7 @@ from ..cluster import Cluster, HostUnreachable, first_line
 from ..inventory import Host
 from ..plan import Plan
 from .node import node_argv
-from .stall import collector_source, watcher_source
+from .stall import collector_source, teller_source, watcher_source
 
 
 class StagingError(RuntimeError):
@@ -56,9 +56,11 @@ def stage_files(cluster: Cluster, host: Host, directory: str, files: dict[str, s
                            refused=result.code == NO_SPACE and min_free_mb > 0)
 
 
-def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = (), *, detach: bool = False) -> None:
+def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = (), *, detach: bool = False,
+                  tell: bool = True) -> None:
     """The run directory: the staged files, plan.json (redacted) and the attempt number; with
-    ``detach``, the detached watcher every node starts beside its job (remote/watch.py)."""
+    ``detach``, the detached watcher every node starts beside its job (remote/watch.py); else,
+    with ``tell`` (a run, not a check's load), rank 0's word if its launcher is lost (remote/tell.py)."""
     import json
 
     files = dict(plan.files)
@@ -68,4 +70,6 @@ def stage_run_dir(cluster: Cluster, plan: Plan, leftovers: tuple[str, ...] = (),
         files[rundir.STACKS_PROGRAM] = collector_source().decode()
     if detach:
         files[rundir.WATCHER_PROGRAM] = watcher_source()
+    elif tell:
+        files[rundir.TELLER_PROGRAM] = teller_source()
     stage_files(cluster, plan.nodes[0].host, plan.run_dir, files, leftovers, min_free_mb=MIN_FREE_MB)

@@ -99,6 +99,16 @@ WATCH_PARTS = ("stallclock.py", "watch_rules.py", "watch_host.py", "notifier.py"
                "watch.py")
 
 
+TELL_PARTS = ("watch_host.py", "notifier.py", "trainer_end.py", "tell.py")
+
+
+@cache
+def teller_source() -> str:
+    """An attached run's word when its launcher is lost, as it is staged (rundir.TELLER_PROGRAM):
+    the file helpers, the notifier and the trainer log's reader, then remote/tell.py's ``main``."""
+    return "\n\n".join(shipped.read_text("remote", part) for part in TELL_PARTS)
+
+
 @cache
 def watcher_source() -> str:
     """The detached watcher's program, as it is staged for detached nodes (rundir.WATCHER_PROGRAM):

@@ -70,7 +70,7 @@ class Supervisor:
 
     def __init__(self, plan: Plan, cluster: Cluster, *, attempt: int = 1, out: TextIO | None = None,
                  err: TextIO | None = None, lost_after: float = LOST_AFTER_S, ui=None, verbose: bool = True,
-                 start_step: int = 0, more_attempts: bool = False):
+                 start_step: int = 0, more_attempts: bool = False, run_started: float | None = None):
         self.plan = plan
         self.cluster = cluster
         self.attempt = attempt
@@ -96,7 +96,7 @@ class Supervisor:
             self.display = Display(self.out, redact=self.redact, log_hint=rank0.log)
         self.fence = threading.Event()  # up once the teardown began: no node may start after it
         self.runners = [NodeRunner(n, plan, cluster, self.events, attempt=attempt, display=self.display,
-                                   fence=self.fence) for n in plan.nodes]
+                                   fence=self.fence, run_started=run_started) for n in plan.nodes]
         self.status = [NodeStatus() for _ in plan.nodes]
         self.marks: dict[str, float] = {}  # Outcome.marks
         self._running = 0  # nodes RUNNING, kept by _set (read for every progress update)

@@ -315,6 +315,12 @@ mode_node() {
   fi
   if [ "$stopping" = 1 ]; then
     wait "$wdpid"  # its stop ends with a SIGKILL to whatever is left
+    # an attached run's rank 0: if it was its launcher that was lost, nobody else will say the run
+    # ended (remote/tell.py reads why from the stopped file, off this program: it may be on a storage
+    # that does not answer; it says nothing of a stop its launcher asked for)
+    if [ -n "${FTB_TELLER_PROGRAM:-}" ] && command -v python3 >/dev/null; then
+      setsid python3 -I -S "$FTB_TELLER_PROGRAM" "$SECONDS" </dev/null >/dev/null 2>&1 &
+    fi
   else
     kill "$wdpid" 2>/dev/null
     # the job's main process ended by itself: a rank or helper it left behind goes with it

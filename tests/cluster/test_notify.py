@@ -146,3 +146,56 @@ def test_a_detached_run_whose_rank_0_host_dies_is_told_once_by_another_node(make
     teller = 1 if summary["told_by"] == "node1" else 2
     log = (run / f"node-{teller}-{summary['told_by']}.a1.log").read_text()
     assert "notify: webhook" in log and "told (failed)" in log and "SECRETTOKEN" not in log, log
+
+
+def test_an_attached_run_whose_launcher_dies_is_told_once_by_rank_0(make_cluster, tmp_path, hooks):
+    """The launcher's machine dies (SIGKILL here): every node stops its job (launcher lost) and
+    nobody was left to say the run ended: no summary.json, no webhook, no duration in `runs`. Now
+    rank 0's node program starts remote/tell.py as its job is stopped; after its grace (a launcher
+    cut off from rank 0 alone lives, and says the end itself) it writes ended.a1 and POSTs once.
+    A stop its launcher asked for starts no word of its own."""
+    from ftbundle.remote.tell import GRACE_S
+    from tests.support.helpers import read_stdout_until, start_ftbundle
+
+    cluster = make_cluster(2)
+    h = hooks(address=str(cluster.subnet.network_address + 1))
+    job = command_job(cluster, tmp_path, "laptop", "echo started; sleep 300", notify={"webhook": h.url})
+    proc = start_ftbundle("run", "-v", str(job))
+    read_stdout_until(proc, "started")
+    time.sleep(2)
+    ran = time.monotonic()
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + GRACE_S + 30
+    while not h.posts and time.monotonic() < deadline:
+        time.sleep(0.5)
+    told_after = time.monotonic() - ran
+    time.sleep(3)  # (a second POST would come now)
+    [(_, summary)] = h.posts
+    assert summary["state"] == "stopped: launcher lost" and summary["detached"] is False, summary
+    assert summary["failure"] == {"host": "node0", "line": "launcher lost: the launcher's connection closed"}, summary
+    assert summary["hosts"] == ["node0", "node1"] and summary["told_by"] == "node0", summary
+    assert summary["run_id"].startswith("laptop-") and summary["exit_code"] is None
+    # the run's duration: up to the kill (about 2 s after "started"), not the grace after it
+    assert 2 <= summary["duration_s"] < 20, summary
+    print(f"launcher SIGKILLed -> told {told_after:.1f}s later (grace {GRACE_S:g}s), duration {summary['duration_s']}s")
+    run = next((cluster.shared_dir / "runs").iterdir())
+    assert json.loads((run / "ended.a1").read_text()) == summary and not (run / "summary.json").exists()
+    log = (run / "node-0-node0.a1.log").read_text()
+    assert "notify: webhook" in log and "told (stopped: launcher lost)" in log and "SECRETTOKEN" not in log, log
+    [row] = json.loads(ftbundle("runs", str(job), "--json", timeout=60).stdout)
+    assert (row["state"], row["duration_s"]) == ("stopped: launcher lost", summary["duration_s"]), row
+    status = ftbundle("status", str(job), timeout=60)
+    assert re.search(r"^ended: stopped: launcher lost after 00:\d\d: node0 \(launcher lost: the launcher's connection "
+                     r"closed\); said by node0 \(rank 0\), its launcher gone$", status.stdout, re.M), status.stdout
+
+    # a run its launcher stops (a node failed): the launcher tells it, rank 0's teller says nothing
+    h2 = hooks(address=str(cluster.subnet.network_address + 1))
+    (tmp_path / "f").mkdir()
+    job = command_job(cluster, tmp_path / "f", "fails", '[ "$NODE_RANK" = 1 ] && exit 3; sleep 60',
+                      notify={"webhook": h2.url})
+    assert ftbundle("run", str(job), timeout=120).returncode == 3
+    time.sleep(1)
+    assert not cluster.exec("node0", "pgrep -f '[t]ell.py' || true").stdout.strip()  # (it read no 'launcher lost')
+    [(_, summary)] = h2.posts
+    assert summary["state"] == "failed" and summary["failed_host"] == "node1", summary
