@@ -26,7 +26,7 @@ import time
 
 if __package__:  # imported (tests); shipped, the parts' texts come before this one
     from .notifier import send
-    from .trainer_end import earlier_run, ends_figures, read_ends, speed_figures
+    from .trainer_end import earlier_run, read_ends, told_figures
     from .watch_host import append, claim_once, write_whole
 
 GRACE_S = 20.0  # a launcher alive but cut off from this host writes summary.json well within this
@@ -42,13 +42,7 @@ def figures(env, plan_mtime):
             records = [] if earlier_run(os.stat(log).st_mtime, plan_mtime) else read_ends(log)
         except OSError:
             records = []
-    found = ends_figures(records)
-    ranks, _, per_token_s = (env.get("FTB_SPEED") or "").partition(" ")
-    try:
-        speeds = speed_figures(found["tokens_per_s"], int(ranks or 0), float(per_token_s or 0))
-    except ValueError:
-        speeds = speed_figures(None, 0, 0)
-    return {"hosts": (env.get("FTB_NODE_HOSTS") or "").split(), **found, **speeds}
+    return told_figures(records, env.get("FTB_SPEED"), env.get("FTB_NODE_HOSTS"))
 
 
 def tell(env, why, elapsed_s, grace_s=GRACE_S, now=time.time):

@@ -113,3 +113,16 @@ def speed_figures(tokens_per_s, ranks, mfu_per_token_s):
         return {"tokens_per_s_per_rank": None, "mfu": None}
     return {"tokens_per_s_per_rank": round(tokens_per_s / ranks, 1) if ranks else None,
             "mfu": float(f"{tokens_per_s * mfu_per_token_s:.4g}") if mfu_per_token_s else None}
+
+
+def told_figures(records, speed, hosts):
+    """A told end's hosts, loss, tokens/s (per rank) and MFU (a detached run's watcher, watch.py; an
+    attached run's rank 0 whose launcher was lost, tell.py): from its trainer log's ``records``
+    (read_ends), against FTB_SPEED's "RANKS MFU_PER_TOKEN_S" (``speed``), FTB_NODE_HOSTS (``hosts``)."""
+    found = ends_figures(records)
+    ranks, _, per_token_s = (speed or "").partition(" ")
+    try:
+        speeds = speed_figures(found["tokens_per_s"], int(ranks or 0), float(per_token_s or 0))
+    except ValueError:
+        speeds = speed_figures(None, 0, 0)
+    return {"hosts": (hosts or "").split(), **found, **speeds}

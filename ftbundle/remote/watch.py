@@ -54,7 +54,7 @@ if __package__:  # imported (tests); shipped, the parts' texts come before this 
     from .watch_rules import (MOVED, Follower, Referee, culprit, diverged_said, first_line,  # noqa: F401 (tests)
                               observe_progress, progress_value, waiting_for_step, wildcard)
     from .notifier import send
-    from .trainer_end import ends_figures, log_mark, read_ends, speed_figures
+    from .trainer_end import log_mark, read_ends, told_figures
 
 STALL_LOOK_S = 2  # the stall watchdog reads the progress this often
 GPUS_EVERY_S = 30  # a detached GPU node's figures are kept this often (and at the job's end)
@@ -310,14 +310,8 @@ class Watcher:
         """The told summary's hosts, and its loss, tokens/s (per rank) and MFU as `runs` counts them
         from the trainer's log (trainer_end.py), where this run's trainer wrote one this host reads
         (rank 0's output_dir; another host's if it is shared): else None, as a command job's."""
-        ranks, _, per_token_s = self.path("FTB_SPEED").partition(" ")
         records = read_ends(self.path("FTB_TRAINER_LOG"), self.trainer_mark) if self.path("FTB_TRAINER_LOG") else []
-        found = ends_figures(records)
-        try:
-            speeds = speed_figures(found["tokens_per_s"], int(ranks or 0), float(per_token_s or 0))
-        except ValueError:
-            speeds = speed_figures(None, 0, 0)
-        return {"hosts": self.path("FTB_NODE_HOSTS").split(), **found, **speeds}
+        return told_figures(records, self.path("FTB_SPEED"), self.path("FTB_NODE_HOSTS"))
 
     # -- the stall watchdog (its own thread, which never touches the storage) ---------------------
     def reading(self):
