@@ -341,9 +341,7 @@ def count_params(model) -> int | None:
         whole = getattr(param, "ds_numel", None)
         shape = getattr(getattr(param, "quant_state", None), "shape", None)
         if whole is None and shape is not None:
-            whole = 1
-            for d in shape:
-                whole *= int(d)
+            whole = math.prod(int(d) for d in shape)
         total += int(whole) if whole is not None else param.numel()
     return total or None
 
