@@ -113,8 +113,11 @@ def test_plot_writes_a_png_of_one_run_and_of_two_overlaid(piped_run, tmp_path):
     shutil.copy(png, Path(os.environ.get("FTB_TEST_ARTIFACTS", tmp_path)) / "quickstart-loss.png")
 
 
-def _tmux(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True)
+def _tmux(session: str, *args: str) -> subprocess.CompletedProcess:
+    """tmux on a server of the session's own (``-L``): two tests sharing the default server raced
+    it, one's new session reaching the server the other's kill had just told to exit ("server
+    exited unexpectedly", seen once in CI)."""
+    return subprocess.run(["tmux", "-L", session, "-f", "/dev/null", *args], capture_output=True, text=True)
 
 
 def test_plot_on_a_terminal_without_output_draws_in_the_terminal(piped_run, tmp_path):
@@ -123,15 +126,15 @@ def test_plot_on_a_terminal_without_output_draws_in_the_terminal(piped_run, tmp_
     script = tmp_path / "plot.sh"
     script.write_text(f"cd {shlex.quote(str(REPO))}\n{shlex.quote(sys.executable)} -m ftbundle plot "
                       f"{shlex.quote(str(job))}\necho FTB-EXIT=$?\nsleep 120\n")
-    assert _tmux("new-session", "-d", "-s", session, "-x", "100", "-y", "50", "bash", str(script)).returncode == 0
+    assert _tmux(session, "new-session", "-d", "-s", session, "-x", "100", "-y", "50", "bash", str(script)).returncode == 0
     try:
         deadline = time.monotonic() + 60
         screen = ""
         while "FTB-EXIT=" not in screen and time.monotonic() < deadline:
             time.sleep(0.3)
-            screen = _tmux("capture-pane", "-p", "-t", session).stdout
+            screen = _tmux(session, "capture-pane", "-p", "-t", session).stdout
     finally:
-        _tmux("kill-session", "-t", session)
+        _tmux(session, "kill-server")
     assert "FTB-EXIT=0" in screen, screen
     run_id = next((job.parent / ".shared/runs").iterdir()).name
     assert "learning rate" in screen and "step" in screen and run_id[:30] in screen, screen
@@ -147,13 +150,13 @@ def test_terminal_shows_live_progress_and_the_quickstart_fits_a_screen(tmp_path,
     script.write_text(f"cd {shlex.quote(str(REPO))}\n"
                       f"{shlex.quote(sys.executable)} -m ftbundle run {shlex.quote(str(job))}\n"
                       "echo FTB-EXIT=$?\nsleep 600\n")
-    assert _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "80", "bash", str(script)).returncode == 0
+    assert _tmux(session, "new-session", "-d", "-s", session, "-x", "120", "-y", "80", "bash", str(script)).returncode == 0
     live = []
     before_steps = set()  # the live line's text in the training phase before the first step
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            screen = _tmux("capture-pane", "-p", "-t", session).stdout
+            screen = _tmux(session, "capture-pane", "-p", "-t", session).stdout
             if "FTB-EXIT=" in screen:
                 break
             if any(line.lstrip()[:1] in SPINNER and "training" in line and "step" in line
@@ -166,9 +169,9 @@ def test_terminal_shows_live_progress_and_the_quickstart_fits_a_screen(tmp_path,
                     before_steps.add(re.sub(r"\s+\d+s(\s+\(\d+s since launch\))?$", "",
                                             body[1:].strip()[len("training"):].strip()))
             time.sleep(0.25)
-        whole = _tmux("capture-pane", "-p", "-S", "-", "-t", session).stdout
+        whole = _tmux(session, "capture-pane", "-p", "-S", "-", "-t", session).stdout
     finally:
-        _tmux("kill-session", "-t", session)
+        _tmux(session, "kill-server")
     lines = whole.rstrip("\n").splitlines()
     end = next(i for i, line in enumerate(lines) if line.startswith("FTB-EXIT="))
     assert lines[end] == "FTB-EXIT=0", whole
