@@ -36,12 +36,14 @@ _HEADER = re.compile(r"^==> (.*) <==$")
 
 def run_summary(plan, *, exit_code: int, interrupted: bool, attempt: int, started: float, duration_s: float,
                 progress, failed_host: str | None, stalled: bool = False, requested: bool = False,
-                failure: dict | None = None) -> dict:
+                failure: dict | None = None, launcher_lost: bool = False) -> dict:
     """summary.json's content. Pure. ``stalled``: the stall watchdog stopped the run (it
     made no progress for stall_timeout), which `ftbundle runs` lists as such, not "failed";
-    ``requested``: `ftbundle stop` stopped it ("stopped", as a detached run so stopped)."""
+    ``requested``: `ftbundle stop` stopped it ("stopped", as a detached run so stopped);
+    ``launcher_lost``: the nodes stopped their jobs themselves while the launcher was paused
+    past their watchdog (as rank 0's teller says it: remote/tell.py)."""
     state = ("finished" if exit_code == 0 else "stopped" if requested else "interrupted" if interrupted
-             else "stalled" if stalled else "failed")
+             else "stalled" if stalled else "stopped: launcher lost" if launcher_lost else "failed")
     return {
         "run_id": plan.run_id, "job": plan.job_name, "state": state, "exit_code": exit_code,
         "attempt": attempt, "started": started, "duration_s": round(duration_s, 1),

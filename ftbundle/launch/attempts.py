@@ -21,7 +21,6 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
@@ -40,14 +39,13 @@ from ..recovery import RECOVERY_PARTS, attempts_said, recovery_said
 from ..ui.progress import Progress
 from .failure import read_diverged
 from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
+from .record import failure_said, record_run, told_while_away
 from .staging import stage_files
 from .states import INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, Outcome, State
 from .supervisor import Supervisor
 from .teardown import stop_requested
 
 RESTART_DELAY_S = 1.0
-RECORD_TIMEOUT_S = 5.0  # writing summary.json at the end of a run, through one host
-RECORD_TRIES = 3  # hosts tried in turn for it (record_hosts)
 FENCE_MARGIN_S = 5.0  # beyond a lost node's watchdog and stop grace: its stop written, on a loaded host
 
 
@@ -395,10 +393,13 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         for thread in telling:  # (a lost host's word, still on its way: within its own limit)
             thread.join(timeout=15)
         if ui is not None:
-            summary = record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
-                                 duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries,
-                                 curve=curve, gpus=run_gpus)
-            if plan.notify is not None:  # (once, at the run's end: ftbundle/notify.py)
+            summary, via = record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
+                                      duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries,
+                                      curve=curve, gpus=run_gpus)
+            told = told_while_away(plan, cluster, outcome, attempt, via) if plan.notify is not None else None
+            if told is not None:
+                say(told)
+            elif plan.notify is not None:  # (once, at the run's end: ftbundle/notify.py)
                 from ..notify import send
 
                 send(plan.notify, summary, say)  # (summary.json: its failure as the notifier gets it too)
@@ -523,64 +524,3 @@ def closing_lines(plan: Plan, outcome: Outcome, duration_s: float, attempt: int,
     told = {r["attempt"] for r in history if r.get("why")}  # (a loss's attempt says its recovery with its line)
     return lines + attempts_said(list(history)) + [
         said for r in recoveries if r["attempt"] not in told and (said := recovery_said(r["attempt"], r))]
-
-
-def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, started_wall: float,
-               duration_s: float, attempts: list[dict] = (), recoveries: list[dict] = (),
-               curve: list[dict] | None = None, gpus: dict | None = None) -> dict:
-    """The run's record beside its logs (returned: summary.json's content): summary.json (state, exit, duration, final loss,
-    each attempt's hosts) and metrics.jsonl (the trainer's log records of every attempt, each
-    with its attempt: ``curve``; else this outcome's), for `ftbundle runs` and `ftbundle plot`.
-    Best effort: a run that could not be recorded has still run."""
-    import json
-
-    from ..history import run_summary
-
-    progress = outcome.progress or Progress()
-    summary = run_summary(plan, exit_code=outcome.exit_code, interrupted=outcome.interrupted,
-                          stalled=outcome.stalled, requested=outcome.requested,
-                          attempt=attempt, started=started_wall, duration_s=duration_s, progress=progress,
-                          failed_host=outcome.failure.host if outcome.failure else None,
-                          failure=failure_said(outcome))
-    if gpus is not None:  # (every attempt's readings, not the last one's alone: gpu_metrics.over_attempts)
-        summary["gpus"] = gpus
-    if len(attempts) > 1:
-        summary["attempts"] = list(attempts)
-    if recoveries:
-        summary["recovery"] = list(recoveries)
-    if outcome.gpu_faults:
-        summary["gpu_faults"] = list(outcome.gpu_faults)
-    files = {rundir.SUMMARY: json.dumps(summary, indent=2) + "\n"}
-    if len(attempts) > 1:  # (`ftbundle status` reads it: each attempt's recovery, now known)
-        files[rundir.ATTEMPTS] = json.dumps(list(attempts), indent=2) + "\n"
-    records = curve if curve else progress.plot_records()
-    if records:
-        files[rundir.METRICS] = "".join(json.dumps(r) + "\n" for r in records)
-    # through a node the run could still reach (rank 0's host may be the one that was lost, or
-    # one whose SSH key exchange hangs: its transport is active, nothing sent to it goes out)
-    for host in record_hosts(plan, cluster, outcome.lost):
-        try:  # (briefly: an interrupted ftbundle must not wait long on a record)
-            stage_files(cluster, host, plan.run_dir, files, timeout=RECORD_TIMEOUT_S)
-            return summary
-        except Exception:  # noqa: BLE001 - the next host, if any
-            continue
-    return summary
-
-
-def failure_said(outcome: Outcome) -> dict | None:
-    """The failed node as a notifier gets it: host, node rank, exit code and the line why."""
-    f = outcome.failure
-    return None if f is None else {"host": f.host, "node_rank": f.rank, "code": f.code, "line": f.reason}
-
-
-def record_hosts(plan: Plan, cluster: Cluster, lost: Iterable[int], tries: int = RECORD_TRIES) -> list[Host]:
-    """Where the run's record is written through, in order, ``tries`` at most: the nodes not
-    lost whose sends go out now (rank order), then those whose transport is up but held (a key
-    exchange in progress), then rank 0's host whatever its state."""
-    lost = set(lost)
-    kept = [n.host for n in plan.nodes if n.rank not in lost and cluster.alive(n.host)]
-    ready = [h for h in kept if cluster.can_send(h)]
-    order = ready + [h for h in kept if h not in ready]
-    if plan.nodes[0].host not in order:
-        order.append(plan.nodes[0].host)
-    return order[:tries]

@@ -59,6 +59,9 @@ class Outcome:
     # failure (its teardown began): the recovery's parts (attempts.recovery)
     marks: dict[str, float] = field(default_factory=dict)
     gpu_faults: tuple[str, ...] = ()  # the Xids its nodes' kernels logged during it (_print_gpu_faults)
+    # the nodes stopped their jobs themselves, their launcher lost (ftbundle paused past their watchdog,
+    # or cut off from them all): "stopped: launcher lost", and rank 0's host may have told the end meanwhile
+    launcher_lost: bool = False
 
 
 class Silence(enum.Enum):

@@ -35,7 +35,6 @@ import time
 from typing import TextIO
 
 from ..cluster import Cluster, HostUnreachable, parallel
-from ..inventory import Host
 from ..plan import Plan
 from ..rundir import TRAINER_LOG
 from ..ui.progress import Progress
@@ -47,7 +46,7 @@ from .stall import STALLED_EXIT_CODE, StallClock, ending, stall_report
 from .states import (INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, PROBE_S, START_TIMEOUT_S, Failure, NodeStatus, Outcome, Silence, State,
                      silence_verdict)
 from .storage import StorageWatch
-from .teardown import STOPPED_CODES, stop_nodes, stop_requested
+from .teardown import STOPPED_CODES, Probe, stop_nodes, stop_requested
 
 LOST_AFTER_DEFAULT_S = 5.0
 LOST_AFTER_S = float(os.environ.get("FTB_LOST_AFTER", LOST_AFTER_DEFAULT_S))
@@ -103,9 +102,10 @@ class Supervisor:
         self._finished = 0  # nodes EXITED with code 0, likewise
         self.failures: list[Failure] = []
         self._orphaned: set[int] = set()  # ranks whose node program died under a running job
-        self._probes: dict[int, _Probe] = {}  # silent nodes: does their host answer?
+        self._probes: dict[int, Probe] = {}  # silent nodes: does their host answer?
         self._stop_pinging = threading.Event()
         self._awake = time.monotonic()  # when the loop last looked at its events
+        self.away_s: float | None = None  # ftbundle paused past the nodes' watchdog (_pardon): they stop their jobs
         # progress from the heartbeats (:mod:`.stall`); LlamaFactory: from its first step on
         self.stall = StallClock(plan.stall_timeout, wait_for_step=bool(plan.checkpoint_dir))
         # shared storage that does not answer, as the nodes report it (:mod:`.storage`)
@@ -242,6 +242,7 @@ class Supervisor:
             elif st.state is State.STARTING:
                 st.since = max(st.since, now)
         if gap >= WATCHDOG_S:
+            self.away_s = gap
             self.say(f"ftbundle itself was paused for {gap:.1f}s, longer than the nodes' watchdog "
                      f"({WATCHDOG_S}s): they will have stopped their jobs")
         else:
@@ -363,7 +364,7 @@ class Supervisor:
             verdict = silence_verdict(st, now, None if probe is None else probe.answered, limit=limit,
                                       quiet_max=quiet_max, ask_before=ask_before)
             if verdict.asks and probe is None:
-                self._probes[rank] = _Probe(self.cluster, self.plan.nodes[rank].host, st.last_heartbeat)
+                self._probes[rank] = Probe(self.cluster, self.plan.nodes[rank].host, st.last_heartbeat)
             if verdict is Silence.NOT_STARTED:
                 self._lose(rank, f"its node program did not start within {START_TIMEOUT_S:.0f}s", now)
                 continue
@@ -391,6 +392,8 @@ class Supervisor:
             self.ui.stop()
         if self._lost_all_at_once():
             return self._lost_all(first, took)
+        if self.away_s is not None:
+            return self._stopped_while_away(first, took, lost)
         if first.code in STOPPED_CODES and stop_requested(self.plan, self.cluster):
             self.say(f"stopped by `ftbundle stop` ({self.plan.rundir.stop_request}): every node stopped in {took:.1f}s"
                      + (f"; {self._unreachable_note(lost)}" if lost else ""))
@@ -424,7 +427,19 @@ class Supervisor:
         self.say(f"each node stops its job by itself within {WATCHDOG_S}s of its last ping (its watchdog) "
                  "and writes why into its log; `ftbundle runs` shows the run as stopped: launcher lost")
         lost = list(range(len(self.status)))
-        return Outcome(LOST_EXIT_CODE, first, teardown_s=took, lost=tuple(lost), progress=self.progress)
+        return Outcome(LOST_EXIT_CODE, first, teardown_s=took, lost=tuple(lost), progress=self.progress,
+                       launcher_lost=True)
+
+    def _stopped_while_away(self, first: Failure, took: float, lost: list[int]) -> Outcome:
+        """ftbundle was paused past the nodes' watchdog (_pardon: a laptop's lid, SIGSTOP): each
+        node stopped its job itself (launcher lost) and none failed. Said as that, not as the
+        first node's SIGTERM; rank 0's host may have told the run's end meanwhile (attempts.finish)."""
+        why = (f"launcher lost: ftbundle was paused for {self.away_s:.1f}s, longer than the nodes' watchdog "
+               f"({WATCHDOG_S}s)")
+        self.say("every node stopped its job by itself while ftbundle was paused: the run is recorded as stopped: "
+                 "launcher lost" + (f"; {self._unreachable_note(lost)}" if lost else ""))
+        return Outcome(LOST_EXIT_CODE, dataclasses.replace(first, code=LOST_EXIT_CODE, reason=why), teardown_s=took,
+                       lost=tuple(lost), progress=self.progress, launcher_lost=True)
 
     def _stalled(self) -> Outcome | None:
         """No progress for stall_timeout: every rank's state and stack first (:mod:`.stall`),
@@ -576,16 +591,3 @@ class Supervisor:
                 print(f"  | {self.redact(line)}", file=self.err)
         if runner.messages:
             self.say("node wrapper said: " + self.redact(" / ".join(runner.messages[-3:])))
-
-
-class _Probe:
-    """Whether a silent node's host answers (:meth:`Cluster.answers`), asked on a thread:
-    ``answered`` is None until it is known."""
-
-    def __init__(self, cluster: Cluster, host: Host, since: float):
-        self.answered: bool | None = None
-        self.since = since  # the last heartbeat before the silence it asks about
-        threading.Thread(target=self._ask, args=(cluster, host), daemon=True, name=f"probe-{host.name}").start()
-
-    def _ask(self, cluster: Cluster, host: Host) -> None:
-        self.answered = cluster.answers(host, PROBE_S)

@@ -16,7 +16,8 @@ cause). A node that answers is being stopped, just slowly (a loaded controller o
 waited for.
 
 Who is confirmed stopped and who gets the second path is decided without I/O
-(:class:`Stopping`); :func:`stop_nodes` does the sending and the waiting.
+(:class:`Stopping`); :func:`stop_nodes` does the sending and the waiting. Whether a silent
+node's host answers is asked on a thread of its own (:class:`Probe`, the supervisor's too).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from ..cluster import Cluster
+from ..inventory import Host
 from .node import HEARTBEAT_S, STOP_GRACE_S, NodeRunner
-from .states import NodeStatus, State
+from .states import PROBE_S, NodeStatus, State
 
 TEARDOWN_SILENT_S = 2 * HEARTBEAT_S + 0.5  # while stopping: silent this long, its host is asked
 STOPPER_THREADS = 8  # the teardown's sends (a send can wait on one host's transport)
@@ -149,3 +152,16 @@ def stop_requested(plan, cluster) -> bool:
         except Exception:  # noqa: BLE001 - not known: not asked
             return False
     return False
+
+
+class Probe:
+    """Whether a silent node's host answers (:meth:`Cluster.answers`), asked on a thread:
+    ``answered`` is None until it is known."""
+
+    def __init__(self, cluster: Cluster, host: Host, since: float):
+        self.answered: bool | None = None
+        self.since = since  # the last heartbeat before the silence it asks about
+        threading.Thread(target=self._ask, args=(cluster, host), daemon=True, name=f"probe-{host.name}").start()
+
+    def _ask(self, cluster: Cluster, host: Host) -> None:
+        self.answered = cluster.answers(host, PROBE_S)

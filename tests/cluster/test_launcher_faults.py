@@ -310,7 +310,7 @@ def test_a_runs_record_goes_through_another_host_when_rank0s_key_exchange_hangs(
     limit and was lost (seen under load, when rank 0's exit arrived before it was given up on).
     Now it goes through node1 at once, and rank 0's log is not waited for either."""
     from ftbundle.commands.common import load_layout, open_cluster
-    from ftbundle.launch.attempts import record_hosts, record_run
+    from ftbundle.launch.record import record_hosts, record_run
     from ftbundle.launch.supervisor import Outcome
     from ftbundle.plan import make_plan
 

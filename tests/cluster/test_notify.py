@@ -199,3 +199,64 @@ def test_an_attached_run_whose_launcher_dies_is_told_once_by_rank_0(make_cluster
     assert not cluster.exec("node0", "pgrep -f '[t]ell.py' || true").stdout.strip()  # (it read no 'launcher lost')
     [(_, summary)] = h2.posts
     assert summary["state"] == "failed" and summary["failed_host"] == "node1", summary
+
+
+def test_a_launcher_woken_after_rank_0_told_the_end_says_so_and_tells_nothing(make_cluster, tmp_path, hooks):
+    """The laptop's lid: the launcher is suspended (SIGSTOP) past the nodes' watchdog and rank 0's
+    teller's grace, so rank 0 told the end (stopped: launcher lost). Woken (SIGCONT), the launcher
+    finds the nodes gone: it says why (its own pause, not a node's SIGTERM), records the run as
+    stopped: launcher lost, and does not tell the end a second time (it claims ended.a1 as the
+    teller does: one of them tells)."""
+    import signal
+
+    from ftbundle.launch.node import WATCHDOG_S
+    from ftbundle.remote.tell import GRACE_S
+    from tests.support.helpers import read_stdout_until, start_ftbundle
+
+    cluster = make_cluster(2)
+    h = hooks(address=str(cluster.subnet.network_address + 1))
+    job = command_job(cluster, tmp_path, "lid", "echo started; sleep 300", notify={"webhook": h.url})
+    proc = start_ftbundle("run", "-v", str(job))
+    read_stdout_until(proc, "started")
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + WATCHDOG_S + GRACE_S + 40
+        while not h.posts and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert h.posts, "rank 0 told nothing while its launcher slept"
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    time.sleep(3)  # (a second POST would come now)
+    [(_, told)] = h.posts
+    assert told["state"] == "stopped: launcher lost" and told["told_by"] == "node0", told
+    assert re.search(rf"ftbundle itself was paused for \d+\.\ds, longer than the nodes' watchdog \({WATCHDOG_S}s\)",
+                     err), err
+    assert "every node stopped its job by itself while ftbundle was paused: the run is recorded as stopped: " \
+           "launcher lost" in err, err
+    assert "notify: not told again: node0 (rank 0) told this run's end while ftbundle was away " \
+           "(ended.a1: stopped: launcher lost)" in err, err
+    assert "failed first" not in err and "told (" not in err, err
+    assert proc.returncode == 255
+    [row] = json.loads(ftbundle("runs", str(job), "--json", timeout=60).stdout)
+    assert row["state"] == "stopped: launcher lost", row
+    run = next((cluster.shared_dir / "runs").iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["state"] == "stopped: launcher lost" and re.fullmatch(
+        rf"launcher lost: ftbundle was paused for \d+\.\ds, longer than the nodes' watchdog \({WATCHDOG_S}s\)",
+        summary["failure"]["line"]), summary
+
+    # paused past the watchdog but woken within the teller's grace: the launcher tells, rank 0 does not
+    h2 = hooks(address=str(cluster.subnet.network_address + 1))
+    (tmp_path / "b").mkdir()
+    job = command_job(cluster, tmp_path / "b", "nap", "echo started; sleep 300", notify={"webhook": h2.url})
+    proc = start_ftbundle("run", "-v", str(job))
+    read_stdout_until(proc, "started")
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(WATCHDOG_S + 4)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    time.sleep(GRACE_S + 5)  # (rank 0's teller, had it told, would have by now)
+    [(_, told)] = h2.posts
+    assert told["state"] == "stopped: launcher lost" and "told_by" not in told, told
+    assert "notify: webhook" in err and "told (stopped: launcher lost)" in err, err
