@@ -50,6 +50,17 @@ def _lines(text: str) -> int:
     return value
 
 
+def _runs(text: str) -> int:
+    """runs --last: a count of runs, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number of runs, 1 or more; got {text!r}")
+    return value
+
+
 def _seconds(text: str) -> float:
     """--burn-in SECONDS: 1 to 3600 (the job file goes first: `check JOB --burn-in 5`)."""
     try:
@@ -193,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     runs.add_argument("job", nargs="?", help="the job file (default: ./job.yaml)")
     runs.add_argument("--json", action="store_true", help="print JSON instead of a table")
     runs.add_argument("--all", action="store_true", help="every job's runs in the shared directory")
+    runs.add_argument("--last", type=_runs, default=None, metavar="N",
+                      help="only the newest N runs (a week of restarts lists hundreds)")
     runs.set_defaults(func=cmd_runs)
 
     plot = sub.add_parser("plot", help="plot loss and learning rate of runs", parents=[hosts],

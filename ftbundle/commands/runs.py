@@ -17,6 +17,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     finally:
         if cluster is not None:
             cluster.close()
+    if args.last is not None:  # (oldest first: the newest N are the table's last N lines)
+        rows = rows[-args.last:]
     if args.json:
         print(runs_json(rows))
     elif not rows:

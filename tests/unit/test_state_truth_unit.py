@@ -79,6 +79,17 @@ def test_a_run_directory_without_a_plan_is_passed_over_and_named(tmp_path):
     assert "no run: no plan.json" in lines["kept-20991231-235958-aaaa"], listing.stdout
     assert "no run: plan.json is not valid JSON" in lines["kept-20991231-235959-bbbb"], listing.stdout
     assert "finished" in lines[good], listing.stdout
+    # --last N: the newest N (by start), as a table and as JSON; a count that is not one is refused
+    last = ftb(tmp_path, "runs", "job.yaml", "--last", "2")
+    assert [line.split()[0] for line in last.stdout.splitlines()[1:]] == [
+        "kept-20991231-235958-aaaa", "kept-20991231-235959-bbbb"], last.stdout
+    rows = json.loads(ftb(tmp_path, "runs", "job.yaml", "--last", "1", "--json").stdout)
+    assert [r["run_id"] for r in rows] == ["kept-20991231-235959-bbbb"], rows
+    assert len(json.loads(ftb(tmp_path, "runs", "job.yaml", "--last", "9", "--json").stdout)) == 3
+    for bad in ("0", "-1", "two"):
+        refused = ftb(tmp_path, "runs", "job.yaml", "--last", bad)
+        assert refused.returncode == 2 and "--last: must be a number of runs, 1 or more" in refused.stderr, \
+            refused.stderr
 
 
 def test_runs_json_says_a_broken_summary(tmp_path):
