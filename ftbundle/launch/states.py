@@ -17,6 +17,7 @@ START_TIMEOUT_S = 30.0  # STARTING for longer than this: the node program never 
 PROBE_S = 1.5  # a silent node's host must answer within this long, or the node is lost
 LOST_EXIT_CODE = 255  # like ssh, for a node whose connection or heartbeat was lost
 INTERRUPTED_EXIT_CODE = 130  # ctrl-c (128 + SIGINT), and a run stopped by `ftbundle stop`
+AWAY_WINDOW_S = 5.0  # the nodes' stops queued while ftbundle was paused are read within this of its waking
 
 
 class State(enum.Enum):
@@ -105,3 +106,18 @@ def silence_verdict(st: NodeStatus, now: float, answered: bool | None, *, limit:
     if quiet_max is not None and silent > quiet_max:
         return Silence.QUIET
     return Silence.WAIT
+
+
+def stopped_while_away(away: tuple[float, float] | None, first_at: float, code: int,
+                       window: float = AWAY_WINDOW_S) -> bool:
+    """Whether an attempt's first failure is its nodes' watchdog stopping their jobs because ftbundle
+    itself was paused past it (``away``: when it woke, for how long; :meth:`.supervisor.Supervisor._pardon`),
+    not a fault of theirs: the failure came in the pause or within ``window`` of the waking (its
+    word waited in the connection), and it is the watchdog's SIGTERM or SIGKILL, or the node's
+    connection gone. A pause that the nodes outlived (a blocked loop whose pingers went on) and a
+    failure an hour later are not it."""
+    if away is None:
+        return False
+    woke, gap = away
+    return woke - gap <= first_at <= woke + window and code in (143, 137, LOST_EXIT_CODE)
+

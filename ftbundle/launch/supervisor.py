@@ -44,7 +44,7 @@ from .failure import cause_line, exit_reason, rank_failure, read_tail, unreachab
 from .node import WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
 from .stall import STALLED_EXIT_CODE, StallClock, ending, stall_report
 from .states import (INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, PROBE_S, START_TIMEOUT_S, Failure, NodeStatus, Outcome, Silence, State,
-                     silence_verdict)
+                     silence_verdict, stopped_while_away)
 from .storage import StorageWatch
 from .teardown import STOPPED_CODES, Probe, stop_nodes, stop_requested
 
@@ -105,7 +105,7 @@ class Supervisor:
         self._probes: dict[int, Probe] = {}  # silent nodes: does their host answer?
         self._stop_pinging = threading.Event()
         self._awake = time.monotonic()  # when the loop last looked at its events
-        self.away_s: float | None = None  # ftbundle paused past the nodes' watchdog (_pardon): they stop their jobs
+        self.away: tuple[float, float] | None = None  # paused past the nodes' watchdog (_pardon): woke when, for how long
         # progress from the heartbeats (:mod:`.stall`); LlamaFactory: from its first step on
         self.stall = StallClock(plan.stall_timeout, wait_for_step=bool(plan.checkpoint_dir))
         # shared storage that does not answer, as the nodes report it (:mod:`.storage`)
@@ -242,7 +242,7 @@ class Supervisor:
             elif st.state is State.STARTING:
                 st.since = max(st.since, now)
         if gap >= WATCHDOG_S:
-            self.away_s = gap
+            self.away = (now, gap)
             self.say(f"ftbundle itself was paused for {gap:.1f}s, longer than the nodes' watchdog "
                      f"({WATCHDOG_S}s): they will have stopped their jobs")
         else:
@@ -392,7 +392,7 @@ class Supervisor:
             self.ui.stop()
         if self._lost_all_at_once():
             return self._lost_all(first, took)
-        if self.away_s is not None:
+        if stopped_while_away(self.away, first.at, first.code):
             return self._stopped_while_away(first, took, lost)
         if first.code in STOPPED_CODES and stop_requested(self.plan, self.cluster):
             self.say(f"stopped by `ftbundle stop` ({self.plan.rundir.stop_request}): every node stopped in {took:.1f}s"
@@ -434,7 +434,7 @@ class Supervisor:
         """ftbundle was paused past the nodes' watchdog (_pardon: a laptop's lid, SIGSTOP): each
         node stopped its job itself (launcher lost) and none failed. Said as that, not as the
         first node's SIGTERM; rank 0's host may have told the run's end meanwhile (attempts.finish)."""
-        why = (f"launcher lost: ftbundle was paused for {self.away_s:.1f}s, longer than the nodes' watchdog "
+        why = (f"launcher lost: ftbundle was paused for {self.away[1]:.1f}s, longer than the nodes' watchdog "
                f"({WATCHDOG_S}s)")
         self.say("every node stopped its job by itself while ftbundle was paused: the run is recorded as stopped: "
                  "launcher lost" + (f"; {self._unreachable_note(lost)}" if lost else ""))

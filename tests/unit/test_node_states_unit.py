@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from ftbundle.launch.states import PROBE_S, START_TIMEOUT_S, NodeStatus, Silence, State, silence_verdict
+from ftbundle.launch.states import (AWAY_WINDOW_S, LOST_EXIT_CODE, PROBE_S, START_TIMEOUT_S, NodeStatus, Silence, State,
+                                    silence_verdict, stopped_while_away)
 from ftbundle.launch.teardown import SECOND_STOP_AFTER_S, TEARDOWN_SILENT_S, Stopping, stop_nodes
 
 LIMIT = 5.0
@@ -122,3 +123,20 @@ def test_the_teardown_confirms_each_node_by_its_exit_or_its_late_stop():
     # node 2 cannot be confirmed (the outcome names it as not stopped); the others are, well before the deadline
     assert stopping.unconfirmed([st.state for st in status]) == [2] and took < SECOND_STOP_AFTER_S + 2
     assert checked and set(checked) == {TEARDOWN_SILENT_S}
+
+
+def test_a_failure_is_the_launchers_pause_only_right_after_it_and_only_a_watchdogs_stop():
+    """ftbundle woke at t=1000 after 30 s paused (past the nodes' 10 s watchdog): the nodes' stops
+    that waited in their connections are its pause, not their fault. A failure long after the
+    waking, one of another kind (a rank's exit 1), or with no pause at all is a node's own."""
+    away = (1000.0, 30.0)
+    for code in (143, 137, LOST_EXIT_CODE):
+        assert stopped_while_away(away, 1000.3, code)
+    assert stopped_while_away(away, 985.0, 143)  # (read by its reader thread while the loop was stuck)
+    assert stopped_while_away(away, 1000.0 + AWAY_WINDOW_S, 143)
+    assert not stopped_while_away(away, 1000.0 + AWAY_WINDOW_S + 0.1, 143)
+    assert not stopped_while_away(away, 4600.0, 143)  # (an hour later: a node's own)
+    assert not stopped_while_away(away, 1000.3, 1)  # (a rank's exception)
+    assert not stopped_while_away(away, 960.0, 143)  # (before the pause began)
+    assert not stopped_while_away(None, 1000.3, 143)
+
