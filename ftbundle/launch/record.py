@@ -63,13 +63,14 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
     return summary, None
 
 
-def told_while_away(plan: Plan, cluster: Cluster, outcome: Outcome, attempt: int, via: Host | None) -> str | None:
+def told_while_away(plan: Plan, cluster: Cluster, outcome: Outcome, attempt: int, via: Host | None) -> dict | None:
     """The nodes stopped their jobs themselves, their launcher lost (Outcome.launcher_lost: it was
     paused past their watchdog, or cut off from them all): rank 0's node program may have told the
-    run's end meanwhile (remote/tell.py, once its grace passed with no summary.json). The launcher
-    claims the attempt's ended.aN as the teller does (O_EXCL: one of them tells), through ``via``, the
-    host its record went through. None: it claimed it, or it cannot know (no host took its record:
-    told twice is better than never); else what to say instead of telling."""
+    attempt's end meanwhile (remote/tell.py, once its grace passed with no summary.json). The launcher
+    claims the attempt's ended.aN as the teller does (O_EXCL: one of them tells), through ``via``
+    (the host its record went through, or any it can reach). None: it claimed it (the teller will
+    say nothing), or it cannot know (told twice is better than never); else the teller's record
+    ({} while the teller is still writing it)."""
     if not outcome.launcher_lost or via is None:
         return None
     import json
@@ -86,9 +87,13 @@ def told_while_away(plan: Plan, cluster: Cluster, outcome: Outcome, attempt: int
         ended = json.loads(answer.stdout)
     except ValueError:
         ended = {}
-    ended = ended if isinstance(ended, dict) else {}
-    return (f"notify: not told again: {ended.get('told_by') or plan.nodes[0].host.name} (rank 0) told this run's end "
-            f"while ftbundle was away ({rundir.ended_name(attempt)}: {ended.get('state') or 'stopped: launcher lost'})")
+    return ended if isinstance(ended, dict) else {}
+
+
+def told_said(plan: Plan, attempt: int, ended: dict) -> str:
+    """Who told the attempt's end while the launcher was away (told_while_away's record), in words."""
+    return (f"{ended.get('told_by') or plan.nodes[0].host.name} (rank 0) told this run's end while ftbundle was away "
+            f"({rundir.ended_name(attempt)}: {ended.get('state') or 'stopped: launcher lost'})")
 
 
 def failure_said(outcome: Outcome) -> dict | None:

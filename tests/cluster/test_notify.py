@@ -260,3 +260,33 @@ def test_a_launcher_woken_after_rank_0_told_the_end_says_so_and_tells_nothing(ma
     [(_, told)] = h2.posts
     assert told["state"] == "stopped: launcher lost" and "told_by" not in told, told
     assert "notify: webhook" in err and "told (stopped: launcher lost)" in err, err
+
+
+def test_a_run_that_restarts_after_its_launchers_pause_is_not_told_as_ended(make_cluster, tmp_path, hooks):
+    """A job with restarts: paused past the watchdog (within the teller's grace), the launcher wakes
+    and restarts the run. Rank 0's teller must not tell 'stopped: launcher lost' while attempt 2
+    runs: the launcher claims ended.a1 before it restarts; the run's one word is its real end."""
+    import signal
+
+    from ftbundle.launch.node import WATCHDOG_S
+    from ftbundle.remote.tell import GRACE_S
+    from tests.support.helpers import read_stdout_until, start_ftbundle
+
+    cluster = make_cluster(2)
+    h = hooks(address=str(cluster.subnet.network_address + 1))
+    job = command_job(cluster, tmp_path, "again", f'[ "$FTB_ATTEMPT" = 2 ] && {{ sleep {GRACE_S + 10:g}; exit 0; }}; '
+                      "echo started; sleep 300", notify={"webhook": h.url}, restarts=1)
+    proc = start_ftbundle("run", "-v", str(job))
+    read_stdout_until(proc, "started")
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(WATCHDOG_S + 4)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert "every node stopped its job by itself while ftbundle was paused" in err, err
+    assert "restarting all nodes (restart 1 of 1)" in err, err
+    [(_, told)] = h.posts
+    assert told["state"] == "finished" and told["attempt"] == 2, told
+    run = next((cluster.shared_dir / "runs").iterdir())
+    assert (run / "ended.a1").read_text().startswith("the launcher ("), (run / "ended.a1").read_text()
+    assert "told (" not in (run / "node-0-node0.a1.log").read_text()
