@@ -39,7 +39,7 @@ from ..recovery import RECOVERY_PARTS, attempts_said, recovery_said
 from ..ui.progress import Progress
 from .failure import read_diverged
 from .node import STOP_GRACE_S, WATCHDOG_S, node_argv
-from .record import failure_said, record_hosts, record_run, told_said, told_while_away
+from .record import claim_end, failure_said, record_hosts, record_run, told_said
 from .staging import stage_files
 from .states import INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, Outcome, State
 from .supervisor import Supervisor
@@ -396,7 +396,7 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             summary, via = record_run(plan, cluster, outcome, attempt=attempt, started_wall=started_wall,
                                       duration_s=time.monotonic() - started, attempts=history, recoveries=recoveries,
                                       curve=curve, gpus=run_gpus)
-            told = told_while_away(plan, cluster, outcome, attempt, via) if plan.notify is not None else None
+            told = claim_end(plan, cluster, attempt, via) if outcome.launcher_lost and plan.notify else None
             if told is not None:
                 say("notify: not told again: " + told_said(plan, attempt, told))
             elif plan.notify is not None:  # (once, at the run's end: ftbundle/notify.py)
@@ -461,10 +461,11 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
             return finish(outcome, attempt)
         if stop_requested(plan, cluster):  # (`ftbundle stop` as this attempt ended)
             return stopped_between(outcome, attempt + 1)
-        if outcome.launcher_lost and plan.notify is not None:  # (rank 0's teller must not tell an end: the run goes on)
-            told = told_while_away(plan, cluster, outcome, attempt, next(iter(record_hosts(plan, cluster, ())), None))
-            if told is not None:
-                say(f"notify: {told_said(plan, attempt, told)}; the run goes on, and its end is told when it comes")
+        # the run goes on: no end to tell, whatever rank 0's teller makes of its launcher gone (a pause, a cut)
+        gone = set(outcome.lost) | {rank for rank, st in enumerate(supervisor.status) if st.state is State.LOST}
+        told = claim_end(plan, cluster, attempt, next(iter(record_hosts(plan, cluster, gone)), None))
+        if told is not None and plan.notify is not None:
+            say(f"notify: {told_said(plan, attempt, told)}; the run goes on, and its end is told when it comes")
         pending = restart_marks(outcome)
         problems = fence(plan, cluster, attempt, frozenset(
             rank for rank, st in enumerate(supervisor.status) if st.state is State.LOST))

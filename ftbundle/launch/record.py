@@ -2,7 +2,7 @@
 metrics.jsonl: what `ftbundle runs`, `status` and `plot` read), written through a node the run
 can still reach; the failure as a notifier gets it; and, after the nodes stopped their jobs
 themselves (their launcher paused or cut off), whether rank 0's host already told the run's end
-(:func:`told_while_away`)."""
+(:func:`claim_end`)."""
 
 from __future__ import annotations
 
@@ -63,15 +63,14 @@ def record_run(plan: Plan, cluster: Cluster, outcome: Outcome, *, attempt: int, 
     return summary, None
 
 
-def told_while_away(plan: Plan, cluster: Cluster, outcome: Outcome, attempt: int, via: Host | None) -> dict | None:
-    """The nodes stopped their jobs themselves, their launcher lost (Outcome.launcher_lost: it was
-    paused past their watchdog, or cut off from them all): rank 0's node program may have told the
-    attempt's end meanwhile (remote/tell.py, once its grace passed with no summary.json). The launcher
-    claims the attempt's ended.aN as the teller does (O_EXCL: one of them tells), through ``via``
-    (the host its record went through, or any it can reach). None: it claimed it (the teller will
-    say nothing), or it cannot know (told twice is better than never); else the teller's record
-    ({} while the teller is still writing it)."""
-    if not outcome.launcher_lost or via is None:
+def claim_end(plan: Plan, cluster: Cluster, attempt: int, via: Host | None) -> dict | None:
+    """Claim the attempt's ended.aN through ``via`` as rank 0's teller does (remote/tell.py: O_EXCL,
+    one of them tells), where that teller may have started: the nodes stopped their jobs themselves,
+    their launcher lost to them (a pause past their watchdog, a cut), and the launcher is about to
+    tell the run's end, or to go on with another attempt (no end to tell). None: the launcher has
+    it (the teller says nothing), or cannot know (no host: told twice is better than never); else
+    the teller's record ({} while it is still being written)."""
+    if via is None:
         return None
     import json
 
@@ -91,8 +90,8 @@ def told_while_away(plan: Plan, cluster: Cluster, outcome: Outcome, attempt: int
 
 
 def told_said(plan: Plan, attempt: int, ended: dict) -> str:
-    """Who told the attempt's end while the launcher was away (told_while_away's record), in words."""
-    return (f"{ended.get('told_by') or plan.nodes[0].host.name} (rank 0) told this run's end while ftbundle was away "
+    """Who told the attempt's end, its launcher lost to it (claim_end's record), in words."""
+    return (f"{ended.get('told_by') or plan.nodes[0].host.name} (rank 0) told the run's end, its launcher lost to it "
             f"({rundir.ended_name(attempt)}: {ended.get('state') or 'stopped: launcher lost'})")
 
 

@@ -186,6 +186,9 @@ def test_a_cut_off_rank0_host_is_left_out_and_writes_nothing_once_the_run_went_o
     stopped = run / "node-0.a1.stopped"
     assert stopped.exists() and stopped.stat().st_mtime < began
     assert "launcher lost" in (run / "node-0-node0.a1.log").read_text()
+    # its node program's teller (remote/tell.py: its launcher gone) found attempt 1's end claimed by the
+    # launcher as it went on: no word that the run stopped, while attempt 2 ran
+    assert (run / "ended.a1").read_text().startswith("the launcher ("), (run / "ended.a1").read_text()
     node0_files = [p for p in run.iterdir() if p.name.startswith(("node-0.a1.", "node-0-node0.a1."))]
     assert node0_files and all(p.stat().st_mtime < began for p in node0_files), \
         [(p.name, p.stat().st_mtime - began) for p in node0_files]

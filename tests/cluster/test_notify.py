@@ -234,7 +234,7 @@ def test_a_launcher_woken_after_rank_0_told_the_end_says_so_and_tells_nothing(ma
                      err), err
     assert "every node stopped its job by itself while ftbundle was paused: the run is recorded as stopped: " \
            "launcher lost" in err, err
-    assert "notify: not told again: node0 (rank 0) told this run's end while ftbundle was away " \
+    assert "notify: not told again: node0 (rank 0) told the run's end, its launcher lost to it " \
            "(ended.a1: stopped: launcher lost)" in err, err
     assert "failed first" not in err and "told (" not in err, err
     assert proc.returncode == 255
