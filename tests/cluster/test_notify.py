@@ -201,32 +201,44 @@ def test_an_attached_run_whose_launcher_dies_is_told_once_by_rank_0(make_cluster
     assert summary["state"] == "failed" and summary["failed_host"] == "node1", summary
 
 
+def paused_run(job, asleep, timeout: float = 120) -> tuple[int, str]:
+    """`ftbundle run -v JOB` stopped (SIGSTOP: a laptop's lid) once its job said "started", for
+    as long as ``asleep()`` takes, then woken; its exit code and stderr."""
+    import signal
+
+    from tests.support.helpers import read_stdout_until, start_ftbundle
+
+    proc = start_ftbundle("run", "-v", str(job))
+    read_stdout_until(proc, "started")
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        asleep()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
 def test_a_launcher_woken_after_rank_0_told_the_end_says_so_and_tells_nothing(make_cluster, tmp_path, hooks):
     """The laptop's lid: the launcher is suspended (SIGSTOP) past the nodes' watchdog and rank 0's
     teller's grace, so rank 0 told the end (stopped: launcher lost). Woken (SIGCONT), the launcher
     finds the nodes gone: it says why (its own pause, not a node's SIGTERM), records the run as
     stopped: launcher lost, and does not tell the end a second time (it claims ended.a1 as the
     teller does: one of them tells)."""
-    import signal
-
     from ftbundle.launch.node import WATCHDOG_S
     from ftbundle.remote.tell import GRACE_S
-    from tests.support.helpers import read_stdout_until, start_ftbundle
 
     cluster = make_cluster(2)
     h = hooks(address=str(cluster.subnet.network_address + 1))
     job = command_job(cluster, tmp_path, "lid", "echo started; sleep 300", notify={"webhook": h.url})
-    proc = start_ftbundle("run", "-v", str(job))
-    read_stdout_until(proc, "started")
-    proc.send_signal(signal.SIGSTOP)
-    try:
+
+    def until_told():
         deadline = time.monotonic() + WATCHDOG_S + GRACE_S + 40
         while not h.posts and time.monotonic() < deadline:
             time.sleep(0.5)
         assert h.posts, "rank 0 told nothing while its launcher slept"
-    finally:
-        proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=120)
+
+    code, err = paused_run(job, until_told)
     time.sleep(3)  # (a second POST would come now)
     [(_, told)] = h.posts
     assert told["state"] == "stopped: launcher lost" and told["told_by"] == "node0", told
@@ -237,7 +249,7 @@ def test_a_launcher_woken_after_rank_0_told_the_end_says_so_and_tells_nothing(ma
     assert "notify: not told again: node0 (rank 0) told the run's end, its launcher lost to it " \
            "(ended.a1: stopped: launcher lost)" in err, err
     assert "failed first" not in err and "told (" not in err, err
-    assert proc.returncode == 255
+    assert code == 255
     [row] = json.loads(ftbundle("runs", str(job), "--json", timeout=60).stdout)
     assert row["state"] == "stopped: launcher lost", row
     run = next((cluster.shared_dir / "runs").iterdir())
@@ -250,12 +262,7 @@ def test_a_launcher_woken_after_rank_0_told_the_end_says_so_and_tells_nothing(ma
     h2 = hooks(address=str(cluster.subnet.network_address + 1))
     (tmp_path / "b").mkdir()
     job = command_job(cluster, tmp_path / "b", "nap", "echo started; sleep 300", notify={"webhook": h2.url})
-    proc = start_ftbundle("run", "-v", str(job))
-    read_stdout_until(proc, "started")
-    proc.send_signal(signal.SIGSTOP)
-    time.sleep(WATCHDOG_S + 4)
-    proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=120)
+    _, err = paused_run(job, lambda: time.sleep(WATCHDOG_S + 4))
     time.sleep(GRACE_S + 5)  # (rank 0's teller, had it told, would have by now)
     [(_, told)] = h2.posts
     assert told["state"] == "stopped: launcher lost" and "told_by" not in told, told
@@ -266,23 +273,15 @@ def test_a_run_that_restarts_after_its_launchers_pause_is_not_told_as_ended(make
     """A job with restarts: paused past the watchdog (within the teller's grace), the launcher wakes
     and restarts the run. Rank 0's teller must not tell 'stopped: launcher lost' while attempt 2
     runs: the launcher claims ended.a1 before it restarts; the run's one word is its real end."""
-    import signal
-
     from ftbundle.launch.node import WATCHDOG_S
     from ftbundle.remote.tell import GRACE_S
-    from tests.support.helpers import read_stdout_until, start_ftbundle
 
     cluster = make_cluster(2)
     h = hooks(address=str(cluster.subnet.network_address + 1))
     job = command_job(cluster, tmp_path, "again", f'[ "$FTB_ATTEMPT" = 2 ] && {{ sleep {GRACE_S + 10:g}; exit 0; }}; '
                       "echo started; sleep 300", notify={"webhook": h.url}, restarts=1)
-    proc = start_ftbundle("run", "-v", str(job))
-    read_stdout_until(proc, "started")
-    proc.send_signal(signal.SIGSTOP)
-    time.sleep(WATCHDOG_S + 4)
-    proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, err
+    code, err = paused_run(job, lambda: time.sleep(WATCHDOG_S + 4), timeout=180)
+    assert code == 0, err
     assert "every node stopped its job by itself while ftbundle was paused" in err, err
     assert "restarting all nodes (restart 1 of 1)" in err, err
     [(_, told)] = h.posts
