@@ -462,13 +462,12 @@ def launch(plan: Plan, cluster: Cluster, *, restarts: int = 0, out: TextIO | Non
         if stop_requested(plan, cluster):  # (`ftbundle stop` as this attempt ended)
             return stopped_between(outcome, attempt + 1)
         # the run goes on: no end to tell, whatever rank 0's teller makes of its launcher gone (a pause, a cut)
-        gone = set(outcome.lost) | {rank for rank, st in enumerate(supervisor.status) if st.state is State.LOST}
-        told = claim_end(plan, cluster, attempt, next(iter(record_hosts(plan, cluster, gone)), None))
+        lost_ranks = frozenset(rank for rank, st in enumerate(supervisor.status) if st.state is State.LOST)
+        told = claim_end(plan, cluster, attempt, next(iter(record_hosts(plan, cluster, lost_ranks | set(outcome.lost))), None))
         if told is not None and plan.notify is not None:
             say(f"notify: {told_said(plan, attempt, told)}; the run goes on, and its end is told when it comes")
         pending = restart_marks(outcome)
-        problems = fence(plan, cluster, attempt, frozenset(
-            rank for rank, st in enumerate(supervisor.status) if st.state is State.LOST))
+        problems = fence(plan, cluster, attempt, lost_ranks)
         pending["fenced"] = time.monotonic()
         acts = policy is not None and policy.job.on_node_loss != "stop"
         if any(not unreachable for _, unreachable in problems.values()) or (problems and not acts):
