@@ -18,6 +18,13 @@ from .paramiko_fixes import data_message, eof_message, ordered_send
 
 READ_CHUNK = 64 * 1024
 
+# What this process's environment names that belongs to this process alone: a command on this
+# machine inherits the rest, as a login on a host would not. WANDB_SERVICE is the socket of the
+# wandb service of the process that started ftbundle (a notebook that called wandb.init, a test):
+# rank 0 would log through that service, which outlives a killed rank and refuses the restart's
+# rank 0 its own run ("run ID ... is in use"), and dies with its process.
+LAUNCHER_ONLY = ("WANDB_SERVICE",)
+
 
 @dataclass
 class Result:
@@ -163,8 +170,9 @@ class LocalProc(Proc):
     """A command on this machine, in a process group of its own."""
 
     def __init__(self, argv: Sequence[str]):
+        env = {key: value for key, value in os.environ.items() if key not in LAUNCHER_ONLY}
         self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+                                     stderr=subprocess.PIPE, start_new_session=True, env=env)
         self._stdin_lock = threading.Lock()
 
     def send(self, data: bytes) -> bool:

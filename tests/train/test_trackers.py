@@ -305,12 +305,29 @@ def mlflow_server(tmp_path):
         log.close()
 
 
-def test_a_restarted_lora_continues_its_mlflow_and_wandb_runs(tmp_path, tiny_model, mlflow_server):
+@pytest.fixture
+def wandb_service_here(monkeypatch):
+    """A live wandb service of this process, named in its WANDB_SERVICE as wandb.init leaves it
+    (a notebook that logged to W&B, then started `ftbundle run`); torn down after the test."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_SERVICE", "")  # (the test's end removes what wandb sets)
+    wandb.teardown()  # (a service an earlier wandb.init of this process left is not named again)
+    wandb.setup()
+    assert os.environ["WANDB_SERVICE"]
+    yield os.environ["WANDB_SERVICE"]
+    wandb.teardown()
+
+
+def test_a_restarted_lora_continues_its_mlflow_and_wandb_runs(tmp_path, tiny_model, mlflow_server,
+                                                               wandb_service_here):
     """A run's later attempt (here a restart after a rank was killed) logs to the MLflow and W&B
     runs its first attempt began, not to new ones: one MLflow run on the tracking server whose
     loss history goes on from the checkpoint the restart resumed, one W&B run id across both
     attempts' offline directories (`wandb sync` syncs the files of one run in order), and `runs`
-    says the runs rank 0 kept."""
+    says the runs rank 0 kept. The launcher is started with its own process's wandb service in
+    its environment: the ranks on localhost do not log through it (attempt 1's killed rank 0
+    left its W&B run open there, and wandb 0.31 refused attempt 2's rank 0 the same run id)."""
     from mlflow.tracking import MlflowClient
 
     job = tracked_job(tmp_path, tiny_model, mlflow=mlflow_server.url, restarts=1)

@@ -359,12 +359,15 @@ def test_the_runs_rank_0_kept_replace_what_the_plan_said():
 def rank_0_of(run_dir, monkeypatch):
     """The environment rank 0's entry sees on attempt 1 of a run in ``run_dir``, with MLflow's
     file store beside it (MLFLOW_TRACKING_URI set here: mlflow.set_tracking_uri would also set it
-    in os.environ for good, seen by every later test's subprocesses) and W&B quiet."""
+    in os.environ for good, seen by every later test's subprocesses) and W&B quiet. WANDB_SERVICE
+    set empty here: wandb.init names its service there for good, and a later test's `ftbundle
+    run` started from this worker carried it to its ranks."""
     run_dir.mkdir()
     for k in [k for k in os.environ if k.startswith(("WANDB_", "MLFLOW_"))]:
         monkeypatch.delenv(k)
     for k, v in {"FTB_RUN_DIR": str(run_dir), "FTB_ATTEMPT": "1", "MLFLOW_ALLOW_FILE_STORE": "true",
-                 "MLFLOW_TRACKING_URI": f"file://{run_dir.parent}/mlruns", "WANDB_SILENT": "true"}.items():
+                 "MLFLOW_TRACKING_URI": f"file://{run_dir.parent}/mlruns", "WANDB_SILENT": "true",
+                 "WANDB_SERVICE": ""}.items():
         monkeypatch.setenv(k, v)
     return run_dir
 
@@ -630,3 +633,28 @@ def test_a_failed_sends_reason_is_its_innermost_cause_without_urls():
     assert why.startswith("...busy ") and len(why) <= 204 and "pw" not in why and "http" not in why, why
     short = "Run Id 1: Failed to log run data: Exception: API request to http://ann:pw@h/x failed: 500"
     assert entry._why(short) == "API request to <url> failed: 500"
+
+
+def test_a_job_on_localhost_does_not_log_through_the_launchers_own_wandb_service(tmp_path, monkeypatch, capfd):
+    """A launcher started by a process that called wandb.init (a notebook; wandb names its live
+    service in WANDB_SERVICE): a job on localhost inherits the launcher's environment, but not
+    that. Its rank 0 logged through the notebook's service, which kept a killed rank's W&B run
+    open, and the restart's rank 0 was refused the run id (wandb 0.31: 'run ID ... is in use')."""
+    import wandb
+
+    from ftbundle.cli import main
+    from tests.support.helpers import free_port
+
+    monkeypatch.setenv("WANDB_SERVICE", "")  # (the test's end removes what wandb sets)
+    monkeypatch.setenv("FTB_TEST_INHERITED", "from-the-launcher")
+    wandb.teardown()  # (a service an earlier wandb.init of this process left is not named again)
+    wandb.setup()
+    try:
+        assert os.environ["WANDB_SERVICE"]
+        job = tmp_path / "job.yaml"
+        job.write_text(f"name: svc\nshared_dir: .s\nmaster_port: {free_port()}\n"
+                       "train: {command: 'echo service=${WANDB_SERVICE-unset} inherited=$FTB_TEST_INHERITED'}\n")
+        assert main(["run", "-v", str(job)]) == 0
+    finally:
+        wandb.teardown()
+    assert "service=unset inherited=from-the-launcher" in capfd.readouterr().out
