@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,15 @@ QUICKSTART = REPO / "examples" / "quickstart"
 # What the tests make once per checkout and share (pytest-xdist workers and later runs too):
 # the tiny model. Ignored by git.
 TEST_CACHE = REPO / ".test-cache"
+
+
+def free_port() -> int:
+    """A TCP port nothing on this machine listens on now, for a localhost job's master_port:
+    jobs on localhost that leave the default (29500) meet on it when tests run side by side
+    (pytest-xdist workers), and the second one's check refuses it, rightly."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @functools.cache

@@ -38,7 +38,7 @@ def quickstart_copy(tmp_path: Path, model: Path, **train_overrides) -> Path:
     (work / "train.yaml").write_text(yaml.safe_dump(train))
     job = yaml.safe_load((work / "job.yaml").read_text())
     job["runtime"]["python"] = sys.executable
-    job["master_port"] = 29400 + (hash(str(tmp_path)) % 500)
+    job["master_port"] = helpers.free_port()
     (work / "job.yaml").write_text(yaml.safe_dump(job))
     return work / "job.yaml"
 

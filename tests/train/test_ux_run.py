@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.helpers import REPO
+from tests.support.helpers import REPO, free_port
 from tests.train.test_quickstart import quickstart_copy, tiny_model  # noqa: F401 - the session's tiny model
 
 pytestmark = pytest.mark.train
@@ -203,7 +203,7 @@ def gloo_script_job(tmp_path: Path, name: str, failing: str) -> Path:
         + failing + "time.sleep(60)\n")
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({
-        "name": name, "nproc_per_node": 2, "master_port": 29400 + (hash(str(tmp_path)) % 500) + 500,
+        "name": name, "nproc_per_node": 2, "master_port": free_port(),
         "shared_dir": ".shared", "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
         "runtime": {"kind": "host", "python": sys.executable}, "train": {"script": f"{name}.py"}}))
     return job

@@ -11,7 +11,7 @@ import yaml
 from ftbundle.errors import UserError
 from ftbundle.inventory import Host, load_hosts, localhost_only
 from ftbundle.job import load_job
-from tests.support.helpers import marked_pids
+from tests.support.helpers import free_port, marked_pids
 from tests.support.helpers import plan_of as make_plan
 
 INVENTORY = """
@@ -420,7 +420,8 @@ def test_secret_values_never_reach_the_terminal(tmp_path, capfd):
     """A job that prints its token: ftbundle's terminal output and the node log show
     <redacted> instead."""
     from ftbundle.cli import main
-    path = job_file(tmp_path, "name: leak\nshared_dir: .s\nenv: {HF_TOKEN: hf_abcdef123456}\n"
+    path = job_file(tmp_path, f"name: leak\nshared_dir: .s\nmaster_port: {free_port()}\n"
+                              "env: {HF_TOKEN: hf_abcdef123456}\n"
                               "train: {command: 'echo token is $HF_TOKEN; exit 5'}\n")
     assert main(["run", "-v", str(path)]) == 5  # -v: rank 0's raw output on the terminal
     captured = capfd.readouterr()
@@ -444,7 +445,8 @@ def test_a_urls_password_is_a_secret_whatever_its_variables_name(tmp_path, capfd
     terminal, the node log, plan.json, --dry-run); the user, host and the job's own value stay."""
     from ftbundle.cli import main
 
-    path = job_file(tmp_path, "name: urls\nshared_dir: .s\nenv: {MLFLOW_TRACKING_URI: 'http://ann:s3cret-pw@ml:5000', "
+    path = job_file(tmp_path, f"name: urls\nshared_dir: .s\nmaster_port: {free_port()}\n"
+                              "env: {MLFLOW_TRACKING_URI: 'http://ann:s3cret-pw@ml:5000', "
                               "HTTPS_PROXY: 'http://proxy-user:pr0xy-pw-9@proxy:3128', PLAIN_URL: 'http://ml:5000', "
                               "SHORT: 'http://u:pw@h'}\n"
                               "train: {command: 'echo uri is $MLFLOW_TRACKING_URI via $HTTPS_PROXY; exit 5'}\n")
@@ -476,7 +478,7 @@ def test_the_hosts_env_files_secrets_are_masked_in_the_log_as_the_jobs_are(tmp_p
                         "HUB_TOKEN='hf-from-file-123'\n"
                         "PROXIES=\"http://a:two-pw-one@p1:1 https://b:two-pw-two@p2:2\"\n"
                         "  LAST_URL=ftp://c:no-newline-pw@h")  # (no newline at its end)
-    path = job_file(tmp_path, f"name: envfile\nshared_dir: .s\nruntime: {{env_file: {env_file}}}\n"
+    path = job_file(tmp_path, f"name: envfile\nshared_dir: .s\nmaster_port: {free_port()}\nruntime: {{env_file: {env_file}}}\n"
                               "env: {JOB_TOKEN: job-tok-456}\n"
                               "train: {command: 'echo $NCCL_DEBUG $MLFLOW_TRACKING_URI $HUB_TOKEN; echo $PROXIES; "
                               "echo $LAST_URL $JOB_TOKEN; exit 5'}\n")
