@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import measure, table, write_section
+from common import HOST_PYTHON, measure, table, write_section
 
 from tests.support.cluster import Cluster, ensure_image
 from tests.support.helpers import base_job, only_run_dir, write_job
@@ -51,7 +51,7 @@ def one(cluster: Cluster, shared: Path, tmp: Path, rate: float, seconds: float, 
     for old in (shared / "runs").glob("*"):
         shutil.rmtree(old)
     inventory = cluster.write_inventory(tmp / "hosts.yml")
-    cmd = (f'if [ "$NODE_RANK" = 0 ]; then {sys.executable} {shared}/printer.py {rate} {seconds}; '
+    cmd = (f'if [ "$NODE_RANK" = 0 ]; then {HOST_PYTHON} {shared}/printer.py {rate} {seconds}; '
            f'else sleep {seconds}; fi')
     job = write_job(tmp / "job.yaml", base_job("chatty", shared, inventory, {"command": cmd}))
     shown = [0, b""]

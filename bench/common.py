@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# This interpreter as the hosts reach it (the venv is bind-mounted at its own path there): a
+# relative sys.executable (`../.venv/bin/python` from bench/) names nothing on a host.
+HOST_PYTHON = os.path.normpath(os.path.abspath(sys.executable))
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 # FTB_BENCH_OUT: elsewhere (tests/cluster/test_bench_quick.py runs a benchmark without touching bench/out)

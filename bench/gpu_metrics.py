@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import measure, table, write_section
+from common import HOST_PYTHON, measure, table, write_section
 
 from tests.support.cluster import Cluster, ensure_image
 from tests.support.helpers import SMI, base_job, install_smi, write_job
@@ -68,7 +68,7 @@ def one(cluster: Cluster, job: Path, seconds: float) -> tuple[float, float]:
     steady part, from WARM_S after its start to 2 s before its job ends (its start-up, imports
     and connections, is the same with or without GPUs and much larger than what is measured)."""
     found: dict[str, float] = {}
-    python = os.path.normpath(os.path.abspath(sys.executable))  # (the same path on the hosts)
+    python = HOST_PYTHON
 
     def node_cpu() -> float:
         return float(cluster.exec("node0", f"{python} -c '{NODE_CPU}'").stdout.strip() or 0)

@@ -42,7 +42,7 @@ from tests.support.cluster import Cluster, ensure_image  # noqa: E402
 from tests.support.helpers import ASSETS, base_job, job_processes, marked_pids, sigint_ready, write_job  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
-from common import first_failure, median, table, write_section  # noqa: E402
+from common import HOST_PYTHON, first_failure, median, table, write_section  # noqa: E402
 
 
 def survivors_busy(cluster: Cluster, fault_host: str, pattern: str) -> bool:
@@ -109,7 +109,7 @@ def run_baseline(fault: str, nodes: int, cap: float) -> float:
             master = cluster.hosts[0].ip
             procs = []
             for rank, host in enumerate(cluster.hosts):
-                cmd = (f"cd {shared} && GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 {sys.executable} -m "
+                cmd = (f"cd {shared} && GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 {HOST_PYTHON} -m "
                        f"torch.distributed.run --nnodes {nodes} --nproc_per_node 1 --node_rank {rank} "
                        f"--master_addr {master} --master_port 29500 allreduce.py --sleep 0.2")
                 procs.append(subprocess.Popen(cluster.ssh_argv(host) + [cmd], stdout=subprocess.PIPE,
