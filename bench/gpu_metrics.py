@@ -68,10 +68,9 @@ def one(cluster: Cluster, job: Path, seconds: float) -> tuple[float, float]:
     steady part, from WARM_S after its start to 2 s before its job ends (its start-up, imports
     and connections, is the same with or without GPUs and much larger than what is measured)."""
     found: dict[str, float] = {}
-    python = HOST_PYTHON
 
     def node_cpu() -> float:
-        return float(cluster.exec("node0", f"{python} -c '{NODE_CPU}'").stdout.strip() or 0)
+        return float(cluster.exec("node0", f"{HOST_PYTHON} -c '{NODE_CPU}'").stdout.strip() or 0)
 
     def own_cpu(pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.helpers import free_port
 from tests.train.test_quickstart import REPO, quickstart_copy, tiny_model  # noqa: F401 - the session's tiny model
 
 pytestmark = pytest.mark.train
@@ -278,13 +279,9 @@ def mlflow_server(tmp_path):
     """A real MLflow tracking server (the full `mlflow` package in .venv-mlflow, which `make test`
     makes: .ci/mlflow-venv.sh) on a free port of this machine, its store a SQLite database and its
     artifacts in tmp_path (MlflowServer). Stopped after the test."""
-    import socket
-
     mlflow = REPO / ".venv-mlflow" / "bin" / "mlflow"
     assert mlflow.exists(), f"{mlflow} is missing: `make test` makes it (.ci/mlflow-venv.sh)"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = (tmp_path / "mlflow-server.log").open("w")
     server = subprocess.Popen([str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                                "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow-server.db",

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import io
-import socket
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from ftbundle.check import print_report, run_checks
 from ftbundle.check.net import run_net_check
 from ftbundle.commands.common import load_layout, open_cluster
 from ftbundle.plan import make_plan
-from tests.support.helpers import write_job
+from tests.support.helpers import free_port, write_job
 from tests.cluster.test_check import DATA, DATA_INFO, lf_train
 
 
@@ -26,9 +25,7 @@ def local_job(tmp_path: Path, **extra) -> Path:
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "dataset_info.json").write_text(DATA_INFO)
     (tmp_path / "data" / "support.json").write_text(DATA)
-    with socket.socket() as s:  # a port that is free right now
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     return write_job(tmp_path / "job.yaml", {
         "name": "local", "nproc_per_node": 2, "master_port": port, "shared_dir": ".shared",
         "env": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},

@@ -34,6 +34,7 @@ from ftbundle.inventory import Host
 from ftbundle.job import parse_job
 from ftbundle.layout import make_layout
 from ftbundle.plan import make_plan
+from tests.support.helpers import free_port
 
 SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 REPLAY = Path(__file__).resolve().parents[1] / "assets" / "nvidia-smi-replay"
@@ -944,9 +945,7 @@ def test_probe_waits_grow_with_the_hosts_and_a_timeout_is_named(tmp_path):
     layout = layout_of(tmp_path, 16)
     spec = C.probe_spec(layout, 1, token="t", expect=list(range(16)), port_peers=15)
     assert spec["sentinel_wait_s"] == C.SENTINEL_WAIT_S + 2 and spec["port"]["connect_s"] == C.CONNECT_S + 2
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()  # (nobody listens on it)
     answer = probe.connect("127.0.0.1", closed, 0.3)
     assert answer["reachable"] is False and answer["error"] == "Connection refused; kept trying for 0.3 s"
 

@@ -12,7 +12,7 @@ from ftbundle.errors import UserError
 from ftbundle.facts import ClusterFacts, HostFacts, bf16_capable, parse_nvidia_smi
 from ftbundle.inventory import load_hosts
 from ftbundle.job import load_job
-from tests.support.helpers import plan_of
+from tests.support.helpers import free_port, plan_of
 from ftbundle.rundir import LLAMAFACTORY_CONFIG
 
 DATA = Path(__file__).parents[1] / "data" / "nvidia-smi"
@@ -175,15 +175,6 @@ entry.leave(0)
 """
 
 
-def closed_port() -> int:
-    """A port of this machine bound by nobody now: a connect to it is refused."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def exit_waiting(uri: str, deferred: bool, handler_s: float) -> tuple:
     """The entry's leave() under FTB_TRACKERS_END_S=2 with an exit handler that takes handler_s:
     (the process, its seconds)."""
@@ -207,7 +198,7 @@ def test_a_finished_ranks_exit_is_cut_only_on_evidence_of_a_trackers_server_in_t
     its end, and nothing is said."""
     import socket
 
-    port = closed_port()
+    port = free_port()
     proc, took = exit_waiting(f"http://ann:secret@127.0.0.1:{port}", deferred=True, handler_s=60)
     assert proc.returncode == 0 and took < 30, (took, proc.stderr[-2000:])
     assert "HANDLER DONE" not in proc.stdout

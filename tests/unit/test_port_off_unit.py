@@ -13,15 +13,10 @@ import time
 from ftbundle.check import Relay
 from ftbundle.cluster import LocalProc
 from ftbundle.remote.probe_common import PORT_OFF
+from tests.support.helpers import free_port
 from tests.unit.test_probe_cost_unit import told_probe
 
 HELD = "rank 0's host is held by another run"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def knocking_probe(tmp_path, connect_s: float = 30):

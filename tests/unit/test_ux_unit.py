@@ -19,6 +19,7 @@ from ftbundle.ui.phases import Phases, warning_key
 from ftbundle.ui.progress import Progress, parse_bar, parse_hf_dict, parse_trainer_log, status_line
 from ftbundle.ui.summary import (before_torchrun_report, closing_summary, describe_exit, failure_summary, hint,
                                  last_words, parse_error_file, traceback_from_stderr)
+from tests.support.helpers import free_port
 
 RECORD = ('{"current_steps": 30, "total_steps": 60, "loss": 5.9, "lr": 0.0025, "epoch": 1.3, '
           '"percentage": 50.0, "elapsed_time": "0:00:12", "remaining_time": "0:00:12"}')
@@ -439,14 +440,10 @@ def test_the_stages_before_the_first_step_come_from_what_the_ranks_print():
 def test_many_unreachable_hosts_are_folded_by_reason():
     """Past 3 hosts that cannot be connected, the error folds them by reason (1,024 hosts'
     own lines made one line of 100 KB); up to 3, each host's own line with its address."""
-    import socket
-
     from ftbundle.cluster import Cluster
     from ftbundle.inventory import Host
 
-    with socket.socket() as s:  # a port nothing listens on: refused at once
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # (nothing listens on it: refused at once)
     hosts = [Host(name=f"gpu-{i:03d}", address="127.0.0.1", port=port, user="root") for i in range(1, 7)]
     cluster = Cluster(hosts, connect_tries=1)
     cluster.open()
