@@ -27,7 +27,6 @@ execs.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys

@@ -49,7 +49,7 @@ import time
 if __package__:  # imported (tests); shipped, the parts' texts come before this one (launch/stall.py WATCH_PARTS)
     from .gpu_tally import GpuTally
     from .stallclock import StallClock
-    from .watch_host import (Host, Task, Worker, append, claim_once, environ_of, read_text, release_claims,
+    from .watch_host import (Host, Task, Worker, append, claim_once, read_text, release_claims,
                              which, write_plain, write_whole)
     from .watch_rules import (MOVED, Follower, Referee, culprit, diverged_said, first_line,  # noqa: F401 (tests)
                               observe_progress, progress_value, waiting_for_step, wildcard)

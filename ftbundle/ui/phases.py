@@ -34,6 +34,10 @@ NOTICES = (
      "they have it); a CPU job trains in float32 and has nothing to change"),
     ("`torch_dtype` is deprecated! Use `dtype` instead!",
      "said by transformers of LlamaFactory's own call, not of your config: nothing to change"),
+    ("mtime may not be reliable on this filesystem, falling back to numerical ordering",
+     "said by transformers when the checkpoints it keeps were saved less than a second apart (a small model, or "
+     "storage that keeps no times): it keeps the newest by their step numbers instead, which is right: nothing "
+     "to change"),
 )
 
 

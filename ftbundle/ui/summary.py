@@ -184,7 +184,7 @@ def closing_summary(*, run_id: str, run_dir: str, duration_s: float, progress: P
         lines.append(f"  tokens       {tokens_text(tokens, progress.speed)}")
         mfu = progress.mfu()
         if progress.speed.gpus:
-            lines.append(f"  MFU          " + (f"{mfu:.1%}: {progress.speed.mfu_basis()}" if mfu is not None
+            lines.append("  MFU          " + (f"{mfu:.1%}: {progress.speed.mfu_basis()}" if mfu is not None
                                                else progress.speed.mfu_basis()))
     lines += pace.summary_lines(progress.pace.record())
     lines += stragglers.summary_lines(progress.node_steps.values(), progress.straggler_factor)

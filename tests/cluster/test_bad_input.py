@@ -34,7 +34,7 @@ def cluster(testhost_image):
 
 
 def lf_config(tmp_path: Path, **extra) -> dict:
-    return {"model_name_or_path": "org/model", "model_name_or_path": "org/model", "stage": "sft", "do_train": True, "finetuning_type": "lora", "dataset": "support",
+    return {"model_name_or_path": "org/model", "stage": "sft", "do_train": True, "finetuning_type": "lora", "dataset": "support",
             "dataset_dir": "data", "template": "default", "output_dir": "output/x", "save_total_limit": 1,
             **extra}
 

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.cluster import Cluster
 from tests.support.helpers import REPO, place_tiny_model

@@ -821,7 +821,7 @@ def test_versions_without_site_agree_with_the_full_interpreter(tmp_path):
     a directory only a .pth file adds (the fallback to the plain run)."""
     import subprocess
 
-    from ftbundle.remote import probe, probe_files
+    from ftbundle.remote import probe
 
     def ask(python, packages):
         out = {}
@@ -939,7 +939,7 @@ def test_probe_waits_grow_with_the_hosts_and_a_timeout_is_named(tmp_path):
     was one, and for how long, not 'no route' or a bare error."""
     from ftbundle import check as C
     from ftbundle.check import scale_s
-    from ftbundle.remote import probe, probe_files
+    from ftbundle.remote import probe
 
     assert scale_s(2) == 0 and scale_s(16) == 2.0 and scale_s(256) == 32.0
     layout = layout_of(tmp_path, 16)

@@ -26,7 +26,7 @@ all:
         gpu-2: {ansible_host: 10.9.0.12}
         gpu-3: {ansible_host: 10.9.0.13}
 """
-GOOD = {"model_name_or_path": "org/model", "model_name_or_path": "org/model", "stage": "sft", "do_train": True, "finetuning_type": "lora", "dataset": "support",
+GOOD = {"model_name_or_path": "org/model", "stage": "sft", "do_train": True, "finetuning_type": "lora", "dataset": "support",
         "output_dir": "/shared/out/lora", "save_total_limit": 3, "per_device_train_batch_size": 4,
         "gradient_accumulation_steps": 2, "bf16": True}
 

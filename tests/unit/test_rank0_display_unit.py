@@ -185,6 +185,18 @@ def test_a_python_warning_is_shown_by_its_text_never_by_its_source_line():
     assert printed == ["[localhost r0] " + torch_warning[i] for i in (0, 2, 6, 9)], printed
 
 
+def test_transformers_falling_back_to_step_order_of_checkpoints_is_said_to_be_harmless():
+    """`make demo` (2026-12-04) saves its checkpoints less than a second apart and transformers
+    (rotate_checkpoints, use_mtime=True) warns that mtime "may not be reliable on this filesystem":
+    on shared storage a user reads it as a fault of the NFS mount. Said once, with what it means."""
+    said = ("[WARNING|logging.py:340] 2026-12-04 13:45:40,993 >> mtime may not be reliable on this filesystem, "
+            "falling back to numerical ordering")
+    printed = [line for line in shown([said, said.replace("40,993", "41,207")]).splitlines() if "mtime" in line]
+    assert printed == ["[localhost r0] " + said + "  [ftbundle: said by transformers when the checkpoints it keeps "
+                       "were saved less than a second apart (a small model, or storage that keeps no times): it "
+                       "keeps the newest by their step numbers instead, which is right: nothing to change]"], printed
+
+
 def test_the_last_line_the_summary_and_runs_show_one_samples_per_second_and_the_final_loss():
     """The recorded run: 3 steps, shorter than its logging_steps (5), so no loss was logged;
     the trainer closed with train_loss 6.2293 and 114.98 samples/s (train_results.json). The
