@@ -249,7 +249,7 @@ def test_hugging_face_caches_off_the_shared_volume_are_warned_about(tmp_path, ca
     the file), never silently written; a cache under shared_dir or a local model says nothing."""
     def warnings_for(model: str, env: dict) -> str:
         (tmp_path / "train.yaml").write_text(yaml.safe_dump({
-            "model_name_or_path": "org/model", "stage": "sft", "do_train": True, "finetuning_type": "lora", "dataset": "support",
+            "stage": "sft", "do_train": True, "finetuning_type": "lora", "dataset": "support",
             "output_dir": "output/lora", "model_name_or_path": model}))
         job = {"name": "hf", "nproc_per_node": 2, "shared_dir": "/shared/ftb", "env": env,
                "runtime": {"kind": "docker", "image": DIGEST}, "train": {"llamafactory": "train.yaml"}}
