@@ -13,7 +13,10 @@ No new connection and no polling from the launcher. Here the readings become:
   a node whose GPUs idle well below the fleet's while the fleet is busy (input-bound or waiting,
   from its step times: :func:`ftbundle.ui.stragglers.idle_cause`), a GPU within 5% of its memory, a GPU whose
   clocks are cut (the health check's slowdown reasons: :data:`ftbundle.gpu_health.SLOWDOWN_REASONS`;
-  the SW power cap is how a healthy GPU runs a long load, and is not one);
+  the SW power cap is how a healthy GPU runs a long load, and is not one), a node whose readings
+  stopped (or never came) while its heartbeats go on: its nvidia-smi loop hung or ended (a GPU
+  that stops responding hangs nvidia-smi); its last reading is then left out of the live figures,
+  never shown as if it were now;
 * the summary's each node's mean utilization and peak memory (summary.json ``gpus``), and a
   thinned curve of the fleet's utilization for ``plot``.
 
@@ -47,6 +50,12 @@ IDLE_CLEAR_GAP = 15.0  # ... back within this: the node is judged again
 NEAR_MEMORY = 0.95  # a GPU using this share of its memory is within 5% of it: an out-of-memory risk
 MEMORY_CLEAR = 0.90
 REPEATS = 2  # readings in a row a memory or clock verdict needs (one odd reading names nothing)
+# a node that reads its GPUs and sends this many heartbeats without a reading (at least SILENT_READINGS
+# readings' time): its readings stopped. Counted in the node's own heartbeats, which come on the same
+# channel in the order they were written: a launcher paused or starved of CPU, or a busy network,
+# delays both alike and names nobody
+SILENT_BEATS = 10
+SILENT_READINGS = 10
 CURVE_EVERY_S = 10.0  # the plot's points of the fleet's utilization, at most this often
 CURVE_MAX = 2000  # ... and at most this many (thinned by halves: a week-long run stays small)
 GIB_PER_MIB = 1 / 1024
@@ -165,8 +174,11 @@ class GpuFleet:
     """Every node's GPUs during one attempt. ``observe`` a node's reading; ``said`` what is to be
     named now (each once: a verdict comes back only after it cleared); ``live`` the live line's."""
 
-    def __init__(self):
+    def __init__(self, every_s: float = SAMPLE_EVERY_S, beat_s: float = 1.0):
         self.nodes: dict[str, NodeGpus] = {}
+        self.beat_s = beat_s
+        self.silent_beats = max(SILENT_BEATS, math.ceil(SILENT_READINGS * every_s / beat_s))
+        self.unread: dict[str, int] = {}  # a node that reads its GPUs -> its heartbeats since its last reading
         self._named: set[tuple[str, str]] = set()  # (host or host/gpu, verdict) named and not cleared
         self.named: list[str] = []  # everything named, in order (summary.json)
         self.training_since: float | None = None  # the first step (readings before it are not judged)
@@ -179,11 +191,24 @@ class GpuFleet:
         readings = parse_line(text)
         if readings:
             self.nodes.setdefault(host, NodeGpus(host)).add(readings, at)
+            self.unread[host] = 0
+
+    def beat(self, host: str) -> None:
+        """A heartbeat of a node that reads its GPUs (its node program found nvidia-smi)."""
+        self.unread[host] = self.unread.get(host, 0) + 1
+
+    def silent(self, host: str) -> bool:
+        """Its readings stopped (or never came) while its heartbeats went on."""
+        return self.unread.get(host, 0) >= self.silent_beats
+
+    def _reading(self) -> list[NodeGpus]:
+        """The nodes whose readings are current (a silent node's last one is not)."""
+        return [n for host, n in self.nodes.items() if not self.silent(host)]
 
     # -- the live line and the plot ------------------------------------------------------------
     def _now(self) -> tuple[list[GpuReading], float | None]:
         """Every node's latest reading, and the fleet's mean utilization in them (None: none said)."""
-        latest = [r for n in self.nodes.values() for r in n.latest]
+        latest = [r for n in self._reading() for r in n.latest]
         return latest, _mean(r.util for r in latest if r.util is not None)
 
     def live(self) -> str | None:
@@ -216,7 +241,7 @@ class GpuFleet:
         """The supervisor's look, every loop: at most once a second, the plot's point and what
         is to be named now (judged from the first step on, when the job has a step clock).
         ``cause``: host -> whether an idle node looks input-bound or waiting (ui.stragglers.idle_cause)."""
-        if not self.nodes or (self._looked is not None and now - self._looked < 1.0):
+        if not self.unread or (self._looked is not None and now - self._looked < 1.0):
             return []
         self._looked = now
         if first_step is not None and self.training_since is None:
@@ -232,6 +257,7 @@ class GpuFleet:
             if node.at != node.judged_at:  # (a new reading: one held over two looks counts once)
                 node.judged_at = node.at
                 out += self._memory_and_clocks(node)
+        out += self._silence()
         out += self._idle(cause or (lambda host: "no step times to tell whether it is input-bound or waiting"))
         self.named += out
         return out
@@ -268,9 +294,27 @@ class GpuFleet:
                            f"(clock event reasons {r.reasons:#x}; the check names the same on its next run)")
         return out
 
+    def _silence(self) -> list[str]:
+        out = []
+        for host, beats in self.unread.items():
+            if not self._once((host, "silent"), beats >= self.silent_beats, beats == 0):
+                continue
+            heard = f"in its last {beats} heartbeats ({beats * self.beat_s:.0f}s) while the node itself answers"
+            if host in self.nodes:
+                out.append(f"{host}'s GPU readings stopped: none {heard}. Its nvidia-smi loop hung or ended: a GPU "
+                           "that stops responding (fallen off the bus, Xid 79) or a wedged driver hangs nvidia-smi; "
+                           "its GPUs are left out of the live figures until it reads again (`ftbundle status JOB` "
+                           "asks it once more)")
+            else:
+                out.append(f"{host} has sent no GPU reading {heard}: its nvidia-smi loop (`nvidia-smi "
+                           f"--query-gpu={QUERY} -lms N`) said nothing usable: a hung or refused query "
+                           "(an old driver, no devices), so nothing of its GPUs is shown")
+        return out
+
     def _idle(self, cause) -> list[str]:
         since = self.training_since
-        utils = {host: u for host, n in self.nodes.items() if (u := n.window_util(since)) is not None}
+        utils = {host: u for host, n in self.nodes.items()
+                 if not self.silent(host) and (u := n.window_util(since)) is not None}
         if len(utils) < 2:
             return []
         fleet = _median(utils.values())
@@ -349,11 +393,18 @@ def runs_cell(record: dict | None) -> str:
     return f"{sum(utils) / len(utils):.0f}%{peak}"
 
 
-def status_lines(readings: dict[str, list[GpuReading]]) -> list[str]:
+STATUS_SMI_S = 2  # `ftbundle status` waits this long for a node's nvidia-smi (node.sh mode_state)
+
+
+def status_lines(readings: dict[str, list[GpuReading]], unanswered: Iterable[str] = ()) -> list[str]:
     """``ftbundle status``'s GPU lines from one reading of each host: every GPU, then what that
     reading shows (a host far below the others, a GPU near its memory or throttled), said as
-    one reading's."""
-    lines = ["GPUs now (one reading of each running node):"] if any(readings.values()) else []
+    one reading's. ``unanswered``: running nodes of the job whose nvidia-smi gave no reading."""
+    unanswered = sorted(unanswered, key=natural)
+    lines = ["GPUs now (one reading of each running node):"] if any(readings.values()) or unanswered else []
+    for host in unanswered:
+        lines.append(f"  gpu  {host:<20} no reading: nvidia-smi gave none within {STATUS_SMI_S}s (a GPU that stops "
+                     "responding or a wedged driver hangs it; or it is not on this host)")
     for host in sorted(readings, key=natural):
         for r in readings[host]:
             util = "?" if r.util is None else f"{r.util:.0f}%"

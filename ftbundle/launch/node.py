@@ -145,10 +145,15 @@ def speed_env(plan: Plan) -> str:
     return f"{plan.speed.ranks} {plan.speed.mfu_per_token_s or 0!r}"
 
 
+def gpu_every_s(plan: Plan) -> float:
+    """How often a node reads its GPUs (FTB_GPU_SAMPLE_S here overrides a GPU job's); 0: never."""
+    return plan.gpu_sample_s and float(os.environ.get("FTB_GPU_SAMPLE_S") or plan.gpu_sample_s)
+
+
 def gpu_env(plan: Plan, node: NodePlan) -> dict[str, str]:
-    """The GPU sampler's settings: how often (FTB_GPU_SAMPLE_S here overrides a GPU job's),
-    what, and which GPUs (the job's CUDA_VISIBLE_DEVICES on the host runtime; else all)."""
-    every = plan.gpu_sample_s and float(os.environ.get("FTB_GPU_SAMPLE_S") or plan.gpu_sample_s)
+    """The GPU sampler's settings: how often (:func:`gpu_every_s`), what, and which GPUs (the
+    job's CUDA_VISIBLE_DEVICES on the host runtime; else all)."""
+    every = gpu_every_s(plan)
     return {"FTB_GPU_EVERY_MS": str(round(every * 1000)), "FTB_GPU_FIELDS": gpu_metrics.QUERY,
             "FTB_GPU_IDS": "" if node.container else node.env.get("CUDA_VISIBLE_DEVICES", "")}
 

@@ -35,13 +35,14 @@ import time
 from typing import TextIO
 
 from ..cluster import Cluster, HostUnreachable, parallel
+from ..gpu_metrics import GpuFleet
 from ..plan import Plan
 from ..rundir import TRAINER_LOG
 from ..ui.progress import Progress
 from .checkpoints import CheckpointWatch
 from .display import Display, ProgressFeed
 from .failure import cause_line, exit_reason, rank_failure, read_tail, unreachable_note
-from .node import WATCHDOG_S, Event, NodeRunner, node_argv, start_behind
+from .node import HEARTBEAT_S, WATCHDOG_S, Event, NodeRunner, gpu_every_s, node_argv, start_behind
 from .stall import STALLED_EXIT_CODE, StallClock, ending, stall_report
 from .states import (INTERRUPTED_EXIT_CODE, LOST_EXIT_CODE, PROBE_S, START_TIMEOUT_S, Failure, NodeStatus, Outcome, Silence, State,
                      silence_verdict, stopped_while_away)
@@ -88,6 +89,8 @@ class Supervisor:
                                  straggler_factor=plan.straggler_factor, speed=plan.speed,
                                  before=(("staging data", sum(s.get("seconds") or 0 for s in plan.staged)),)
                                  if plan.staged and attempt == 1 else ())
+        self.gpu_every = gpu_every_s(plan)  # a GPU job's nodes read their GPUs this often (0: not)
+        self.progress.gpus = GpuFleet(every_s=self.gpu_every, beat_s=HEARTBEAT_S)
         self._log_follower: threading.Thread | None = None
         if ui is not None and not verbose:
             self.display = ProgressFeed(ui, self.progress, self._show_progress)
@@ -289,6 +292,8 @@ class Supervisor:
             return  # a node that has ended says nothing more that matters
         if event.kind == "hb":
             st.last_heartbeat = event.at
+            if self.gpu_every and self.runners[event.rank].gpu_host:  # (its readings stopped? gpu_metrics)
+                self.progress.gpus.beat(self.plan.nodes[event.rank].host.name)
             self.stall.observe(event.rank, event.text, event.at)
             if st.state is State.STARTING:
                 self._set(event.rank, State.RUNNING)

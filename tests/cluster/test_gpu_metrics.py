@@ -120,6 +120,57 @@ def test_an_idle_host_and_a_full_gpu_are_named_while_the_run_goes(make_cluster, 
     assert "utilization.gpu" not in asked, asked
 
 
+def test_a_host_whose_nvidia_smi_hangs_is_named_and_its_hung_reader_goes_with_the_job(make_cluster, tmp_path):
+    """node1's nvidia-smi hangs after three readings, as it does when a GPU stops responding (the
+    stand-in's hang-after: then every query hangs): while the run goes its readings are named as
+    stopped, once, on node1 alone, with node0 read on as before; `status` says node1 gave no
+    reading; the job is not failed for it; nothing of the hung nvidia-smi is left on node1."""
+    cluster = make_cluster(2)
+    shared = cluster.shared_dir
+    for host in ("node0", "node1"):
+        install_smi(cluster, host, "h100-x8")
+    cluster.exec("node1", "echo 3 > /etc/ftb-smi/hang-after")
+    inventory = cluster.write_inventory(tmp_path / "hosts.yml")
+    (shared / "hold.py").write_text(HOLD)
+    job = write_job(tmp_path / "job.yaml", base_job("gpus-hang", shared, inventory, {"script": "hold.py"},
+                                                    workdir=str(shared),
+                                                    env={**base_job("x", shared, inventory, {})["env"], "HOLD_S": "25"}))
+    env = {**os.environ, "FTB_GPU_SAMPLE_S": "0.5"}  # (silent after 10 beats: 10 readings' time is 5 s)
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("GPU readings stopped" in line for line in err):
+            assert proc.poll() is None, "".join(err)
+            assert time.monotonic() < deadline, "".join(err)
+            time.sleep(0.5)
+        status = ftbundle("status", str(job), timeout=60)
+        out = proc.stdout.read()
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    reader.join(5)
+    said = "".join(err)
+    assert code == 0, said + out
+    stopped = [line for line in err if "GPU readings stopped" in line and not line.startswith("  named ")]
+    assert len(stopped) == 1 and stopped[0].startswith("ftbundle: warning: node1's GPU readings stopped: none in its "
+                                                       "last 10 heartbeats (10s) while the node itself answers"), said
+    assert "node0's GPU readings" not in said and "has sent no GPU reading" not in said, said
+    rows = [line for line in status.stdout.splitlines() if line.startswith("  gpu  ")]
+    assert sum(line.split()[1] == "node0" for line in rows) == 8, status.stdout
+    assert [line for line in rows if line.split()[1] == "node1"] == [
+        "  gpu  node1                no reading: nvidia-smi gave none within 2s (a GPU that stops responding or a "
+        "wedged driver hangs it; or it is not on this host)"], status.stdout
+    record = json.loads((only_run_dir(shared) / "summary.json").read_text())["gpus"]
+    assert any(n.startswith("node1's GPU readings stopped") for n in record["named"]), record
+    assert record["nodes"]["node1"]["readings"] == 3 and record["nodes"]["node0"]["readings"] > 20, record
+    assert cluster.exec("node1", "test -e /etc/ftb-smi/hung && echo hung").stdout.strip() == "hung"
+    assert not cluster.exec("node1", "pgrep -af '[s]leep 3600' || true").stdout.strip()  # (gone with the job)
+
+
 def test_a_detached_runs_gpus_are_kept_by_each_nodes_watcher(make_cluster, tmp_path):
     """No launcher stays: each node's watcher reads its GPUs (one nvidia-smi loop) and keeps its
     mean utilization and peak memory beside its files; `status` shows the GPUs while it runs and

@@ -34,9 +34,11 @@ def readings_of(path: Path) -> list[str]:
 
 # -- the node program's sampler, for real ------------------------------------------------------
 
-def run_node(tmp_path: Path, every_ms: int, ids: str = "", seconds: float = 2.0) -> tuple[list[bytes], Path]:
+def run_node(tmp_path: Path, every_ms: int, ids: str = "", seconds: float = 2.0, *, beat_s: float = 0.5,
+             hang_after: int | None = None) -> tuple[list[bytes], Path]:
     """The real node program running `sleep` on a host whose nvidia-smi is the stand-in replaying
-    the busy 8-GPU sample; its stderr lines and the stand-in's folder (its `calls`)."""
+    the busy 8-GPU sample (with ``hang_after``: that many readings, then hung, as on a GPU that
+    stopped responding); its stderr lines and the stand-in's folder (its `calls`)."""
     bin_dir, smi = tmp_path / "bin", tmp_path / "smi"
     bin_dir.mkdir()
     smi.mkdir()
@@ -44,10 +46,12 @@ def run_node(tmp_path: Path, every_ms: int, ids: str = "", seconds: float = 2.0)
     (bin_dir / "nvidia-smi").chmod(0o755)
     shutil.copy(SMI / "h100-x8.metrics.csv", smi)
     (smi / "sample").write_text("h100-x8\n")
+    if hang_after is not None:
+        (smi / "hang-after").write_text(f"{hang_after}\n")
     env = {"FTB_RUN_DIR": str(tmp_path), "FTB_WORKDIR": str(tmp_path), "FTB_LOG": str(tmp_path / "job.log"),
            "FTB_EXIT": str(tmp_path / "node.exit"), "FTB_PIDFILE": str(tmp_path / "node.pid"),
            "FTB_STOPPED_FILE": str(tmp_path / "node.stopped"), "FTB_MARKER": f"ftb-test-gpus-{time.time_ns()}",
-           "FTB_ATTEMPT": "1", "FTB_WATCHDOG": "30", "FTB_HEARTBEAT": "0.5", "FTB_STOP_GRACE": "1",
+           "FTB_ATTEMPT": "1", "FTB_WATCHDOG": "30", "FTB_HEARTBEAT": str(beat_s), "FTB_STOP_GRACE": "1",
            "FTB_DETACH": "0", "FTB_SHARED_DIR": str(tmp_path), "FTB_GPU_EVERY_MS": str(every_ms),
            "FTB_GPU_FIELDS": gpu_metrics.QUERY, "FTB_GPU_IDS": ids}
     proc = subprocess.Popen(["bash", "-c", program(), "ftb", "node", "sleep", str(seconds)],
@@ -97,6 +101,51 @@ def test_the_node_program_sends_its_gpus_readings_from_one_nvidia_smi_loop(tmp_p
     while still_running(str(smi)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not still_running(str(smi))
+
+
+def with_smi_dir(smi: Path) -> list[str]:
+    """Processes whose environment names the stand-in's folder (the node program's, the job's,
+    nvidia-smi's, a hung one's `sleep` too)."""
+    want = f"FTB_SMI_DIR={smi}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if want in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    found.append(pid)
+            except OSError:
+                continue
+    return found
+
+
+def test_a_hung_nvidia_smi_shows_as_heartbeats_without_readings_and_goes_with_the_job(tmp_path):
+    """The real node program on a host whose nvidia-smi hangs after two readings (a GPU fallen off
+    the bus): its heartbeats go on, no reading comes, and a fleet fed its lines in the order they
+    came names that host once, with what it looks like; the hung nvidia-smi ends with the job."""
+    raw, smi = run_node(tmp_path, every_ms=200, seconds=4.5, beat_s=0.25, hang_after=2)
+    lines = [protocol.parse_line(line) for line in raw]
+    kinds = [line.kind for line in lines]
+    assert kinds.count(protocol.SMI_LINE) == 2, raw
+    last = max(i for i, kind in enumerate(kinds) if kind == protocol.SMI_LINE)
+    assert kinds[last:].count(protocol.HB_LINE) >= 12, raw  # (4.5 s of beats every 0.25 s, most after it)
+    assert (smi / "hung").exists()
+    fleet = GpuFleet(every_s=0.2, beat_s=0.25)
+    assert fleet.silent_beats == gpu_metrics.SILENT_BEATS  # (10 readings' time is 2 s: 10 beats is longer)
+    said, at = [], 0.0
+    for line in lines:
+        at += 0.05
+        if line.kind == protocol.SMI_LINE:
+            fleet.observe("gpu-7", line.text, at)
+        elif line.kind == protocol.HB_LINE:
+            fleet.beat("gpu-7")
+        said += fleet.said(at)  # (looked at after every line)
+    assert len(said) == 1 and said[0].startswith("gpu-7's GPU readings stopped: none in its last 10 heartbeats "
+                                                 "(2s) while the node itself answers"), said
+    assert fleet.live() is None  # (its last reading is not shown as if it were now)
+    deadline = time.monotonic() + 5
+    while with_smi_dir(smi) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not with_smi_dir(smi)  # (the hung nvidia-smi went with the job: nothing left on the host)
 
 
 def test_a_cpu_job_reads_no_gpu(tmp_path):
@@ -184,6 +233,68 @@ def test_a_throttled_gpu_is_named_but_the_power_cap_of_a_busy_gpu_is_not():
     assert len(said) == 1 and said[0].startswith("node1 GPU 0 is throttled: HW thermal slowdown, SM clock 1155 MHz, 87 C"), said
 
 
+def beating(fleet: GpuFleet, samples: dict[str, list[str] | None], seconds: int, start: int = 0) -> list[str]:
+    """Each host's heartbeat every second and its reading every other one (None: no reading), the
+    fleet looked at every second; what was named."""
+    said = []
+    for t in range(start, start + seconds):
+        for host, readings in samples.items():
+            fleet.beat(host)
+            if readings is not None and t % 2 == 0:
+                fleet.observe(host, readings[(t // 2) % len(readings)], float(t))
+        said += fleet.tick(t + 0.5, step=t, first_step=0.0)
+    return said
+
+
+def test_a_node_whose_readings_stop_is_named_once_and_its_last_reading_is_not_shown_as_now():
+    fleet = GpuFleet()  # (a reading every 2 s, a beat every second: 20 beats without one)
+    assert fleet.silent_beats == 20
+    assert beating(fleet, {"node0": BUSY, "node1": BUSY, "node2": NEAR}, 60) == \
+        [s for s in fleet.named if "out-of-memory" in s]  # (node2's GPU 1: its own verdict, nothing of readings)
+    fleet.named.clear()
+    said = beating(fleet, {"node0": BUSY, "node1": None, "node2": NEAR}, 40, start=60)
+    assert len(said) == 1 and said[0].startswith("node1's GPU readings stopped: none in its last 20 heartbeats (20s) "
+                                                 "while the node itself answers. Its nvidia-smi loop hung or ended"), said
+    # its GPUs are out of the live figures: the fleet is node0 and node2 (node0's own reading is the busiest)
+    assert fleet.live() == GpuFleet.live(only(fleet, "node0", "node2"))
+    # back: judged again from its new readings, named again only if they stop again
+    assert beating(fleet, {"node0": BUSY, "node1": BUSY, "node2": NEAR}, 30, start=100) == []
+    said = beating(fleet, {"node0": BUSY, "node1": None, "node2": NEAR}, 25, start=130)
+    assert len(said) == 1 and said[0].startswith("node1's GPU readings stopped"), said
+
+
+def only(fleet: GpuFleet, *hosts: str) -> GpuFleet:
+    """A fleet of ``hosts``' readings alone (their latest, as ``fleet`` holds them)."""
+    other = GpuFleet()
+    other.nodes = {h: fleet.nodes[h] for h in hosts}
+    return other
+
+
+def test_a_node_that_never_sends_a_reading_is_named_and_a_slower_sampling_waits_longer():
+    said = beating(GpuFleet(), {"node0": BUSY, "node1": None}, 30)
+    assert len(said) == 1 and said[0].startswith("node1 has sent no GPU reading in its last 20 heartbeats (20s) while "
+                                                 "the node itself answers: its nvidia-smi loop"), said
+    slow = GpuFleet(every_s=5.0)  # (FTB_GPU_SAMPLE_S=5: ten readings' time is 50 beats)
+    assert slow.silent_beats == 50
+    assert beating(slow, {"node0": BUSY, "node1": None}, 45) == []
+    assert len(beating(slow, {"node0": BUSY, "node1": None}, 10, start=45)) == 1
+
+
+def test_a_paused_launcher_names_no_node_silent():
+    """The launcher stopped for a minute (a laptop's lid, SIGSTOP, a starved CPU): the nodes'
+    lines wait in their channels and come in a burst, readings and beats in the order written.
+    Counted in beats, not in the launcher's seconds: nobody is silent."""
+    fleet = GpuFleet()
+    beating(fleet, {"node0": BUSY, "node1": BUSY}, 30)
+    for t in range(30, 90):  # (what the nodes wrote while the launcher slept, taken at once at 90.0)
+        for host in ("node0", "node1"):
+            fleet.beat(host)
+            if t % 2 == 0:
+                fleet.observe(host, BUSY[t % len(BUSY)], 90.0)
+    assert fleet.tick(90.5, step=90, first_step=0.0) == []
+    assert fleet.live() is not None
+
+
 @pytest.mark.parametrize("idle", [None, "gpu-077"])
 def test_a_healthy_busy_fleet_of_256_hosts_names_nobody(idle):
     """256 hosts, noisy utilization (80-100%), memory below 95%, the SW power cap on and off, the
@@ -197,6 +308,8 @@ def test_a_healthy_busy_fleet_of_256_hosts_names_nobody(idle):
     for tick in range(300):
         t = tick * 2.0
         for h in range(256):
+            fleet.beat(f"gpu-{h:03d}")  # (two heartbeats a reading)
+            fleet.beat(f"gpu-{h:03d}")
             if rnd.random() < 0.1:  # a reading that did not come this time (late, dropped)
                 continue
             at = t + rnd.uniform(0, 1.5)
@@ -256,6 +369,11 @@ def test_status_names_what_one_reading_shows():
     assert any(line.startswith("  memory: node2 GPU 1 holds") for line in lines), lines
     assert not any("node0" in line for line in lines if not line.startswith("  gpu  "))
     assert status_lines({}) == []
+    # a running node whose nvidia-smi gave nothing within its 2 s: said, not left out
+    lines = status_lines({"node0": parse_line(BUSY[0])}, unanswered=["node1"])
+    assert lines[0].startswith("GPUs now") and lines[1].startswith("  gpu  node1") and \
+        "no reading: nvidia-smi gave none within 2s" in lines[1], lines
+    assert status_lines({}, unanswered=["node1"])[1].startswith("  gpu  node1"), lines
 
 
 @pytest.mark.parametrize("text", ["", "No devices were found", "0, [N/A], [N/A], 81559, [N/A], 40, 1980, [N/A]"])
