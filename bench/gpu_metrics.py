@@ -62,10 +62,11 @@ def hosts_inventory(cluster: Cluster, n: int, path: Path) -> Path:
     return inventory
 
 
-def one(cluster: Cluster, job: Path, seconds: float) -> tuple[float, float]:
-    """One run: (the launcher's CPU s/h, the node program's CPU s/h on node0), both over the run's
-    steady part, from WARM_S after its start to 2 s before its job ends (its start-up, imports
-    and connections, is the same with or without GPUs and much larger than what is measured)."""
+def one(cluster: Cluster, job: Path, seconds: float) -> tuple[float, float, list[str]]:
+    """One run: (the launcher's CPU s/h, the node program's CPU s/h on node0, what it named of the
+    GPUs), the CPU over the run's steady part, from WARM_S after its start to 2 s before its job
+    ends (its start-up, imports and connections, is the same with or without GPUs and much larger
+    than what is measured). The fleet is healthy and busy: anything named is a false alarm."""
     found: dict[str, float] = {}
 
     def node_cpu() -> float:
@@ -87,7 +88,14 @@ def one(cluster: Cluster, job: Path, seconds: float) -> tuple[float, float]:
     m = measure([sys.executable, "-m", "ftbundle", "run", "--no-check", str(job)], on_start=read)
     if m.code != 0 or "launcher" not in found:
         raise RuntimeError(f"run failed ({m.code}): {m.stderr.decode()[-2000:]}")
-    return found["launcher"], found["node"]
+    named = [line for line in m.stderr.decode(errors="replace").splitlines()
+             if line.startswith("ftbundle: warning: ") and any(said in line for said in GPU_VERDICTS)]
+    return found["launcher"], found["node"], named
+
+
+# what gpu_metrics names of a node or GPU (its warnings' words)
+GPU_VERDICTS = ("GPU readings stopped", "has sent no GPU reading", "idle well below", "out-of-memory risk",
+                "is throttled")
 
 
 def main() -> None:
@@ -115,18 +123,24 @@ def main() -> None:
                         **({"gpus_per_node": 0} if label == "cpu" else {})))
                     for label in ("cpu", "gpu")}
                 got: dict[str, list[tuple[float, float]]] = {"cpu": [], "gpu": []}
+                named: list[str] = []
                 for pair in range(args.pairs):
                     for label in ("cpu", "gpu"):
-                        got[label].append(one(cluster, jobs[label], args.seconds))
-                        print(f"{n} hosts, {label}, pair {pair}: launcher {got[label][-1][0]:.1f} CPU s/h, "
-                              f"node0's node program {got[label][-1][1]:.1f} CPU s/h", flush=True)
+                        launcher_s, node_s, said = one(cluster, jobs[label], args.seconds)
+                        got[label].append((launcher_s, node_s))
+                        named += said
+                        print(f"{n} hosts, {label}, pair {pair}: launcher {launcher_s:.1f} CPU s/h, "
+                              f"node0's node program {node_s:.1f} CPU s/h, named {len(said)}", flush=True)
+                        for line in said:
+                            print(f"  false alarm: {line}", flush=True)
                     for old in (shared / "runs").glob("*"):
                         shutil.rmtree(old, ignore_errors=True)
                 launcher = {k: statistics.median(c for c, _ in v) for k, v in got.items()}
                 node = {k: statistics.median(c for _, c in v) for k, v in got.items()}
                 rows.append([n, f"{launcher['cpu']:.1f}", f"{launcher['gpu']:.1f}",
                              f"{(launcher['gpu'] - launcher['cpu']) / n:.2f}",
-                             f"{node['cpu']:.1f}", f"{node['gpu']:.1f}", f"{node['gpu'] - node['cpu']:.1f}"])
+                             f"{node['cpu']:.1f}", f"{node['gpu']:.1f}", f"{node['gpu'] - node['cpu']:.1f}",
+                             str(len(named))])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     markdown = "\n".join([
@@ -139,9 +153,13 @@ def main() -> None:
         "included), and every process of the node program on node0 (heartbeat, watchdog, and with GPUs the loop "
         "joining each reading's lines); the stand-in's own CPU (awk standing "
         "in for nvidia-smi) is not counted. The chatty-node figure is its own benchmark's (chatty.py): the "
-        "readings travel on the control channel, never on rank 0's log channel.", "",
+        "readings travel on the control channel, never on rank 0's log channel. The fleet is healthy and busy "
+        "(every host replays the same busy readings) while these two cores run it all: `named` counts the "
+        "warnings the GPU runs gave of a node or GPU (idle, near its memory, throttled, readings stopped) "
+        "over all their pairs; each is a false alarm.", "",
         table(["hosts", "launcher CPU s/h, CPU job", "launcher CPU s/h, GPU job", "launcher CPU s per node-hour for the GPUs",
-               "node program CPU s/h, CPU job", "node program CPU s/h, GPU job", "the GPU loop's CPU s/h on a node"],
+               "node program CPU s/h, CPU job", "node program CPU s/h, GPU job", "the GPU loop's CPU s/h on a node",
+               "named (a healthy fleet)"],
               rows), "",
         f"_took {time.monotonic() - started:.0f} s_",
     ])
