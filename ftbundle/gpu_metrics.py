@@ -361,11 +361,15 @@ def summary_lines(record: dict | None) -> list[str]:
     if not record or not record.get("nodes"):
         return []
     nodes = record["nodes"]
+    most = max((r.get("readings") or 0 for r in nodes.values()), default=0)
 
     def said(host: str, r: dict) -> str:
         util = "?" if r.get("util_mean") is None else f"{r['util_mean']:.0f}%"
+        # (a node read far less than the others, its readings stopped: its mean is of those alone)
+        few = r.get("readings") or 0
+        over = f", over {few} readings only ({most} on the node read most)" if few < most / 2 else ""
         return (f"{host} {util} busy on average, peak {gib(r.get('mem_peak_mib'))}/{gib(r.get('mem_total_mib'))} GiB "
-                f"({r.get('gpus')} GPU(s))")
+                f"({r.get('gpus')} GPU(s){over})")
 
     rows = list(nodes.items())
     lines = []

@@ -167,6 +167,7 @@ def test_a_host_whose_nvidia_smi_hangs_is_named_and_its_hung_reader_goes_with_th
     record = json.loads((only_run_dir(shared) / "summary.json").read_text())["gpus"]
     assert any(n.startswith("node1's GPU readings stopped") for n in record["named"]), record
     assert record["nodes"]["node1"]["readings"] == 3 and record["nodes"]["node0"]["readings"] > 20, record
+    assert "GPUs         node1 " in out + said and "(8 GPU(s), over 3 readings only (" in out + said, out + said
     assert cluster.exec("node1", "test -e /etc/ftb-smi/hung && echo hung").stdout.strip() == "hung"
     assert not cluster.exec("node1", "pgrep -af '[s]leep 3600' || true").stdout.strip()  # (gone with the job)
 

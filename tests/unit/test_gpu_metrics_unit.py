@@ -263,6 +263,16 @@ def test_a_node_whose_readings_stop_is_named_once_and_its_last_reading_is_not_sh
     assert len(said) == 1 and said[0].startswith("node1's GPU readings stopped"), said
 
 
+def test_the_summary_says_a_nodes_figures_are_of_few_readings_when_its_readings_stopped():
+    fleet = GpuFleet()
+    beating(fleet, {"node0": BUSY, "node1": BUSY}, 6)
+    beating(fleet, {"node0": BUSY, "node1": None}, 40, start=6)
+    lines = summary_lines(fleet.record())
+    assert lines[0].endswith("(8 GPU(s))") and lines[0].startswith("  GPUs         node0 "), lines
+    assert lines[1].endswith("(8 GPU(s), over 3 readings only (23 on the node read most))"), lines
+    assert lines[2].startswith("  named        node1's GPU readings stopped"), lines
+
+
 def only(fleet: GpuFleet, *hosts: str) -> GpuFleet:
     """A fleet of ``hosts``' readings alone (their latest, as ``fleet`` holds them)."""
     other = GpuFleet()
