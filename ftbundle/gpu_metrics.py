@@ -400,15 +400,14 @@ def runs_cell(record: dict | None) -> str:
 STATUS_SMI_S = 2  # `ftbundle status` waits this long for a node's nvidia-smi (node.sh mode_state)
 
 
-def status_lines(readings: dict[str, list[GpuReading]], unanswered: Iterable[str] = ()) -> list[str]:
+def status_lines(readings: dict[str, list[GpuReading]]) -> list[str]:
     """``ftbundle status``'s GPU lines from one reading of each host: every GPU, then what that
     reading shows (a host far below the others, a GPU near its memory or throttled), said as
-    one reading's. ``unanswered``: running nodes of the job whose nvidia-smi gave no reading."""
-    unanswered = sorted(unanswered, key=natural)
-    lines = ["GPUs now (one reading of each running node):"] if any(readings.values()) or unanswered else []
-    for host in unanswered:
+    one reading's. A host with an empty list: its nvidia-smi gave no reading (node.sh ``state``)."""
+    lines = ["GPUs now (one reading of each running node):"] if readings else []
+    for host in sorted((h for h, rs in readings.items() if not rs), key=natural):
         lines.append(f"  gpu  {host:<20} no reading: nvidia-smi gave none within {STATUS_SMI_S}s (a GPU that stops "
-                     "responding or a wedged driver hangs it; or it is not on this host)")
+                     "responding or a wedged driver hangs it)")
     for host in sorted(readings, key=natural):
         for r in readings[host]:
             util = "?" if r.util is None else f"{r.util:.0f}%"

@@ -218,9 +218,7 @@ def print_status(ref: RunRef, cluster: Cluster, out=None) -> int:
     states = node_states(ref, cluster, gpus)
     for line in format_status(ref, states):
         print(line, file=out)
-    unanswered = [node.host.name for node, state, _ in states if state == "running" and node.host.name not in gpus] \
-        if ref.record.get("gpu_sample_s") else []
-    for line in gpu_metrics.status_lines(gpus, unanswered):  # (a GPU job's running nodes, read just now)
+    for line in gpu_metrics.status_lines(gpus):  # (a GPU job's running nodes, read just now)
         print(line, file=out)
     summary, failed = run_state([state for _, state, _ in states])
     stalled = _said(_detached_stall, ref, cluster, "its stall record")

@@ -371,7 +371,9 @@ mode_state() {  # MARKER EXITFILE LOG STOPPEDFILE [GPU_FIELDS [GPU_IDS]]: runnin
   if [ -n "$(ftb_pids "$1")" ]; then
     echo running
     if [ -n "${5:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
-      timeout 2 nvidia-smi --query-gpu="$5" --format=csv,noheader,nounits ${6:+-i "$6"} 2>/dev/null | sed 's/^/ftb-smi /'
+      # ("ftb-smi -": it gave nothing within 2 s: hung, as on a GPU that stopped responding)
+      timeout 2 nvidia-smi --query-gpu="$5" --format=csv,noheader,nounits ${6:+-i "$6"} 2>/dev/null |
+        sed 's/^/ftb-smi /' | grep . || echo "ftb-smi -"
     fi
   elif [ -s "$2" ]; then echo "exited $(cat -- "$2")"
   elif [ -s "$4" ]; then echo "stopped: $(cat -- "$4")"

@@ -380,10 +380,11 @@ def test_status_names_what_one_reading_shows():
     assert not any("node0" in line for line in lines if not line.startswith("  gpu  "))
     assert status_lines({}) == []
     # a running node whose nvidia-smi gave nothing within its 2 s: said, not left out
-    lines = status_lines({"node0": parse_line(BUSY[0])}, unanswered=["node1"])
+    lines = status_lines({"node0": parse_line(BUSY[0]), "node1": parse_line("-")})
     assert lines[0].startswith("GPUs now") and lines[1].startswith("  gpu  node1") and \
         "no reading: nvidia-smi gave none within 2s" in lines[1], lines
-    assert status_lines({}, unanswered=["node1"])[1].startswith("  gpu  node1"), lines
+    assert len(lines) == 10, lines  # (node0's 8 GPUs: nothing judged of node1's missing reading)
+    assert status_lines({"node1": []})[1].startswith("  gpu  node1"), lines
 
 
 @pytest.mark.parametrize("text", ["", "No devices were found", "0, [N/A], [N/A], 81559, [N/A], 40, 1980, [N/A]"])
