@@ -299,7 +299,9 @@ class GpuFleet:
         for host, beats in self.unread.items():
             if not self._once((host, "silent"), beats >= self.silent_beats, beats == 0):
                 continue
-            heard = f"in its last {beats} heartbeats ({beats * self.beat_s:.0f}s) while the node itself answers"
+            # (the rule's count, not how many had come by this look: the launcher looks once a second)
+            heard = (f"in its last {self.silent_beats} heartbeats ({self.silent_beats * self.beat_s:.0f}s) while the "
+                     "node itself answers")
             if host in self.nodes:
                 out.append(f"{host}'s GPU readings stopped: none {heard}. Its nvidia-smi loop hung or ended: a GPU "
                            "that stops responding (fallen off the bus, Xid 79) or a wedged driver hangs nvidia-smi; "

@@ -35,6 +35,29 @@ dist.destroy_process_group()
 SAMPLES = {"node0": "h100-x8", "node1": "h100-x8-idle", "node2": "h100-x8-near-memory"}
 
 
+def run_until_said(job, env: dict, words: str):
+    """`ftbundle run JOB` until its stderr has ``words``, then `ftbundle status JOB` while it
+    runs, then its end: (exit code, [(when, stderr line)], stdout, the status)."""
+    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: err.extend((time.monotonic(), line) for line in proc.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(words in line for _, line in err):
+            assert proc.poll() is None, "".join(line for _, line in err)
+            assert time.monotonic() < deadline, "".join(line for _, line in err)
+            time.sleep(0.5)
+        status = ftbundle("status", str(job), timeout=60)
+        out = proc.stdout.read()
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    reader.join(5)
+    return code, err, out, status
+
+
 def test_an_idle_host_and_a_full_gpu_are_named_while_the_run_goes(make_cluster, tmp_path):
     cluster = make_cluster(3)
     shared = cluster.shared_dir
@@ -46,24 +69,7 @@ def test_an_idle_host_and_a_full_gpu_are_named_while_the_run_goes(make_cluster, 
                                                     workdir=str(shared),
                                                     env={**base_job("x", shared, inventory, {})["env"], "HOLD_S": "45"}))
     env = {**os.environ, "FTB_GPU_SAMPLE_S": "1"}  # (a reading a second: the 30 s window fills within the run)
-    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    err: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: err.extend((time.monotonic(), line) for line in proc.stderr), daemon=True)
-    reader.start()
-    status = None
-    try:
-        deadline = time.monotonic() + 120
-        while not any("node1's GPUs idle" in line for _, line in err):
-            assert proc.poll() is None, "".join(line for _, line in err)
-            assert time.monotonic() < deadline, "".join(line for _, line in err)
-            time.sleep(0.5)
-        status = ftbundle("status", str(job), timeout=60)
-        out = proc.stdout.read()
-        code = proc.wait(timeout=120)
-    finally:
-        proc.kill()
-    reader.join(5)
+    code, err, out, status = run_until_said(job, env, "node1's GPUs idle")
     said = "".join(line for _, line in err)
     assert code == 0, said + out
 
@@ -136,26 +142,10 @@ def test_a_host_whose_nvidia_smi_hangs_is_named_and_its_hung_reader_goes_with_th
                                                     workdir=str(shared),
                                                     env={**base_job("x", shared, inventory, {})["env"], "HOLD_S": "25"}))
     env = {**os.environ, "FTB_GPU_SAMPLE_S": "0.5"}  # (silent after 10 beats: 10 readings' time is 5 s)
-    proc = subprocess.Popen([sys.executable, "-m", "ftbundle", "run", str(job)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not any("GPU readings stopped" in line for line in err):
-            assert proc.poll() is None, "".join(err)
-            assert time.monotonic() < deadline, "".join(err)
-            time.sleep(0.5)
-        status = ftbundle("status", str(job), timeout=60)
-        out = proc.stdout.read()
-        code = proc.wait(timeout=120)
-    finally:
-        proc.kill()
-    reader.join(5)
-    said = "".join(err)
+    code, err, out, status = run_until_said(job, env, "GPU readings stopped")
+    said = "".join(line for _, line in err)
     assert code == 0, said + out
-    stopped = [line for line in err if "GPU readings stopped" in line and not line.startswith("  named ")]
+    stopped = [line for _, line in err if "GPU readings stopped" in line and not line.startswith("  named ")]
     assert len(stopped) == 1 and stopped[0].startswith("ftbundle: warning: node1's GPU readings stopped: none in its "
                                                        "last 10 heartbeats (10s) while the node itself answers"), said
     assert "node0's GPU readings" not in said and "has sent no GPU reading" not in said, said

@@ -284,6 +284,12 @@ def test_a_node_that_never_sends_a_reading_is_named_and_a_slower_sampling_waits_
     said = beating(GpuFleet(), {"node0": BUSY, "node1": None}, 30)
     assert len(said) == 1 and said[0].startswith("node1 has sent no GPU reading in its last 20 heartbeats (20s) while "
                                                  "the node itself answers: its nvidia-smi loop"), said
+    # beats that came between two looks (a loaded launcher takes them in a batch): the rule's count is said
+    late = GpuFleet()
+    for _ in range(23):
+        late.beat("node1")
+    assert late.tick(1.0, step=None, first_step=None)[0].startswith("node1 has sent no GPU reading in its last 20 "
+                                                                     "heartbeats (20s)")
     slow = GpuFleet(every_s=5.0)  # (FTB_GPU_SAMPLE_S=5: ten readings' time is 50 beats)
     assert slow.silent_beats == 50
     assert beating(slow, {"node0": BUSY, "node1": None}, 45) == []
